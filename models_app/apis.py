@@ -1,0 +1,226 @@
+"""The HTTP API: one async DRF view per operation.  Views never touch runtime objects;
+they validate input, send one message to the runtime and shape its answer."""
+from __future__ import annotations
+
+from adrf.views import APIView
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from models_app.auth import AdminTokenPermission
+from models_app.conf import service_settings
+from models_app.errors import error_response
+from models_app.responses_api import ResponseBuilder, parse_responses_body
+from models_app.runtime_client import RuntimeClient
+from runtime.config import parse_load_body
+from runtime.errors import LLMPoolError
+
+ERROR = inline_serializer(
+    "ErrorEnvelope",
+    {
+        "error": inline_serializer(
+            "ErrorBody",
+            {"code": serializers.CharField(), "message": serializers.CharField(), "param": serializers.CharField(allow_null=True)},
+        )
+    },
+)
+FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
+
+
+class AdminModelEntrySerializer(serializers.Serializer):
+    """One configured model with its live runtime state (the admin UI's source of truth)."""
+
+    name = serializers.CharField()
+    resolved_backend = serializers.CharField()
+    configured_enabled = serializers.BooleanField(help_text="What the merged config says (start-up loading).")
+    runtime_state = serializers.ChoiceField(
+        ["unloaded", "loading", "loaded", "unloading", "failed"], help_text="The live lifecycle state."
+    )
+    is_loaded = serializers.BooleanField()
+    replicas = serializers.IntegerField(help_text="Current effective replica count.")
+    replica_max = serializers.IntegerField()
+    loaded_replicas = serializers.IntegerField()
+    inflight_requests = serializers.IntegerField(help_text="Admitted requests: queued plus active.")
+    queue_depth = serializers.IntegerField()
+    runtime_inflight = serializers.IntegerField()
+    configured_target_inflight = serializers.IntegerField()
+    effective_target_inflight = serializers.IntegerField()
+    fairness = serializers.DictField()
+    last_error = serializers.CharField(allow_null=True)
+    vram_estimate_mib = serializers.IntegerField(allow_null=True)
+    vram_estimate_replica_count = serializers.IntegerField()
+    vram_estimate_source = serializers.ChoiceField(["observed_load_delta", "model_artifact_size", "unavailable"])
+    load_constraints = serializers.DictField(help_text="Backend-specific live-load fields for UI controls.")
+    load_recommendations = serializers.DictField()
+    load_override = serializers.DictField(help_text="Sparse runtime-only patch; key presence matters.")
+    capabilities = serializers.DictField()
+    definition = serializers.DictField(help_text="Common fields plus the resolved backend's fields.")
+
+
+class AdminApi(APIView):
+    permission_classes = [AdminTokenPermission]
+
+    @staticmethod
+    def admin_deadline() -> float:
+        return service_settings().admin_call_timeout_seconds
+
+
+class ModelListApi(AdminApi):
+    class OutputSerializer(serializers.Serializer):
+        models = AdminModelEntrySerializer(many=True)
+
+    @extend_schema(
+        summary="List models",
+        description="Every model of the merged settings.json + local.json with its live runtime state.",
+        responses={200: OutputSerializer, 401: ERROR, 503: ERROR},
+    )
+    async def get(self, request):
+        return Response(await RuntimeClient().call("list_models"))
+
+
+class ModelLoadApi(AdminApi):
+    @extend_schema(
+        summary="Load a model",
+        description=(
+            "Loads a configured model and answers once it is loaded or failed (200 with the entry). "
+            "Already loaded or loading: 200 with the current state. The optional body selects replicas, "
+            "target_inflight (concurrent server backends) and backend-specific overrides for this one load. "
+            "422: body fails the schema; 400 invalid_load_request: values invalid for the backend or state; "
+            "409 model_state_conflict: the model is unloading."
+        ),
+        request=OpenApiTypes.OBJECT,
+        parameters=[OpenApiParameter("model_name", str, OpenApiParameter.PATH)],
+        responses={200: AdminModelEntrySerializer, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 422: ERROR, 503: ERROR},
+    )
+    async def post(self, request, model_name: str):
+        body = parse_load_body(request.data or None)
+        result = await RuntimeClient().call(
+            "load", {"name": model_name, "body": body}, deadline=self.admin_deadline()
+        )
+        return Response(result)
+
+
+class ModelUnloadApi(AdminApi):
+    @extend_schema(
+        summary="Unload a model",
+        description=(
+            "Graceful unload: new requests are rejected at once, queued ones get model_unloading, active ones "
+            "finish, then resources are released. Already unloaded, failed or unloading: 200. "
+            "409 model_state_conflict while loading."
+        ),
+        request=None,
+        parameters=[OpenApiParameter("model_name", str, OpenApiParameter.PATH)],
+        responses={200: AdminModelEntrySerializer, 401: ERROR, 404: ERROR, 409: ERROR, 503: ERROR},
+    )
+    async def post(self, request, model_name: str):
+        result = await RuntimeClient().call("unload", {"name": model_name}, deadline=self.admin_deadline())
+        return Response(result)
+
+
+class GpuMemoryApi(AdminApi):
+    class OutputSerializer(serializers.Serializer):
+        gpus = serializers.ListField(child=serializers.DictField())
+        models = serializers.ListField(child=serializers.DictField())
+        error = serializers.CharField(allow_null=True)
+
+    @extend_schema(
+        summary="GPU memory and per-model VRAM estimates",
+        description="Current GPU memory usage (NVML) and each model's VRAM estimate; gpus is empty and error "
+        "says why when no GPU is visible.",
+        responses={200: OutputSerializer, 401: ERROR, 503: ERROR},
+    )
+    async def get(self, request):
+        return Response(await RuntimeClient().call("gpu_memory"))
+
+
+class SettingsReloadApi(AdminApi):
+    class OutputSerializer(serializers.Serializer):
+        added_models = serializers.ListField(child=serializers.CharField())
+        removed_models = serializers.ListField(child=serializers.CharField())
+        updated_models = serializers.ListField(child=serializers.CharField())
+        unchanged_models = serializers.ListField(child=serializers.CharField())
+        service_restart_required = serializers.BooleanField()
+
+    @extend_schema(
+        summary="Reload settings",
+        description=(
+            "Rereads settings.json and local.json and swaps the catalog atomically; loads and unloads nothing. "
+            "400 invalid_settings or 409 settings_reload_conflict leave the catalog unchanged."
+        ),
+        request=None,
+        responses={200: OutputSerializer, 400: ERROR, 401: ERROR, 409: ERROR, 503: ERROR},
+    )
+    async def post(self, request):
+        return Response(await RuntimeClient().call("reload_settings"))
+
+
+class ResponseCreateApi(APIView):
+    @extend_schema(
+        summary="Create a response (OpenAI Responses API)",
+        description=(
+            "Runs one request on a loaded model. stream=true answers with server-sent events "
+            "(response.created … response.output_text.delta … response.completed; a failure mid-stream is a "
+            "final error event). The fairness key is the X-LLMPool-Fairness-Key header, else the user field."
+        ),
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 429: ERROR, 503: ERROR},
+    )
+    async def post(self, request):
+        payload = parse_responses_body(request.data, request.headers.get(FAIRNESS_HEADER))
+        builder = ResponseBuilder(payload)
+        exchange = RuntimeClient().exchange("generate", payload)
+        try:
+            await _until_admitted(exchange)
+        except BaseException:
+            await exchange.aclose()
+            raise
+        if payload["stream"]:
+            response = StreamingHttpResponse(_sse(builder, exchange), content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            response["X-Accel-Buffering"] = "no"
+            return response
+        try:
+            async for message in exchange:
+                if message["kind"] == "result":
+                    return Response(builder.final(message["data"]))
+        finally:
+            await exchange.aclose()
+
+
+async def _until_admitted(exchange) -> None:
+    """Consume the exchange until the runtime has admitted the request (errors raise here)."""
+    async for message in exchange:
+        if message["kind"] == "chunk" and message["data"].get("event") == "admitted":
+            return
+
+
+async def _sse(builder: ResponseBuilder, exchange):
+    try:
+        for event in builder.opening_events():
+            yield event
+        async for message in exchange:
+            if message["kind"] == "chunk":
+                yield builder.delta_event(message["data"]["text"])
+            elif message["kind"] == "result":
+                for event in builder.closing_events(message["data"]):
+                    yield event
+    except LLMPoolError as exc:
+        yield builder.error_event(exc.envelope())
+    finally:
+        await exchange.aclose()
+
+
+class HealthApi(APIView):
+    @extend_schema(
+        summary="Liveness of the API and the runtime",
+        description="200 when the runtime answers within service.runtime_reply_timeout_seconds, else 503.",
+        responses={200: OpenApiTypes.OBJECT, 503: ERROR},
+    )
+    async def get(self, request):
+        try:
+            catalog = await RuntimeClient().call("catalog")
+        except LLMPoolError as exc:
+            return error_response(exc)
+        return Response({"status": "ok", "models": len(catalog["models"])})

@@ -1,0 +1,78 @@
+"""The runtime side of the channel layer: a thin adapter around ``runtime.service``.
+
+Each request runs in its own task so one slow load never blocks another
+message; each task isolates its exceptions and always answers (result or
+error), acknowledging at once and sending heartbeats while it works.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.consumer import AsyncConsumer
+from channels.exceptions import ChannelFull
+
+from models_app import runtime_host
+from models_app.runtime_client import RUNTIME_CHANNEL
+from runtime.errors import LLMPoolError
+
+__all__ = ["RUNTIME_CHANNEL", "RuntimeConsumer"]
+
+logger = logging.getLogger("llmpool.consumer")
+
+_running: dict[str, asyncio.Task] = {}
+
+
+class RuntimeConsumer(AsyncConsumer):
+    async def runtime_request(self, message: dict) -> None:
+        task = asyncio.create_task(_serve(message))
+        _running[message["request_id"]] = task
+        task.add_done_callback(lambda _t, rid=message["request_id"]: _running.pop(rid, None))
+
+    async def runtime_cancel(self, message: dict) -> None:
+        task = _running.get(message["request_id"])
+        if task is not None:
+            task.cancel()
+
+
+async def _serve(message: dict) -> None:
+    reply_channel, request_id, op = message["reply_channel"], message["request_id"], message["op"]
+    layer = runtime_host.channel_layer()
+
+    async def send(kind: str, data=None) -> None:
+        await layer.send(reply_channel, {"type": "runtime.reply", "request_id": request_id, "kind": kind, "data": data})
+
+    async def heartbeat(interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await send("heartbeat")
+
+    beat = None
+    try:
+        await send("ack")
+        service = await runtime_host.ensure_runtime()
+        beat = asyncio.create_task(heartbeat(runtime_host.heartbeat_interval()))
+        payload = dict(message.get("payload") or {}, request_id=request_id)
+        result = await service.handle(op, payload, lambda data: send("chunk", data))
+        if op == "reload_settings":
+            await runtime_host.sync_catalog()
+        await send("result", result)
+    except asyncio.CancelledError:
+        logger.info("request %s (%s) cancelled by its caller", request_id, op)
+    except LLMPoolError as exc:
+        await _send_quietly(send, "error", exc.to_dict())
+    except ChannelFull:
+        logger.warning("request %s (%s): reply channel full, caller is gone", request_id, op)
+    except Exception as exc:
+        logger.exception("request %s (%s) failed", request_id, op)
+        await _send_quietly(send, "error", LLMPoolError(f"internal error: {exc}").to_dict())
+    finally:
+        if beat is not None:
+            beat.cancel()
+
+
+async def _send_quietly(send, kind, data) -> None:
+    try:
+        await send(kind, data)
+    except ChannelFull:
+        logger.warning("could not deliver %s: reply channel full", kind)

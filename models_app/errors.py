@@ -1,0 +1,43 @@
+"""The one translation point from exceptions to the error envelope."""
+from __future__ import annotations
+
+import logging
+
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+from runtime.errors import LLMPoolError
+
+logger = logging.getLogger("llmpool.api")
+
+_DRF_CODES = {
+    drf.ParseError: "invalid_request",
+    drf.UnsupportedMediaType: "invalid_request",
+    drf.MethodNotAllowed: "method_not_allowed",
+    drf.NotFound: "not_found",
+    drf.NotAuthenticated: "unauthorized",
+    drf.AuthenticationFailed: "unauthorized",
+    drf.PermissionDenied: "forbidden",
+    drf.ValidationError: "invalid_request",
+}
+
+
+def error_response(exc: LLMPoolError) -> Response:
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    if exc.http_status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="llm-pool admin"'
+    return Response(exc.envelope(), status=exc.http_status, headers=headers)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, LLMPoolError):
+        return error_response(exc)
+    if isinstance(exc, drf.APIException):
+        code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), "api_error")
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        body = {"error": {"code": code, "message": detail, "param": None}}
+        return Response(body, status=exc.status_code)
+    logger.exception("unhandled error in %s", context.get("view"))
+    return Response({"error": {"code": "internal_error", "message": str(exc), "param": None}}, status=500)

@@ -1,0 +1,241 @@
+"""OpenAI Responses API shapes: the request schema, its normalisation, and the output objects."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runtime.config import json_path
+from runtime.errors import InvalidRequest
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextPart(_Part):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class ImagePart(_Part):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+
+class FilePart(_Part):
+    type: Literal["input_file"]
+    file_id: str | None = None
+    file_data: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+
+
+class AudioPart(_Part):
+    type: Literal["input_audio"]
+    input_audio: dict | None = None
+
+
+ContentPart = Annotated[Union[TextPart, ImagePart, FilePart, AudioPart], Field(discriminator="type")]
+
+
+class InputMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class ResponsesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+    input: str | list[InputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool = False
+    thinking: Literal["default", "enabled", "disabled"] | None = None
+    response_format: dict | None = None
+    text: dict | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    source_lang_code: str | None = None
+    target_lang_code: str | None = None
+    # Accepted for client compatibility; they change nothing here.
+    store: bool | None = None
+    truncation: str | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+
+
+def parse_responses_body(data: Any, fairness_header: str | None) -> dict:
+    """Validate a POST /v1/responses body and normalise it into the runtime's generate payload."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    try:
+        body = ResponsesBody.model_validate(data)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        path = json_path(problem["loc"])
+        raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
+    if isinstance(body.input, str):
+        messages = [{"role": "user", "content": [{"type": "input_text", "text": body.input}]}]
+    else:
+        messages = [{"role": m.role, "content": _parts(m.content)} for m in body.input]
+    if not messages:
+        raise InvalidRequest("input must not be empty", param="input")
+    return {
+        "model": body.model,
+        "messages": messages,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "stream": body.stream,
+        "thinking": body.thinking,
+        "response_format": _response_format(body),
+        "metadata": body.metadata or {},
+        "fairness_key": fairness_header if fairness_header is not None else body.user,
+        "extra": {
+            key: value
+            for key, value in (("source_lang_code", body.source_lang_code), ("target_lang_code", body.target_lang_code))
+            if value is not None
+        },
+    }
+
+
+def _parts(content) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "input_text", "text": content}]
+    parts = []
+    for part in content:
+        dumped = part.model_dump(exclude_none=True)
+        if part.type in ("output_text", "text"):
+            dumped = {"type": "input_text", "text": part.text}
+        parts.append(dumped)
+    return parts
+
+
+def _response_format(body: ResponsesBody) -> dict | None:
+    fmt = body.response_format
+    if fmt is None and body.text is not None:
+        fmt = body.text.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_schema", "json_object"):
+        raise InvalidRequest("response_format.type must be text, json_schema or json_object", param="response_format")
+    if fmt["type"] == "json_schema" and not isinstance(fmt.get("schema", fmt.get("json_schema")), dict):
+        raise InvalidRequest("a json_schema response_format needs a schema object", param="response_format")
+    return fmt
+
+
+# ---- output objects ----------------------------------------------------------------------
+
+
+class ResponseBuilder:
+    """Builds the response object and the SSE events of one request."""
+
+    def __init__(self, payload: dict):
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.created_at = int(time.time())
+        self.payload = payload
+        self.sequence = 0
+
+    def response(self, status: str, text: str | None = None, result: dict | None = None) -> dict:
+        output = []
+        if text is not None:
+            output.append(self.message(text, "completed" if status == "completed" else "incomplete"))
+        usage = None
+        if result is not None:
+            used = result["usage"]
+            usage = {
+                "input_tokens": used["input_tokens"],
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": used["output_tokens"],
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": used["input_tokens"] + used["output_tokens"],
+            }
+        incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "model": self.payload["model"],
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": self.payload.get("instructions"),
+            "max_output_tokens": self.payload.get("max_output_tokens"),
+            "metadata": self.payload.get("metadata") or {},
+            "output": output,
+            "parallel_tool_calls": False,
+            "temperature": self.payload.get("temperature"),
+            "top_p": self.payload.get("top_p"),
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": usage,
+            "user": self.payload.get("fairness_key"),
+        }
+
+    def message(self, text: str, status: str) -> dict:
+        return {
+            "type": "message",
+            "id": self.message_id,
+            "status": status,
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+
+    def final(self, result: dict) -> dict:
+        status = "incomplete" if result["finish_reason"] == "length" else "completed"
+        return self.response(status, result["text"], result)
+
+    # -- SSE -----------------------------------------------------------------------------
+    def event(self, event_type: str, **fields) -> bytes:
+        data = {"type": event_type, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {event_type}\ndata: {json.dumps(data)}\n\n".encode()
+
+    def opening_events(self) -> list[bytes]:
+        started = self.response("in_progress")
+        item = {"type": "message", "id": self.message_id, "status": "in_progress", "role": "assistant", "content": []}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return [
+            self.event("response.created", response=started),
+            self.event("response.in_progress", response=started),
+            self.event("response.output_item.added", output_index=0, item=item),
+            self.event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part),
+        ]
+
+    def delta_event(self, text: str) -> bytes:
+        return self.event(
+            "response.output_text.delta", item_id=self.message_id, output_index=0, content_index=0, delta=text, logprobs=[]
+        )
+
+    def closing_events(self, result: dict) -> list[bytes]:
+        final = self.final(result)
+        message = final["output"][0]
+        part = message["content"][0]
+        done_type = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        return [
+            self.event(
+                "response.output_text.done", item_id=self.message_id, output_index=0, content_index=0,
+                text=result["text"], logprobs=[],
+            ),
+            self.event("response.content_part.done", item_id=self.message_id, output_index=0, content_index=0, part=part),
+            self.event("response.output_item.done", output_index=0, item=message),
+            self.event(done_type, response=final),
+        ]
+
+    def error_event(self, envelope: dict) -> bytes:
+        error = envelope["error"]
+        return self.event("error", code=error["code"], message=error["message"], param=error["param"], error=error)

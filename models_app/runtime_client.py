@@ -1,0 +1,98 @@
+"""The API's only way to reach the runtime: request/reply messages over the channel layer.
+
+Every exchange gets its own reply channel.  The runtime acknowledges at once
+and sends a heartbeat while it works, so a silent runtime is detected within
+``service.runtime_reply_timeout_seconds`` and answered as 503
+``runtime_unavailable``; streamed chunks arrive as messages on the same channel.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+
+from models_app.conf import service_settings
+from runtime.errors import RuntimeUnavailable, error_from_dict
+
+RUNTIME_CHANNEL = "llmpool-runtime"
+
+
+class RuntimeClient:
+    def __init__(self, reply_timeout: float | None = None):
+        self.layer = get_channel_layer()
+        self.reply_timeout = reply_timeout or service_settings().runtime_reply_timeout_seconds
+
+    async def call(self, op: str, payload: dict | None = None, *, deadline: float | None = None) -> dict:
+        """One request, one result (heartbeats keep it alive up to ``deadline`` seconds)."""
+        exchange = self.exchange(op, payload or {}, deadline=deadline)
+        try:
+            async for message in exchange:
+                if message["kind"] == "result":
+                    return message["data"]
+        finally:
+            await exchange.aclose()
+        raise RuntimeUnavailable("the runtime closed the exchange without a result")
+
+    async def exchange(
+        self, op: str, payload: dict, *, deadline: float | None = None
+    ) -> AsyncIterator[dict]:
+        """Yield the runtime's chunk and result messages; raise its errors.
+
+        Closing the iterator early (client gone) tells the runtime to cancel.
+        """
+        request_id = payload.get("request_id") or uuid.uuid4().hex
+        reply_channel = await self.layer.new_channel("llmpool-reply.")
+        message = {
+            "type": "runtime.request",
+            "op": op,
+            "payload": payload,
+            "request_id": request_id,
+            "reply_channel": reply_channel,
+        }
+        try:
+            await self.layer.send(RUNTIME_CHANNEL, message)
+        except ChannelFull as exc:
+            raise RuntimeUnavailable("the runtime's request queue is full") from exc
+        give_up_at = time.monotonic() + deadline if deadline else None
+        finished = False
+        try:
+            while True:
+                reply = await self._receive(reply_channel, give_up_at)
+                kind = reply["kind"]
+                if kind in ("ack", "heartbeat"):
+                    continue
+                if kind == "error":
+                    finished = True
+                    raise error_from_dict(reply["data"])
+                if kind == "result":
+                    finished = True
+                yield reply
+                if finished:
+                    return
+        finally:
+            if not finished:
+                await self._cancel(request_id)
+
+    async def _receive(self, channel: str, give_up_at: float | None) -> dict:
+        timeout = self.reply_timeout
+        if give_up_at is not None:
+            timeout = min(timeout, max(0.0, give_up_at - time.monotonic()))
+        try:
+            return await asyncio.wait_for(self.layer.receive(channel), timeout)
+        except asyncio.TimeoutError:
+            if give_up_at is not None and time.monotonic() >= give_up_at:
+                raise RuntimeUnavailable("the runtime did not finish within the call's time limit") from None
+            raise RuntimeUnavailable(
+                f"the runtime did not answer within {self.reply_timeout:g} s", 
+            ) from None
+
+    async def _cancel(self, request_id: str) -> None:
+        cancel = {"type": "runtime.cancel", "request_id": request_id}
+        try:
+            await self.layer.send(RUNTIME_CHANNEL, cancel)
+        except ChannelFull:
+            pass

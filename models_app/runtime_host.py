@@ -1,0 +1,55 @@
+"""The process-wide runtime instance, started once by ``serve`` or by the first message."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from models_app import services
+from models_app.conf import service_settings
+from runtime.service import RuntimeService
+
+logger = logging.getLogger("llmpool.runtime")
+
+_service: RuntimeService | None = None
+_lock: asyncio.Lock | None = None
+
+
+def channel_layer():
+    return get_channel_layer()
+
+
+def heartbeat_interval() -> float:
+    return max(0.05, service_settings().runtime_reply_timeout_seconds / 4)
+
+
+async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
+    """Start the runtime once per process: read settings, mirror the catalog, load enabled models."""
+    global _service, _lock
+    if _service is not None:
+        return _service
+    if _lock is None:
+        _lock = asyncio.Lock()
+    async with _lock:
+        if _service is None:
+            service = RuntimeService(settings.LLMPOOL_SETTINGS)
+            await service.start(load_enabled=load_enabled)
+            _service = service
+            await sync_catalog()
+            logger.info("runtime started with %d configured models", len(service.pool.controllers))
+    return _service
+
+
+async def sync_catalog() -> None:
+    catalog = await _service.op_catalog({}, None)
+    await database_sync_to_async(services.catalog_sync)(catalog["models"])
+
+
+async def shutdown_runtime() -> None:
+    global _service
+    if _service is not None:
+        service, _service = _service, None
+        await service.shutdown()

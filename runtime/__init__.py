@@ -1,0 +1,5 @@
+"""llm-pool runtime: plain asyncio code that owns models, engines and scheduling.
+
+Nothing in this package imports Django; the Django side talks to it over the
+Channels layer (see ``models_app.consumers`` and ``models_app.runtime_client``).
+"""

@@ -1,0 +1,240 @@
+"""What every backend provides: a definition schema, live-load rules and an engine.
+
+A ``BackendSpec`` is pure description and validation (constraints, overrides,
+capabilities, VRAM estimate); ``create_engine`` builds the object that really
+loads weights and generates.  A backend whose engine has not landed yet raises
+``EngineUnavailable`` there, which ends the load in ``failed`` with that message.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from runtime.errors import InvalidLoadRequest
+
+Modality = Literal["text", "image", "audio"]
+THINKING_ALL = ["default", "enabled", "disabled"]
+THINKING_DEFAULT_ONLY = ["default"]
+
+
+class EngineUnavailable(RuntimeError):
+    """The backend's engine cannot run in this process (not built, not installed)."""
+
+
+class CommonDefinition(BaseModel):
+    """Fields every model definition has, whatever its backend."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model_path: str | None = None
+    device: str | None = None
+    prompt_format: str | None = None
+    enable_thinking: bool | None = None
+    enabled: bool = False
+    replicas: int = Field(1, ge=1, le=64)
+    replica_max: int | None = Field(None, ge=1, le=64)
+    target_inflight: int = Field(1, ge=1, le=4096)
+    modalities: list[Modality] = Field(default_factory=lambda: ["text"])
+
+    @model_validator(mode="after")
+    def _replicas_within_max(self):
+        if self.replica_max is None:
+            self.replica_max = self.replicas
+        if self.replicas > self.replica_max:
+            raise ValueError(f"replicas ({self.replicas}) must not exceed replica_max ({self.replica_max})")
+        if "text" not in self.modalities:
+            self.modalities = ["text", *self.modalities]
+        return self
+
+
+# ---- generation protocol -------------------------------------------------------------
+
+
+@dataclass
+class GenerationRequest:
+    """One inference request as the runtime hands it to an engine."""
+
+    request_id: str
+    messages: list[dict]  # [{"role": str, "content": [ {"type": "input_text", "text": ...}, ...]}]
+    instructions: str | None = None
+    max_output_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    thinking: str = "default"
+    response_format: dict | None = None
+    metadata: dict = field(default_factory=dict)
+    fairness_key: str | None = None
+    extra: dict = field(default_factory=dict)  # backend-specific request fields (TranslateGemma codes)
+
+    def last_user_text(self) -> str:
+        for message in reversed(self.messages):
+            if message.get("role") == "user":
+                return "".join(p.get("text", "") for p in message["content"] if p.get("type") == "input_text")
+        return ""
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class Finished:
+    input_tokens: int
+    output_tokens: int
+    finish_reason: Literal["stop", "length"] = "stop"
+
+
+class Engine(Protocol):
+    """One loaded replica.  All methods run on the runtime's event loop."""
+
+    async def load(self) -> None: ...
+
+    async def unload(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]: ...
+
+
+# ---- spec ----------------------------------------------------------------------------
+
+TARGET_INFLIGHT_CONSTRAINT = {"kind": "integer", "minimum": 1, "step": 1}
+
+
+class BackendSpec:
+    """Description and validation rules of one backend (stateless, one instance each)."""
+
+    name: ClassVar[str]
+    definition_model: ClassVar[type[CommonDefinition]]
+    # Load-body fields this backend accepts besides ``replicas``.
+    override_fields: ClassVar[tuple[str, ...]] = ()
+    # Backends that may run more than one request per replica; only they take target_inflight.
+    concurrent: ClassVar[bool] = False
+    # Values a load override may take beyond its load_constraints allowed_values.
+    extra_accepted_values: ClassVar[dict[str, tuple]] = {}
+
+    # -- what the admin API shows ------------------------------------------------------
+    def backend_constraints(self, definition: CommonDefinition) -> dict:
+        return {}
+
+    def load_constraints(self, definition: CommonDefinition) -> dict:
+        constraints = {"target_inflight": dict(TARGET_INFLIGHT_CONSTRAINT)} if self.concurrent else {}
+        constraints.update(self.backend_constraints(definition))
+        return constraints
+
+    def load_recommendations(self, definition: CommonDefinition) -> dict:
+        return {}
+
+    def multi_turn(self, definition: CommonDefinition) -> bool:
+        return True
+
+    def thinking_modes(self, definition: CommonDefinition) -> list[str]:
+        return list(THINKING_DEFAULT_ONLY)
+
+    def response_formats(self, definition: CommonDefinition) -> list[str]:
+        return ["text"]
+
+    def file_inputs(self, definition: CommonDefinition) -> bool:
+        return False
+
+    def is_remote(self, definition: CommonDefinition) -> bool:
+        return False
+
+    def capabilities(self, definition: CommonDefinition) -> dict:
+        return {
+            "modalities": list(definition.modalities),
+            "file_inputs": self.file_inputs(definition),
+            "multi_turn": self.multi_turn(definition),
+            "thinking_modes": self.thinking_modes(definition),
+            "response_formats": self.response_formats(definition),
+            "reasoning_efforts": [],
+            "thinking_token_budget": None,
+        }
+
+    def effective_target_inflight(self, configured: int) -> int:
+        return configured if self.concurrent else 1
+
+    # -- load overrides ----------------------------------------------------------------
+    def validate_overrides(self, definition: CommonDefinition, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Check a schema-valid, sparse load body for this backend; raise InvalidLoadRequest (400).
+
+        ``overrides`` holds only the keys the client sent (null included) and
+        excludes ``replicas``.  Returns the overrides to keep as ``load_override``.
+        """
+        allowed = set(self.override_fields) | ({"target_inflight"} if self.concurrent else set())
+        for key in overrides:
+            if key not in allowed:
+                raise InvalidLoadRequest(
+                    f"{key} is not a load override of backend {self.name}", param=key
+                )
+        constraints = self.load_constraints(definition)
+        for key, value in overrides.items():
+            if value is not None and key in constraints:
+                check_against_constraint(key, value, constraints[key], self.extra_accepted_values.get(key, ()))
+        self.check_override_combination(definition, overrides)
+        return dict(overrides)
+
+    def check_override_combination(self, definition: CommonDefinition, overrides: dict[str, Any]) -> None:
+        """Backend rules that span several fields; raise InvalidLoadRequest."""
+
+    # -- engine --------------------------------------------------------------------------
+    def effective_config(self, definition: CommonDefinition, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The definition with the load override applied (key presence wins, null included)."""
+        merged = definition.model_dump()
+        merged.update(overrides)
+        return merged
+
+    def create_engine(self, model_name: str, config: dict[str, Any], replica_index: int, context: dict) -> Engine:
+        raise EngineUnavailable(
+            f"the {self.name} engine is not available in this build of llm-pool yet; "
+            "the definition validates but cannot be loaded"
+        )
+
+    def vram_estimate(
+        self, definition: CommonDefinition, config: dict[str, Any], replicas: int, base_dir: str
+    ) -> tuple[int | None, str]:
+        """(MiB for ``replicas`` replicas, source) before any load was measured."""
+        return None, "unavailable"
+
+
+def resolve_model_path(path: str | None, base_dir: str) -> str | None:
+    """model_path as given, or relative to the settings file's folder."""
+    if path is None or os.path.isabs(path) or "://" in path:
+        return path
+    return os.path.normpath(os.path.join(base_dir, path))
+
+
+def artifact_size_mib(path: str | None, base_dir: str) -> int | None:
+    """Size of a model file or folder in MiB, or None when it cannot be read."""
+    resolved = resolve_model_path(path, base_dir)
+    if not resolved or not os.path.exists(resolved):
+        return None
+    if os.path.isfile(resolved):
+        total = os.path.getsize(resolved)
+    else:
+        total = sum(
+            os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(resolved) for name in names
+        )
+    return max(1, -(-total // (1024 * 1024)))
+
+
+def check_against_constraint(key: str, value: Any, constraint: dict, extra_accepted: tuple = ()) -> None:
+    """Apply a load_constraints entry to one non-null override value (400 on violation)."""
+    allowed = constraint.get("allowed_values")
+    if allowed is not None and value not in allowed and value not in extra_accepted:
+        raise InvalidLoadRequest(
+            f"{key}={value!r} is not allowed; allowed values: {', '.join(map(str, allowed))}", param=key
+        )
+    kind = constraint.get("kind")
+    if kind in ("integer", "integer_or_null", "float") and not isinstance(value, bool):
+        minimum, maximum = constraint.get("minimum"), constraint.get("maximum")
+        if minimum is not None and value < minimum:
+            raise InvalidLoadRequest(f"{key} must be at least {minimum} (got {value})", param=key)
+        if maximum is not None and value > maximum:
+            raise InvalidLoadRequest(f"{key} must be at most {maximum} (got {value})", param=key)
+        step = constraint.get("step")
+        if kind != "float" and step and step > 1 and (value - (minimum or 0)) % step:
+            raise InvalidLoadRequest(f"{key} must be a multiple of {step} (got {value})", param=key)

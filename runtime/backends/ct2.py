@@ -1,0 +1,58 @@
+"""ct2: CTranslate2 generator models run in the runtime process.
+
+This module holds the definition schema; ct2 has no live-load overrides.  The
+engine itself lands with the ct2 issue.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from runtime.backends.base import BackendSpec
+from runtime.backends.common_fields import (
+    QWEN3,
+    FamilyDefinition,
+    artifact_estimate,
+    require_model_target,
+    thinking_for_families,
+)
+
+Ct2ComputeType = Literal[
+    "default",
+    "auto",
+    "int8",
+    "int8_float32",
+    "int8_float16",
+    "int8_bfloat16",
+    "int16",
+    "float16",
+    "bfloat16",
+    "float32",
+]
+
+
+class Ct2Definition(FamilyDefinition):
+    backend: Literal["ct2"]
+    ct2_compute_type: Ct2ComputeType = "default"
+    ct2_inter_threads: int = Field(1, ge=1)
+    ct2_intra_threads: int = Field(0, ge=0)  # 0: CTranslate2 picks
+    ct2_max_batch_size: int = Field(0, ge=0)  # 0: no limit
+    # Folder holding the Hugging Face tokenizer files; null: the model folder.
+    ct2_tokenizer_path: str | None = None
+
+    @model_validator(mode="after")
+    def _has_model(self):
+        require_model_target(self)
+        return self
+
+
+class Ct2Spec(BackendSpec):
+    name = "ct2"
+    definition_model = Ct2Definition
+
+    def thinking_modes(self, definition):
+        return thinking_for_families(definition, (QWEN3,))
+
+    def vram_estimate(self, definition, config, replicas, base_dir):
+        return artifact_estimate(base_dir, replicas, definition.model_path)

@@ -1,0 +1,103 @@
+"""llama_cpp: GGUF models run in the runtime process through llama-cpp-python.
+
+This module holds the definition schema and the live-load rules; the engine
+itself lands with the llama_cpp issue.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from runtime.backends.base import (
+    THINKING_ALL,
+    BackendSpec,
+    CommonDefinition,
+    artifact_size_mib,
+)
+
+GGML_CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+GgmlCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+PROMPT_FORMATS = (
+    "generic",
+    "mistral_template",
+    "qwen3_template",
+    "gemma4_template",
+    "translategemma_template",
+    "gguf_template",
+)
+MULTI_TURN_FORMATS = {"generic", "mistral_template", "qwen3_template", "gemma4_template", "gguf_template"}
+
+
+class LlamaCppDefinition(CommonDefinition):
+    backend: Literal["llama_cpp"]
+    gguf_n_gpu_layers: int = Field(-1, ge=-1)
+    gguf_n_ctx: int = Field(4096, ge=1)
+    gguf_n_batch: int = Field(512, ge=1)
+    gguf_n_threads: int | None = Field(None, ge=1)
+    gguf_flash_attn: Literal["on", "off", "auto"] = "auto"
+    gguf_type_k: GgmlCacheType | None = None
+    gguf_type_v: GgmlCacheType | None = None
+
+    @model_validator(mode="after")
+    def _known_prompt_format(self):
+        if self.prompt_format is not None and self.prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}")
+        return self
+
+
+def _cache_type_constraint() -> dict:
+    return {
+        "kind": "string_or_null",
+        "format": "ggml_type_name",
+        "default": "f16",
+        "allowed_values": list(GGML_CACHE_TYPES),
+        "examples": ["f16", "q8_0", "q4_0"],
+    }
+
+
+class LlamaCppSpec(BackendSpec):
+    name = "llama_cpp"
+    definition_model = LlamaCppDefinition
+    override_fields = ("gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v")
+
+    def backend_constraints(self, definition):
+        return {
+            "gguf_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
+            "gguf_flash_attn": {
+                "kind": "enum",
+                "default": "auto",
+                "allowed_values": ["on", "off", "auto"],
+                "examples": ["auto", "on", "off"],
+            },
+            "gguf_type_k": _cache_type_constraint(),
+            "gguf_type_v": _cache_type_constraint(),
+        }
+
+    def load_recommendations(self, definition):
+        return {
+            "gguf_cache_type_pairs": {
+                "kind": "pair_presets",
+                "fields": ["gguf_type_k", "gguf_type_v"],
+                "recommended_pairs": [
+                    {"label": f"{t}/{t}", "gguf_type_k": t, "gguf_type_v": t} for t in ("f16", "q8_0", "q4_0")
+                ],
+                "notes": [
+                    "Service-curated presets for GGUF cache types.",
+                    "Prefer symmetric GGUF K/V pairs by default; asymmetric pairs may reduce or disable GPU "
+                    "offload in upstream llama.cpp.",
+                ],
+            }
+        }
+
+    def multi_turn(self, definition):
+        return (definition.prompt_format or "gguf_template") in MULTI_TURN_FORMATS
+
+    def thinking_modes(self, definition):
+        return list(THINKING_ALL) if definition.prompt_format == "gemma4_template" else ["default"]
+
+    def vram_estimate(self, definition, config, replicas, base_dir):
+        size = artifact_size_mib(definition.model_path, base_dir)
+        if size is None:
+            return None, "unavailable"
+        return size * replicas, "model_artifact_size"

@@ -1,0 +1,58 @@
+"""openai_remote: a model served by a remote OpenAI-compatible API.
+
+Nothing is loaded locally: there are no load overrides and no VRAM estimate.
+Whether the model takes request-level thinking and file inputs is configured,
+because the remote cannot be asked.  The client engine lands with the
+openai_remote issue.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from runtime.backends.base import THINKING_ALL, THINKING_DEFAULT_ONLY, BackendSpec
+from runtime.backends.common_fields import FamilyDefinition, NonEmptyStr
+
+
+class OpenaiRemoteDefinition(FamilyDefinition):
+    backend: Literal["openai_remote"]
+    remote_base_url: NonEmptyStr  # e.g. https://api.openai.com/v1
+    remote_model: NonEmptyStr
+    remote_api_key: str | None = None
+    # Name of an environment variable that holds the key, so it stays out of the settings files.
+    remote_api_key_env: NonEmptyStr | None = None
+    remote_timeout_seconds: float = Field(120.0, gt=0)
+    # How file content items reach the remote; null: the model takes no file inputs.
+    remote_file_mode: Literal["inline", "upload"] | None = None
+    remote_headers: dict[str, str] = Field(default_factory=dict)
+    # Whether the remote honours per-request thinking control.
+    remote_thinking: bool = False
+
+    @field_validator("remote_base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("remote_base_url must start with http:// or https://")
+        return value
+
+    @model_validator(mode="after")
+    def _one_key_source(self):
+        if self.remote_api_key is not None and self.remote_api_key_env is not None:
+            raise ValueError("set remote_api_key or remote_api_key_env, not both")
+        return self
+
+
+class OpenaiRemoteSpec(BackendSpec):
+    name = "openai_remote"
+    definition_model = OpenaiRemoteDefinition
+    concurrent = True
+
+    def thinking_modes(self, definition):
+        return list(THINKING_ALL) if definition.remote_thinking else list(THINKING_DEFAULT_ONLY)
+
+    def file_inputs(self, definition):
+        return definition.remote_file_mode is not None
+
+    def is_remote(self, definition):
+        return True

@@ -1,0 +1,167 @@
+"""sglang_serve: a managed local ``sglang serve`` process group, one per replica.
+
+``target_inflight`` becomes ``--max-running-requests``, so the extra args may
+not set it.  With speculative top-k 1, llm-pool derives the draft-token count
+as the step count plus 1 and passes it explicitly; a conflicting explicit value
+is rejected.  The engine lands with the sglang_serve issue.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import Field, model_validator
+
+from runtime.backends.base import BackendSpec
+from runtime.backends.common_fields import (
+    GEMMA4,
+    FamilyDefinition,
+    NonEmptyStr,
+    Port,
+    artifact_estimate,
+    check_extra_args,
+    require_model_target,
+    thinking_for_families,
+)
+from runtime.errors import InvalidLoadRequest
+
+SglangCacheDType = Literal[
+    "auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16", "fp4_e2m1"
+]
+SGLANG_CACHE_DTYPES = list(get_args(SglangCacheDType))
+DEFAULT_NUM_STEPS = 5
+DEFAULT_NUM_DRAFT_TOKENS = 6
+DEFAULT_EAGLE_TOPK = 1
+
+
+def derived_draft_tokens(num_steps: int | None, eagle_topk: int | None) -> int | None:
+    """The draft-token count llm-pool passes when top-k is 1; None when SGLang needs an explicit one."""
+    if (eagle_topk or DEFAULT_EAGLE_TOPK) != 1:
+        return None
+    return (num_steps or DEFAULT_NUM_STEPS) + 1
+
+
+class SglangServeDefinition(FamilyDefinition):
+    backend: Literal["sglang_serve"]
+    sglang_serve_binary: NonEmptyStr = "sglang"
+    # Hub id or local path passed to `sglang serve --model-path`; model_path is used when this is null.
+    sglang_serve_model: NonEmptyStr | None = None
+    sglang_serve_host: NonEmptyStr = "127.0.0.1"
+    sglang_serve_port: Port | None = None  # null: a free port per replica
+    sglang_serve_api_key: str | None = None
+    sglang_serve_env: dict[str, str] = Field(default_factory=dict)
+    sglang_serve_library_path: str | None = None
+    sglang_serve_extra_args: list[str] = Field(default_factory=list)
+    sglang_serve_startup_timeout_seconds: float = Field(900.0, gt=0)
+    sglang_quantization: str | None = None
+    sglang_attention_backend: str | None = None
+    sglang_reasoning_parser: str | None = None
+    sglang_tool_call_parser: str | None = None
+    sglang_context_length: int | None = Field(None, ge=1)
+    # A startup ceiling; it must still hold the target and assistant weights.
+    sglang_mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    sglang_max_total_tokens: int | None = Field(None, ge=1)
+    sglang_chunked_prefill_size: int | None = Field(None, ge=-1)
+    sglang_kv_cache_dtype: SglangCacheDType | None = None
+    sglang_speculative_algorithm: str | None = None
+    sglang_speculative_draft_model: str | None = None
+    sglang_speculative_num_steps: int | None = Field(None, ge=1)
+    sglang_speculative_num_draft_tokens: int | None = Field(None, ge=1)
+    sglang_speculative_eagle_topk: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _serve_rules(self):
+        require_model_target(self, "sglang_serve_model")
+        check_extra_args(
+            "sglang_serve_extra_args", self.sglang_serve_extra_args, ("--max-running-requests",), "target_inflight"
+        )
+        derived = derived_draft_tokens(self.sglang_speculative_num_steps, self.sglang_speculative_eagle_topk)
+        explicit = self.sglang_speculative_num_draft_tokens
+        if derived is not None and explicit is not None and explicit != derived:
+            raise ValueError(
+                f"sglang_speculative_num_draft_tokens must be sglang_speculative_num_steps + 1 ({derived}) "
+                "when sglang_speculative_eagle_topk is 1"
+            )
+        return self
+
+
+def _effective(definition: SglangServeDefinition, overrides: dict[str, Any], key: str) -> Any:
+    return overrides[key] if key in overrides else getattr(definition, key)
+
+
+def _integer(minimum: int, step: int, **extra) -> dict:
+    return {"kind": "integer", "minimum": minimum, "step": step, **extra}
+
+
+class SglangServeSpec(BackendSpec):
+    name = "sglang_serve"
+    definition_model = SglangServeDefinition
+    concurrent = True
+    override_fields = (
+        "sglang_context_length",
+        "sglang_mem_fraction_static",
+        "sglang_max_total_tokens",
+        "sglang_chunked_prefill_size",
+        "sglang_kv_cache_dtype",
+        "sglang_speculative_algorithm",
+        "sglang_speculative_draft_model",
+        "sglang_speculative_num_steps",
+        "sglang_speculative_num_draft_tokens",
+        "sglang_speculative_eagle_topk",
+    )
+
+    def backend_constraints(self, definition):
+        return {
+            "sglang_context_length": _integer(256, 256),
+            "sglang_mem_fraction_static": {"kind": "float", "minimum": 0.01, "maximum": 1.0, "step": 0.01},
+            "sglang_max_total_tokens": _integer(256, 256, unit="tokens"),
+            "sglang_chunked_prefill_size": _integer(-1, 1),
+            "sglang_kv_cache_dtype": {
+                "kind": "enum",
+                "default": "auto",
+                "allowed_values": list(SGLANG_CACHE_DTYPES),
+            },
+            "sglang_speculative_algorithm": {
+                "kind": "string_or_null",
+                "format": "sglang_speculative_algorithm",
+                "default": None,
+                "examples": ["NEXTN"],
+            },
+            "sglang_speculative_draft_model": {
+                "kind": "string_or_null",
+                "format": "hf_id_or_local_path",
+                "default": None,
+                "examples": ["google/gemma-4-26B-A4B-it-assistant"],
+            },
+            "sglang_speculative_num_steps": _integer(1, 1, default=DEFAULT_NUM_STEPS),
+            "sglang_speculative_num_draft_tokens": _integer(1, 1, default=DEFAULT_NUM_DRAFT_TOKENS),
+            "sglang_speculative_eagle_topk": _integer(1, 1, default=DEFAULT_EAGLE_TOPK),
+        }
+
+    def check_override_combination(self, definition, overrides):
+        explicit = overrides.get("sglang_speculative_num_draft_tokens")
+        if explicit is None:
+            return
+        derived = derived_draft_tokens(
+            _effective(definition, overrides, "sglang_speculative_num_steps"),
+            _effective(definition, overrides, "sglang_speculative_eagle_topk"),
+        )
+        if derived is not None and explicit != derived:
+            raise InvalidLoadRequest(
+                f"sglang_speculative_num_draft_tokens must be sglang_speculative_num_steps + 1 ({derived}) "
+                "when sglang_speculative_eagle_topk is 1",
+                param="sglang_speculative_num_draft_tokens",
+            )
+
+    def effective_config(self, definition, overrides: dict[str, Any]) -> dict[str, Any]:
+        """As the base, with the draft-token count derived (steps + 1) whenever top-k is 1."""
+        merged = super().effective_config(definition, overrides)
+        derived = derived_draft_tokens(merged["sglang_speculative_num_steps"], merged["sglang_speculative_eagle_topk"])
+        if derived is not None:
+            merged["sglang_speculative_num_draft_tokens"] = derived
+        return merged
+
+    def thinking_modes(self, definition):
+        return thinking_for_families(definition, (GEMMA4,))
+
+    def vram_estimate(self, definition, config, replicas, base_dir):
+        return artifact_estimate(base_dir, replicas, definition.model_path, definition.sglang_serve_model)

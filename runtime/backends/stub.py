@@ -1,0 +1,116 @@
+"""The stub backend: a deterministic engine for tests, demos and capability checks.
+
+Every knob is in the definition: load time, load failure (for all replicas or
+one), per-token delay, the reply, a reported VRAM size, and the capabilities
+the model advertises, so every lifecycle and request rule can be exercised
+without a real model.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Literal
+
+from pydantic import Field
+
+from runtime.backends.base import (
+    BackendSpec,
+    CommonDefinition,
+    Finished,
+    GenerationRequest,
+    TextDelta,
+)
+from runtime.errors import BackendError
+
+_TOKEN = re.compile(r"\s*\S+")
+
+
+def stub_tokens(text: str) -> list[str]:
+    """Whitespace-delimited pieces that concatenate back to ``text`` (minus trailing space)."""
+    return _TOKEN.findall(text)
+
+
+class StubDefinition(CommonDefinition):
+    backend: Literal["stub"]
+    stub_load_seconds: float = Field(0.0, ge=0, le=3600)
+    stub_unload_seconds: float = Field(0.0, ge=0, le=3600)
+    stub_fail_load: str | None = None
+    stub_fail_replica: int | None = Field(None, ge=0)
+    stub_token_delay_ms: float = Field(0.0, ge=0, le=60000)
+    stub_reply: str | None = None
+    stub_fail_after_tokens: int | None = Field(None, ge=0)
+    stub_vram_mib: int | None = Field(None, ge=0)
+    stub_remote: bool = False
+    thinking_modes: list[Literal["default", "enabled", "disabled"]] = Field(default_factory=lambda: ["default"])
+    response_formats: list[Literal["text", "json_schema"]] = Field(default_factory=lambda: ["text"])
+    multi_turn: bool = True
+    file_inputs: bool = False
+
+
+class StubEngine:
+    def __init__(self, config: dict[str, Any], replica_index: int):
+        self.config = config
+        self.replica_index = replica_index
+        self.loaded = False
+
+    async def load(self) -> None:
+        await asyncio.sleep(self.config["stub_load_seconds"])
+        failing_replica = self.config["stub_fail_replica"]
+        if self.config["stub_fail_load"] and failing_replica in (None, self.replica_index):
+            raise RuntimeError(self.config["stub_fail_load"])
+        self.loaded = True
+
+    async def unload(self) -> None:
+        await asyncio.sleep(self.config["stub_unload_seconds"])
+        self.loaded = False
+
+    async def generate(self, request: GenerationRequest):
+        reply = self.config["stub_reply"]
+        if reply is None:
+            reply = request.last_user_text()
+        tokens = stub_tokens(reply)
+        prompt_text = " ".join(
+            [request.instructions or ""]
+            + [p.get("text", "") for m in request.messages for p in m["content"] if p.get("type") == "input_text"]
+        )
+        input_tokens = len(stub_tokens(prompt_text))
+        delay = self.config["stub_token_delay_ms"] / 1000.0
+        fail_after = self.config["stub_fail_after_tokens"]
+        emitted = 0
+        for token in tokens[: request.max_output_tokens]:
+            if fail_after is not None and emitted >= fail_after:
+                raise BackendError(f"stub engine failed after {emitted} tokens (stub_fail_after_tokens)")
+            if delay:
+                await asyncio.sleep(delay)
+            emitted += 1
+            yield TextDelta(token)
+        reason = "length" if len(tokens) > request.max_output_tokens else "stop"
+        yield Finished(input_tokens=input_tokens, output_tokens=emitted, finish_reason=reason)
+
+
+class StubSpec(BackendSpec):
+    name = "stub"
+    definition_model = StubDefinition
+
+    def multi_turn(self, definition: StubDefinition) -> bool:
+        return definition.multi_turn
+
+    def thinking_modes(self, definition: StubDefinition) -> list[str]:
+        return list(definition.thinking_modes)
+
+    def response_formats(self, definition: StubDefinition) -> list[str]:
+        return list(definition.response_formats)
+
+    def file_inputs(self, definition: StubDefinition) -> bool:
+        return definition.file_inputs
+
+    def is_remote(self, definition: StubDefinition) -> bool:
+        return definition.stub_remote
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return StubEngine(config, replica_index)
+
+    def vram_estimate(self, definition: StubDefinition, config, replicas, base_dir):
+        if definition.stub_vram_mib is None:
+            return None, "unavailable"
+        return definition.stub_vram_mib * replicas, "model_artifact_size"

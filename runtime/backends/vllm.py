@@ -1,0 +1,140 @@
+"""vllm: models run in the runtime process through vLLM's engine.
+
+This module holds the vLLM definition fields (shared with ``vllm_serve``) and
+the live-load rules; the engine itself lands with the vllm issue.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import Field, model_validator
+
+from runtime.backends.base import BackendSpec
+from runtime.backends.common_fields import (
+    GEMMA4,
+    QWEN3,
+    FamilyDefinition,
+    artifact_estimate,
+    require_model_target,
+    thinking_for_families,
+)
+
+# vLLM's --kv-cache-dtype choices (vllm/config/cache.py, CacheDType).
+VllmCacheDType = Literal[
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "int4_per_token_head",
+    "int8_per_token_head",
+    "fp8_per_token_head",
+    "nvfp4",
+    "nvfp4_4over6",
+]
+VLLM_CACHE_DTYPES = get_args(VllmCacheDType)
+# The values the UI offers; the service accepts every dtype in VLLM_CACHE_DTYPES.
+VLLM_UI_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
+VLLM_OVERRIDE_FIELDS = (
+    "vllm_max_model_len",
+    "vllm_kv_cache_dtype",
+    "vllm_kv_cache_memory_bytes",
+    "vllm_max_pixels",
+    "vllm_speculative_method",
+    "vllm_speculative_model",
+    "vllm_speculative_moe_backend",
+    "vllm_speculative_attention_backend",
+    "vllm_num_speculative_tokens",
+)
+
+
+class VllmFields(FamilyDefinition):
+    """Engine settings of both vLLM backends; null leaves vLLM's own default."""
+
+    backend: Literal["vllm", "vllm_serve"]  # each definition narrows it
+    vllm_max_model_len: int | None = Field(None, ge=1)
+    # Keep low and size the cache with vllm_kv_cache_memory_bytes, or vLLM reserves most free VRAM.
+    vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    vllm_kv_cache_dtype: VllmCacheDType | None = None
+    vllm_kv_cache_memory_bytes: int | None = Field(None, ge=1)
+    # Merged into vllm_mm_processor_kwargs as max_pixels.
+    vllm_max_pixels: int | None = Field(None, ge=1)
+    vllm_mm_processor_kwargs: dict[str, Any] = Field(default_factory=dict)
+    vllm_speculative_method: str | None = None
+    vllm_speculative_model: str | None = None
+    vllm_speculative_moe_backend: str | None = None
+    vllm_speculative_attention_backend: str | None = None
+    vllm_num_speculative_tokens: int | None = Field(None, ge=1)
+    vllm_tensor_parallel_size: int = Field(1, ge=1)
+    vllm_dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    vllm_quantization: str | None = None
+    vllm_enforce_eager: bool = False
+    vllm_trust_remote_code: bool = False
+    vllm_reasoning_parser: str | None = None
+
+
+class VllmDefinition(VllmFields):
+    backend: Literal["vllm"]
+
+    @model_validator(mode="after")
+    def _has_model(self):
+        require_model_target(self)
+        return self
+
+
+def _optional_string(fmt: str, examples: list[str]) -> dict:
+    return {"kind": "string_or_null", "format": fmt, "default": None, "examples": examples}
+
+
+class VllmSpec(BackendSpec):
+    name = "vllm"
+    definition_model = VllmDefinition
+    override_fields = VLLM_OVERRIDE_FIELDS
+    extra_accepted_values = {
+        "vllm_kv_cache_dtype": tuple(d for d in VLLM_CACHE_DTYPES if d not in VLLM_UI_CACHE_DTYPES)
+    }
+
+    def backend_constraints(self, definition):
+        return {
+            "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
+            "vllm_kv_cache_dtype": {
+                "kind": "enum",
+                "default": "auto",
+                "allowed_values": list(VLLM_UI_CACHE_DTYPES),
+                "examples": ["auto", "fp8"],
+            },
+            "vllm_kv_cache_memory_bytes": {
+                "kind": "integer",
+                "minimum": 268435456,
+                "step": 268435456,
+                "unit": "bytes",
+                "display_unit": "mib",
+            },
+            "vllm_max_pixels": {"kind": "integer", "minimum": 200704, "step": 200704, "unit": "pixels"},
+            "vllm_speculative_method": _optional_string(
+                "vllm_speculative_method", ["mtp", "draft_model", "mlp_speculator"]
+            ),
+            "vllm_speculative_model": _optional_string(
+                "hf_id_or_local_path", ["google/gemma-4-26B-A4B-it-assistant"]
+            ),
+            "vllm_speculative_moe_backend": _optional_string("vllm_moe_backend", ["triton", "marlin"]),
+            "vllm_speculative_attention_backend": _optional_string(
+                "vllm_attention_backend", ["triton_attn", "flashinfer"]
+            ),
+            "vllm_num_speculative_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
+        }
+
+    def thinking_modes(self, definition):
+        return thinking_for_families(definition, (GEMMA4, QWEN3))
+
+    def vram_estimate(self, definition, config, replicas, base_dir):
+        return artifact_estimate(base_dir, replicas, definition.model_path)

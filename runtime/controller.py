@@ -1,0 +1,325 @@
+"""One model's lifecycle, owned by exactly one asyncio task.
+
+``ModelController`` is the single writer of a model's state: callers put
+commands in its inbox and await the answer; the task handles one command at a
+time with synchronous handlers, so nothing can interleave between the read of
+a state and the transition that follows it.  Long work (loading replicas,
+releasing them) runs in a side task that reports back through the inbox.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from runtime.backends.base import Engine
+from runtime.catalog import CatalogEntry
+from runtime.config import FairnessSettings
+from runtime.errors import (
+    InvalidLoadRequest,
+    LLMPoolError,
+    ModelFailed,
+    ModelLoading,
+    ModelNotLoaded,
+    ModelStateConflict,
+    ModelUnloading,
+    UnknownModel,
+)
+from runtime.scheduler import Scheduler, Ticket
+from runtime.state import RuntimeState, StateMachine, TransitionEvent
+
+logger = logging.getLogger("llmpool.runtime")
+
+S = RuntimeState
+
+
+class ModelController:
+    def __init__(
+        self,
+        entry: CatalogEntry,
+        fairness: FairnessSettings,
+        listeners: list[Callable[[TransitionEvent], None]] | None = None,
+    ):
+        self.entry = entry
+        self.machine = StateMachine(entry.name, listeners)
+        self.last_error: str | None = None
+        self.load_override: dict[str, Any] = {}
+        self.replicas = entry.definition.replicas
+        self.engines: list[Engine] = []
+        self.scheduler = Scheduler(fairness, effects=self)
+        self._dispatch: dict[Ticket, asyncio.Future] = {}
+        self._inbox: asyncio.Queue = asyncio.Queue()
+        self._load_waiters: list[asyncio.Future] = []
+        self._unload_waiters: list[asyncio.Future] = []
+        self._work: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None
+        self._estimate_entry: CatalogEntry | None = None
+        self._estimate_key: tuple | None = None
+        self._estimate: tuple[int | None, int, str] = (None, self.replicas, "unavailable")
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def state(self) -> RuntimeState:
+        return self.machine.state
+
+    # ---- commands (any task) ---------------------------------------------------------
+    def launch(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"model:{self.name}")
+
+    async def load(self, overrides: dict[str, Any], replicas: int | None) -> None:
+        """Start a load (or join/ignore per the state rules); returns once it has settled."""
+        await self._call("load", overrides, replicas)
+
+    def begin_load(self) -> asyncio.Future:
+        """Start a load with the configured definition without waiting (start-up loading)."""
+        return self._post("load", {}, None)
+
+    async def unload(self) -> None:
+        await self._call("unload")
+
+    async def admit(self, ticket: Ticket) -> asyncio.Future:
+        """Queue a request; returns a future resolving to the replica index it runs on."""
+        admitted = self._post("admit", ticket)
+        try:
+            return await asyncio.shield(admitted)
+        except asyncio.CancelledError:
+            # The caller went away; a request the writer admits anyway must not keep its slot.
+            admitted.add_done_callback(lambda f: f.cancelled() or f.exception() or self.finish(ticket))
+            raise
+
+    def finish(self, ticket: Ticket) -> None:
+        """A request ended (done, failed or withdrawn while queued)."""
+        self._post("finish", ticket)
+
+    async def stop(self) -> None:
+        """Stop the controller (model removed or service shutting down); release its engines."""
+        if self._task is not None:
+            self._task.cancel()
+        if self._work is not None:
+            self._work.cancel()
+            await asyncio.gather(self._work, return_exceptions=True)
+        await _release(self.engines)
+        self.engines = []
+        gone = UnknownModel(f"model {self.name} is no longer served")
+        while not self._inbox.empty():
+            _command, _args, future = self._inbox.get_nowait()
+            if not future.done():
+                future.set_exception(gone)
+        for future in [*self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
+            if not future.done():
+                future.set_exception(gone)
+
+    def replace_entry(self, entry: CatalogEntry) -> None:
+        """Called by the pool's atomic reload step; the caller checked the state allows it."""
+        self.entry = entry
+        if self.state not in (S.LOADING, S.LOADED, S.UNLOADING):
+            self.replicas = entry.definition.replicas
+
+    # ---- the writer --------------------------------------------------------------------
+    def _post(self, command: str, *args) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._inbox.put_nowait((command, args, future))
+        return future
+
+    async def _call(self, command: str, *args):
+        return await self._post(command, *args)
+
+    async def _run(self) -> None:
+        while True:
+            command, args, future = await self._inbox.get()
+            try:
+                getattr(self, f"_on_{command}")(future, *args)
+            except LLMPoolError as exc:
+                if not future.done():
+                    future.set_exception(exc)
+            except Exception as exc:  # a bug must not kill the writer
+                logger.exception("model %s: command %s failed", self.name, command)
+                if not future.done():
+                    future.set_exception(exc)
+
+    def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None) -> None:
+        state = self.state
+        if state in (S.LOADED, S.LOADING):
+            if (overrides and overrides != self.load_override) or (replicas is not None and replicas != self.replicas):
+                raise InvalidLoadRequest(
+                    f"model {self.name} is {state.value}; replicas and load overrides may only be changed "
+                    "while it is unloaded or failed (unload it first)"
+                )
+            future.set_result(None)
+            return
+        if state is S.UNLOADING:
+            raise ModelStateConflict(f"model {self.name} is unloading; load it again once it is unloaded")
+        definition = self.entry.definition
+        count = definition.replicas if replicas is None else replicas
+        if count > definition.replica_max:
+            raise InvalidLoadRequest(
+                f"replicas={count} exceeds replica_max={definition.replica_max} of model {self.name}",
+                param="replicas",
+            )
+        accepted = self.entry.spec.validate_overrides(definition, overrides)
+        self.machine.transition(state, S.LOADING)
+        self.last_error = None
+        self.load_override = accepted
+        self.replicas = count
+        self._load_waiters.append(future)
+        self._work = asyncio.get_running_loop().create_task(self._load_engines(self.entry, accepted, count))
+
+    async def _load_engines(self, entry: CatalogEntry, overrides: dict, count: int) -> None:
+        spec = entry.spec
+        config = spec.effective_config(entry.definition, overrides)
+        context = {"base_dir": entry.base_dir, "model_name": entry.name}
+        engines: list[Engine] = []
+        try:
+            for index in range(count):
+                engine = spec.create_engine(entry.name, config, index, context)
+                engines.append(engine)
+                try:
+                    await engine.load()
+                except Exception as exc:
+                    raise _ReplicaLoadError(index, count, exc) from exc
+        except asyncio.CancelledError:
+            await _release(engines)
+            raise
+        except Exception as exc:
+            await _release(engines)
+            self._post("load_finished", None, str(exc) or type(exc).__name__)
+            return
+        self._post("load_finished", engines, None)
+
+    def _on_load_finished(self, future, engines: list[Engine] | None, error: str | None) -> None:
+        self._work = None
+        if engines is not None:
+            self.machine.transition(S.LOADING, S.LOADED)
+            self.engines = engines
+            self.scheduler.open(len(engines), self.effective_target_inflight)
+        else:
+            self.machine.transition(S.LOADING, S.FAILED)
+            self.last_error = error
+            self.load_override = {}
+            self.replicas = self.entry.definition.replicas
+        _resolve(self._load_waiters)
+        future.set_result(None)
+
+    def _on_unload(self, future: asyncio.Future) -> None:
+        state = self.state
+        if state in (S.UNLOADED, S.FAILED, S.UNLOADING):
+            future.set_result(None)
+            return
+        if state is S.LOADING:
+            raise ModelStateConflict(f"model {self.name} is loading; unload it once the load has finished")
+        self.machine.transition(S.LOADED, S.UNLOADING)
+        self.scheduler.close(ModelUnloading(f"model {self.name} is unloading"))
+        self._unload_waiters.append(future)
+        self._release_when_idle()
+
+    def _release_when_idle(self) -> None:
+        if self.state is S.UNLOADING and self.scheduler.inflight == 0 and self._work is None:
+            self._work = asyncio.get_running_loop().create_task(self._release_engines(self.engines))
+
+    async def _release_engines(self, engines: list[Engine]) -> None:
+        errors = await _release(engines)
+        self._post("unload_finished", errors)
+
+    def _on_unload_finished(self, future, errors: list[str]) -> None:
+        self._work = None
+        self.engines = []
+        self.scheduler.reset()
+        if errors:
+            self.machine.transition(S.UNLOADING, S.FAILED)
+            self.last_error = "unload failed: " + "; ".join(errors)
+        else:
+            self.machine.transition(S.UNLOADING, S.UNLOADED)
+        self.load_override = {}
+        self.replicas = self.entry.definition.replicas
+        _resolve(self._unload_waiters)
+        future.set_result(None)
+
+    def _on_admit(self, future: asyncio.Future, ticket: Ticket) -> None:
+        state = self.state
+        if state is not S.LOADED:
+            raise _not_serving(self.name, state, self.last_error)
+        dispatched = asyncio.get_running_loop().create_future()
+        self._dispatch[ticket] = dispatched
+        try:
+            self.scheduler.on_request(ticket)
+        except LLMPoolError:
+            del self._dispatch[ticket]
+            raise
+        future.set_result(dispatched)
+
+    def _on_finish(self, future, ticket: Ticket) -> None:
+        if not self.scheduler.on_cancel(ticket):
+            self.scheduler.on_done(ticket)
+        self._dispatch.pop(ticket, None)
+        self._release_when_idle()
+        future.set_result(None)
+
+    # ---- scheduler effects (called from inside the writer) ----------------------------
+    def start(self, ticket: Ticket, replica: int) -> None:
+        dispatched = self._dispatch.get(ticket)
+        if dispatched is not None and not dispatched.done():
+            dispatched.set_result(replica)
+
+    def reject(self, ticket: Ticket, error: LLMPoolError) -> None:
+        dispatched = self._dispatch.pop(ticket, None)
+        if dispatched is not None and not dispatched.done():
+            dispatched.set_exception(error)
+
+    # ---- views -----------------------------------------------------------------------
+    def vram_estimate(self) -> tuple[int | None, int, str]:
+        """(MiB, replica count it is for, source); cached per definition, override and count."""
+        key = (repr(sorted(self.load_override.items())), self.replicas)
+        if self._estimate_entry is not self.entry or self._estimate_key != key:
+            spec, definition = self.entry.spec, self.entry.definition
+            config = spec.effective_config(definition, self.load_override)
+            mib, source = spec.vram_estimate(definition, config, self.replicas, self.entry.base_dir)
+            self._estimate_entry, self._estimate_key = self.entry, key
+            self._estimate = (mib, self.replicas, source)
+        return self._estimate
+
+    @property
+    def configured_target_inflight(self) -> int:
+        override = self.load_override.get("target_inflight")
+        return override if override is not None else self.entry.definition.target_inflight
+
+    @property
+    def effective_target_inflight(self) -> int:
+        return self.entry.spec.effective_target_inflight(self.configured_target_inflight)
+
+
+class _ReplicaLoadError(Exception):
+    def __init__(self, index: int, count: int, cause: Exception):
+        detail = str(cause) or type(cause).__name__
+        super().__init__(f"replica {index + 1} of {count} failed to load: {detail}")
+
+
+def _resolve(waiters: list[asyncio.Future]) -> None:
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+    waiters.clear()
+
+
+async def _release(engines: list[Engine]) -> list[str]:
+    errors = []
+    for index, engine in enumerate(engines):
+        try:
+            await engine.unload()
+        except Exception as exc:
+            logger.exception("unloading replica %d failed", index)
+            errors.append(f"replica {index + 1}: {exc}")
+    return errors
+
+
+def _not_serving(name: str, state: RuntimeState, last_error: str | None) -> LLMPoolError:
+    if state is S.LOADING:
+        return ModelLoading(f"model {name} is loading; retry shortly")
+    if state is S.UNLOADING:
+        return ModelUnloading(f"model {name} is unloading")
+    if state is S.FAILED:
+        return ModelFailed(f"model {name} failed to load: {last_error}")
+    return ModelNotLoaded(f"model {name} is not loaded; load it through the admin API first")

@@ -1,0 +1,82 @@
+"""One error hierarchy for the whole service.
+
+Every error carries a machine-readable ``code`` and the ``http_status`` the API
+answers with (plus ``retry_after`` seconds where a retry makes sense).  Errors
+cross the channel layer as plain dicts (``to_dict`` / ``error_from_dict``) and
+one DRF exception handler turns them into the envelope
+``{"error": {"code", "message", "param"}}``.
+"""
+from __future__ import annotations
+
+
+class LLMPoolError(Exception):
+    code = "internal_error"
+    http_status = 500
+    retry_after: int | None = None
+
+    def __init__(self, message: str = "", *, param: str | None = None, details=None):
+        super().__init__(message or self.code)
+        self.message = message or self.code
+        self.param = param
+        self.details = details
+
+    def envelope(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message, "param": self.param}}
+
+    def to_dict(self) -> dict:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "param": self.param,
+            "http_status": self.http_status,
+            "retry_after": self.retry_after,
+            "details": self.details,
+        }
+
+
+def _error(name: str, code: str, http_status: int, retry_after: int | None = None):
+    cls = type(name, (LLMPoolError,), {"code": code, "http_status": http_status, "retry_after": retry_after})
+    _REGISTRY[code] = cls
+    return cls
+
+
+_REGISTRY: dict[str, type[LLMPoolError]] = {"internal_error": LLMPoolError}
+
+# Request errors (POST /v1/responses).
+UnknownModel = _error("UnknownModel", "unknown_model", 404)
+ModelNotLoaded = _error("ModelNotLoaded", "model_not_loaded", 409)
+ModelFailed = _error("ModelFailed", "model_failed", 409)
+ModelLoading = _error("ModelLoading", "model_loading", 503, retry_after=5)
+ModelUnloading = _error("ModelUnloading", "model_unloading", 503, retry_after=5)
+RuntimeUnavailable = _error("RuntimeUnavailable", "runtime_unavailable", 503, retry_after=2)
+InvalidRequest = _error("InvalidRequest", "invalid_request", 400)
+FileInputUnsupported = _error("FileInputUnsupported", "file_input_unsupported", 400)
+ModalityUnsupported = _error("ModalityUnsupported", "modality_unsupported", 400)
+ThinkingUnsupported = _error("ThinkingUnsupported", "thinking_unsupported", 400)
+ResponseFormatUnsupported = _error("ResponseFormatUnsupported", "response_format_unsupported", 400)
+MultiTurnUnsupported = _error("MultiTurnUnsupported", "multi_turn_unsupported", 400)
+RemoteExecutionDisallowed = _error("RemoteExecutionDisallowed", "remote_execution_disallowed", 403)
+FairnessKeyQueueFull = _error("FairnessKeyQueueFull", "fairness_key_queue_full", 429, retry_after=1)
+ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retry_after=1)
+# A backend that broke while generating; the model moves to failed when the engine is dead.
+BackendError = _error("BackendError", "backend_error", 502)
+RequestCancelled = _error("RequestCancelled", "request_cancelled", 499)
+
+# Admin errors.
+InvalidLoadRequest = _error("InvalidLoadRequest", "invalid_load_request", 400)
+LoadBodyInvalid = _error("LoadBodyInvalid", "invalid_load_body", 422)
+ModelStateConflict = _error("ModelStateConflict", "model_state_conflict", 409)
+SettingsReloadConflict = _error("SettingsReloadConflict", "settings_reload_conflict", 409)
+InvalidSettings = _error("InvalidSettings", "invalid_settings", 400)
+Unauthorized = _error("Unauthorized", "unauthorized", 401)
+UnknownOperation = _error("UnknownOperation", "unknown_operation", 400)
+
+
+def error_from_dict(data: dict) -> LLMPoolError:
+    """Rebuild an error that crossed the channel layer."""
+    cls = _REGISTRY.get(data.get("code"), LLMPoolError)
+    error = cls(data.get("message", ""), param=data.get("param"), details=data.get("details"))
+    if cls is LLMPoolError:
+        error.code = data.get("code") or "internal_error"
+        error.http_status = data.get("http_status") or 500
+    return error

@@ -1,0 +1,57 @@
+"""Read-only views of the pool in the exact shapes of the admin API contract."""
+from __future__ import annotations
+
+from runtime.controller import ModelController
+from runtime.state import RuntimeState
+
+
+def model_entry(controller: ModelController) -> dict:
+    """One AdminModelEntry (GET /v1/admin/models item, load / unload answer)."""
+    entry = controller.entry
+    definition, spec = entry.definition, entry.spec
+    scheduler = controller.scheduler
+    state = controller.state
+    vram_mib, vram_replicas, vram_source = controller.vram_estimate()
+    return {
+        "name": entry.name,
+        "resolved_backend": definition.backend,
+        "configured_enabled": definition.enabled,
+        "runtime_state": state.value,
+        "is_loaded": state is RuntimeState.LOADED,
+        "replicas": controller.replicas,
+        "replica_max": definition.replica_max,
+        "loaded_replicas": len(controller.engines),
+        "inflight_requests": scheduler.queue_depth + scheduler.inflight,
+        "queue_depth": scheduler.queue_depth,
+        "runtime_inflight": scheduler.inflight,
+        "configured_target_inflight": controller.configured_target_inflight,
+        "effective_target_inflight": controller.effective_target_inflight,
+        "fairness": {
+            "rejected_per_key_limit": scheduler.rejected_per_key_limit,
+            "rejected_executor_limit": scheduler.rejected_executor_limit,
+            "keys": scheduler.key_report(),
+        },
+        "last_error": controller.last_error,
+        "vram_estimate_mib": vram_mib,
+        "vram_estimate_replica_count": vram_replicas,
+        "vram_estimate_source": vram_source,
+        "load_constraints": spec.load_constraints(definition),
+        "load_recommendations": spec.load_recommendations(definition),
+        "load_override": dict(controller.load_override),
+        "capabilities": spec.capabilities(definition),
+        "definition": entry.definition_dict(),
+    }
+
+
+def gpu_model_entry(controller: ModelController) -> dict:
+    vram_mib, vram_replicas, vram_source = controller.vram_estimate()
+    return {
+        "name": controller.name,
+        "runtime_state": controller.state.value,
+        "is_loaded": controller.state is RuntimeState.LOADED,
+        "configured_target_inflight": controller.configured_target_inflight,
+        "effective_target_inflight": controller.effective_target_inflight,
+        "vram_estimate_mib": vram_mib,
+        "vram_estimate_replica_count": vram_replicas,
+        "vram_estimate_source": vram_source,
+    }

@@ -1,0 +1,663 @@
+"""Backend specs against runtime-admin-api.md: load_constraints, load overrides, settings, capabilities."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from runtime.backends import BACKENDS
+from runtime.config import parse_load_body, validate_settings
+from runtime.errors import InvalidLoadRequest, InvalidSettings
+
+# ---- the spec's JSON, copied from "Current load_constraints Shapes" -----------------------
+
+TARGET_INFLIGHT = {"target_inflight": {"kind": "integer", "minimum": 1, "step": 1}}
+
+EXLLAMA_BITS = {
+    "kind": "integer_or_null",
+    "minimum": 2,
+    "maximum": 8,
+    "default": None,
+    "null_means": "fp16",
+    "allowed_values": [2, 3, 4, 5, 6, 7, 8],
+}
+EXLLAMA_CONSTRAINTS = {
+    "exllama_cache_size": {"kind": "integer", "minimum": 256, "step": 256},
+    "exllama_max_rq_tokens": {"kind": "integer", "minimum": 1, "step": 1},
+    "exllama_cache_k_bits": EXLLAMA_BITS,
+    "exllama_cache_v_bits": EXLLAMA_BITS,
+    "exllama_cache_quant": {"kind": "string_or_null", "format": "<bits>|<k_bits>,<v_bits>"},
+}
+
+VLLM_CONSTRAINTS = {
+    "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
+    "vllm_kv_cache_dtype": {
+        "kind": "enum",
+        "default": "auto",
+        "allowed_values": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+        "examples": ["auto", "fp8"],
+    },
+    "vllm_kv_cache_memory_bytes": {
+        "kind": "integer",
+        "minimum": 268435456,
+        "step": 268435456,
+        "unit": "bytes",
+        "display_unit": "mib",
+    },
+    "vllm_max_pixels": {"kind": "integer", "minimum": 200704, "step": 200704, "unit": "pixels"},
+    "vllm_speculative_method": {
+        "kind": "string_or_null",
+        "format": "vllm_speculative_method",
+        "default": None,
+        "examples": ["mtp", "draft_model", "mlp_speculator"],
+    },
+    "vllm_speculative_model": {
+        "kind": "string_or_null",
+        "format": "hf_id_or_local_path",
+        "default": None,
+        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
+    },
+    "vllm_speculative_moe_backend": {
+        "kind": "string_or_null",
+        "format": "vllm_moe_backend",
+        "default": None,
+        "examples": ["triton", "marlin"],
+    },
+    "vllm_speculative_attention_backend": {
+        "kind": "string_or_null",
+        "format": "vllm_attention_backend",
+        "default": None,
+        "examples": ["triton_attn", "flashinfer"],
+    },
+    "vllm_num_speculative_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
+}
+
+TRTLLM_CONSTRAINTS = {
+    "trtllm_max_seq_len": {"kind": "integer", "minimum": 256, "step": 256},
+    "trtllm_kv_cache_memory_bytes": {
+        "kind": "integer",
+        "minimum": 268435456,
+        "step": 268435456,
+        "unit": "bytes",
+        "display_unit": "mib",
+    },
+    "trtllm_max_num_tokens": {"kind": "integer", "minimum": 256, "step": 256},
+    "trtllm_enable_chunked_prefill": {"kind": "boolean", "default": False},
+    "trtllm_kv_cache_dtype": {
+        "kind": "enum",
+        "default": "auto",
+        "allowed_values": ["auto", "fp8", "nvfp4"],
+        "examples": ["auto", "fp8", "nvfp4"],
+    },
+}
+
+SGLANG_CONSTRAINTS = {
+    "sglang_context_length": {"kind": "integer", "minimum": 256, "step": 256},
+    "sglang_mem_fraction_static": {"kind": "float", "minimum": 0.01, "maximum": 1.0, "step": 0.01},
+    "sglang_max_total_tokens": {"kind": "integer", "minimum": 256, "step": 256, "unit": "tokens"},
+    "sglang_chunked_prefill_size": {"kind": "integer", "minimum": -1, "step": 1},
+    "sglang_kv_cache_dtype": {
+        "kind": "enum",
+        "default": "auto",
+        "allowed_values": [
+            "auto",
+            "bf16",
+            "bfloat16",
+            "fp8_e4m3",
+            "fp8_e5m2",
+            "mxfp8",
+            "nvfp4",
+            "fp4_mx_block16",
+            "fp4_e2m1",
+        ],
+    },
+    "sglang_speculative_algorithm": {
+        "kind": "string_or_null",
+        "format": "sglang_speculative_algorithm",
+        "default": None,
+        "examples": ["NEXTN"],
+    },
+    "sglang_speculative_draft_model": {
+        "kind": "string_or_null",
+        "format": "hf_id_or_local_path",
+        "default": None,
+        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
+    },
+    "sglang_speculative_num_steps": {"kind": "integer", "minimum": 1, "step": 1, "default": 5},
+    "sglang_speculative_num_draft_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 6},
+    "sglang_speculative_eagle_topk": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
+}
+
+LLAMA_SERVER_CONSTRAINTS = {
+    "llama_server_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
+    "llama_server_image_max_tokens": {"kind": "integer", "minimum": 1, "step": 1},
+    "llama_server_spec_type": {
+        "kind": "enum",
+        "default": "draft-mtp",
+        "allowed_values": ["draft-mtp"],
+        "examples": ["draft-mtp"],
+    },
+    "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
+    "llama_server_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
+}
+
+EXLLAMA_RECOMMENDED_PAIRS = {
+    "kind": "pair_presets",
+    "fields": ["exllama_cache_k_bits", "exllama_cache_v_bits"],
+    "recommended_pairs": [
+        {"label": "fp16", "exllama_cache_k_bits": None, "exllama_cache_v_bits": None},
+        {"label": "8/8", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 8},
+        {"label": "8/4", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 4},
+    ],
+}
+
+# ---- minimal valid definitions ------------------------------------------------------------
+
+MINIMAL = {
+    "llama_cpp": {"model_path": "/models/m.gguf"},
+    "llama_server": {"model_path": "/models/m.gguf"},
+    "exllamav3": {"model_path": "/models/m-exl3"},
+    "vllm": {"model_path": "/models/m"},
+    "vllm_serve": {"vllm_serve_model": "google/gemma-4-26B-A4B-it"},
+    "trtllm_serve": {"trtllm_serve_model": "google/gemma-4-26B-A4B-it"},
+    "sglang_serve": {"sglang_serve_model": "google/gemma-4-26B-A4B-it"},
+    "ct2": {"model_path": "/models/m-ct2"},
+    "openai_remote": {"remote_base_url": "https://api.example.com/v1", "remote_model": "gpt-x"},
+}
+
+
+def definition(backend: str, **fields):
+    return BACKENDS[backend].definition_model.model_validate({"backend": backend, **MINIMAL[backend], **fields})
+
+
+def validate_body(backend: str, body: dict, **fields) -> dict:
+    """The admin load path: schema (422) first, then the backend rules (400) without replicas."""
+    overrides = parse_load_body(body)
+    overrides.pop("replicas", None)
+    return BACKENDS[backend].validate_overrides(definition(backend, **fields), overrides)
+
+
+def ordered(value) -> str:
+    """JSON text keeps key order, so equal texts mean equal keys, values and order."""
+    return json.dumps(value)
+
+
+# ---- load_constraints ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [
+        ("exllamav3", EXLLAMA_CONSTRAINTS),
+        ("vllm", VLLM_CONSTRAINTS),
+        ("vllm_serve", {**TARGET_INFLIGHT, **VLLM_CONSTRAINTS}),
+        ("trtllm_serve", {**TARGET_INFLIGHT, **TRTLLM_CONSTRAINTS}),
+        ("sglang_serve", {**TARGET_INFLIGHT, **SGLANG_CONSTRAINTS}),
+        ("llama_server", {**TARGET_INFLIGHT, **LLAMA_SERVER_CONSTRAINTS}),
+        ("ct2", {}),
+        ("openai_remote", TARGET_INFLIGHT),
+    ],
+)
+def test_load_constraints_match_the_spec(backend, expected):
+    actual = BACKENDS[backend].load_constraints(definition(backend))
+    assert actual == expected
+    assert ordered(actual) == ordered(expected)
+
+
+@pytest.mark.parametrize(
+    ("backend", "concurrent"),
+    [
+        ("llama_server", True),
+        ("openai_remote", True),
+        ("vllm_serve", True),
+        ("trtllm_serve", True),
+        ("sglang_serve", True),
+        ("exllamav3", False),
+        ("vllm", False),
+        ("ct2", False),
+    ],
+)
+def test_only_server_backends_are_concurrent(backend, concurrent):
+    spec = BACKENDS[backend]
+    assert spec.concurrent is concurrent
+    assert spec.effective_target_inflight(4) == (4 if concurrent else 1)
+
+
+@pytest.mark.parametrize(
+    ("backend", "fields"),
+    [
+        ("exllamav3", list(EXLLAMA_CONSTRAINTS)),
+        ("vllm", list(VLLM_CONSTRAINTS)),
+        ("vllm_serve", list(VLLM_CONSTRAINTS)),
+        ("trtllm_serve", list(TRTLLM_CONSTRAINTS)),
+        ("sglang_serve", list(SGLANG_CONSTRAINTS)),
+        ("llama_server", list(LLAMA_SERVER_CONSTRAINTS)),
+        ("ct2", []),
+        ("openai_remote", []),
+    ],
+)
+def test_override_fields_are_the_spec_list(backend, fields):
+    assert sorted(BACKENDS[backend].override_fields) == sorted(fields)
+
+
+def test_exllama_recommends_the_spec_presets():
+    recommendations = BACKENDS["exllamav3"].load_recommendations(definition("exllamav3"))
+    presets = recommendations["exllama_cache_bit_pairs"]
+    assert list(recommendations) == ["exllama_cache_bit_pairs"]
+    assert ordered({k: v for k, v in presets.items() if k != "notes"}) == ordered(EXLLAMA_RECOMMENDED_PAIRS)
+    assert presets["notes"] and all(isinstance(note, str) for note in presets["notes"])
+
+
+@pytest.mark.parametrize(
+    "backend", ["llama_server", "vllm", "vllm_serve", "trtllm_serve", "sglang_serve", "ct2", "openai_remote"]
+)
+def test_other_backends_recommend_nothing(backend):
+    assert BACKENDS[backend].load_recommendations(definition(backend)) == {}
+
+
+# ---- accepted load bodies (the spec's examples) -------------------------------------------
+
+ACCEPTED_BODIES = [
+    ("llama_server", {"replicas": 3, "target_inflight": 4}),
+    ("trtllm_serve", {"replicas": 3, "target_inflight": 4}),
+    (
+        "exllamav3",
+        {"exllama_cache_size": 32768, "exllama_cache_quant": None, "exllama_max_rq_tokens": 32768},
+    ),
+    (
+        "exllamav3",
+        {"exllama_cache_size": 32768, "exllama_cache_quant": "8,8", "exllama_max_rq_tokens": 32768},
+    ),
+    (
+        "exllamav3",
+        {"exllama_cache_size": 32768, "exllama_cache_quant": "8,4", "exllama_max_rq_tokens": 32768},
+    ),
+    (
+        "exllamav3",
+        {
+            "exllama_cache_size": 32768,
+            "exllama_cache_k_bits": 8,
+            "exllama_cache_v_bits": 4,
+            "exllama_max_rq_tokens": 32768,
+        },
+    ),
+    ("exllamav3", {"exllama_cache_k_bits": None, "exllama_cache_v_bits": None}),
+    ("exllamav3", {"exllama_cache_quant": "6"}),
+    *[
+        (
+            backend,
+            {
+                "vllm_max_model_len": 16384,
+                "vllm_kv_cache_dtype": "fp8",
+                "vllm_kv_cache_memory_bytes": 2147483648,
+                "vllm_max_pixels": 4014080,
+                "vllm_speculative_method": "mtp",
+                "vllm_speculative_model": "google/gemma-4-26B-A4B-it-assistant",
+                "vllm_speculative_moe_backend": "triton",
+                "vllm_speculative_attention_backend": "triton_attn",
+                "vllm_num_speculative_tokens": 1,
+            },
+        )
+        for backend in ("vllm", "vllm_serve")
+    ],
+    ("vllm", {"vllm_kv_cache_dtype": "fp8_inc"}),
+    ("vllm_serve", {"vllm_kv_cache_dtype": "bfloat16", "target_inflight": 8}),
+    ("vllm", {"vllm_speculative_method": None, "vllm_speculative_moe_backend": None}),
+    (
+        "trtllm_serve",
+        {
+            "target_inflight": 4,
+            "trtllm_max_seq_len": 20480,
+            "trtllm_kv_cache_memory_bytes": 8589934592,
+            "trtllm_max_num_tokens": 8192,
+            "trtllm_enable_chunked_prefill": False,
+            "trtllm_kv_cache_dtype": "fp8",
+        },
+    ),
+    (
+        "sglang_serve",
+        {
+            "target_inflight": 4,
+            "sglang_context_length": 20480,
+            "sglang_mem_fraction_static": 0.35,
+            "sglang_max_total_tokens": 20480,
+            "sglang_chunked_prefill_size": 8192,
+            "sglang_kv_cache_dtype": "fp8_e4m3",
+            "sglang_speculative_algorithm": "NEXTN",
+            "sglang_speculative_draft_model": "google/gemma-4-26B-A4B-it-assistant",
+            "sglang_speculative_num_steps": 5,
+            "sglang_speculative_num_draft_tokens": 6,
+            "sglang_speculative_eagle_topk": 1,
+        },
+    ),
+    ("sglang_serve", {"sglang_speculative_num_steps": 3, "sglang_speculative_num_draft_tokens": 4}),
+    (
+        "sglang_serve",
+        {
+            "sglang_speculative_eagle_topk": 4,
+            "sglang_speculative_num_steps": 3,
+            "sglang_speculative_num_draft_tokens": 8,
+        },
+    ),
+    ("sglang_serve", {"sglang_chunked_prefill_size": -1, "sglang_speculative_algorithm": None}),
+    (
+        "llama_server",
+        {
+            "llama_server_n_ctx": 4096,
+            "llama_server_image_max_tokens": 512,
+            "llama_server_spec_type": "draft-mtp",
+            "llama_server_spec_draft_n_max": 4,
+            "llama_server_spec_draft_p_min": 0.25,
+        },
+    ),
+    ("llama_server", {"llama_server_spec_type": None}),
+    ("openai_remote", {"target_inflight": 16}),
+]
+
+
+@pytest.mark.parametrize(("backend", "body"), ACCEPTED_BODIES)
+def test_spec_example_bodies_are_accepted(backend, body):
+    expected = {key: value for key, value in body.items() if key != "replicas"}
+    assert validate_body(backend, body) == expected
+
+
+def test_exllama_bits_stay_in_the_override_and_fold_into_the_effective_quant():
+    spec = BACKENDS["exllamav3"]
+    configured = definition("exllamav3", exllama_cache_quant="4")
+    overrides = spec.validate_overrides(configured, {"exllama_cache_k_bits": 8, "exllama_cache_v_bits": 4})
+    assert overrides == {"exllama_cache_k_bits": 8, "exllama_cache_v_bits": 4}
+    effective = spec.effective_config(configured, overrides)
+    assert effective["exllama_cache_quant"] == "8,4"
+    assert "exllama_cache_k_bits" not in effective
+    reset = spec.effective_config(configured, {"exllama_cache_k_bits": None, "exllama_cache_v_bits": None})
+    assert reset["exllama_cache_quant"] is None
+
+
+def test_exllama_null_quant_override_wins_over_the_definition():
+    spec = BACKENDS["exllamav3"]
+    configured = definition("exllamav3", exllama_cache_quant="8,8")
+    assert spec.effective_config(configured, {"exllama_cache_quant": None})["exllama_cache_quant"] is None
+
+
+def test_sglang_derives_draft_tokens_when_topk_is_one():
+    spec = BACKENDS["sglang_serve"]
+    configured = definition("sglang_serve", sglang_speculative_algorithm="NEXTN")
+    assert spec.effective_config(configured, {"sglang_speculative_num_steps": 3})[
+        "sglang_speculative_num_draft_tokens"
+    ] == 4
+    assert spec.effective_config(configured, {})["sglang_speculative_num_draft_tokens"] == 6
+    wide = spec.effective_config(
+        configured, {"sglang_speculative_eagle_topk": 4, "sglang_speculative_num_draft_tokens": 8}
+    )
+    assert wide["sglang_speculative_num_draft_tokens"] == 8
+
+
+# ---- rejected load bodies (400 invalid_load_request) --------------------------------------
+
+REJECTED_BODIES = [
+    ("exllamav3", {"exllama_cache_size": 8000}, "exllama_cache_size"),
+    ("exllamav3", {"exllama_cache_size": 128}, "exllama_cache_size"),
+    ("exllamav3", {"exllama_cache_quant": "fp16"}, "exllama_cache_quant"),
+    ("exllamav3", {"exllama_cache_quant": "9"}, "exllama_cache_quant"),
+    ("exllamav3", {"exllama_cache_quant": "8,1"}, "exllama_cache_quant"),
+    ("exllamav3", {"exllama_cache_k_bits": 8}, "exllama_cache_v_bits"),
+    ("exllamav3", {"exllama_cache_v_bits": None}, "exllama_cache_k_bits"),
+    ("exllamav3", {"exllama_cache_k_bits": 8, "exllama_cache_v_bits": None}, "exllama_cache_k_bits"),
+    ("exllamav3", {"exllama_cache_k_bits": 9, "exllama_cache_v_bits": 8}, "exllama_cache_k_bits"),
+    (
+        "exllamav3",
+        {"exllama_cache_quant": "8", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 8},
+        "exllama_cache_quant",
+    ),
+    (
+        "exllamav3",
+        {"exllama_cache_quant": None, "exllama_cache_k_bits": None, "exllama_cache_v_bits": None},
+        "exllama_cache_quant",
+    ),
+    ("exllamav3", {"target_inflight": 2}, "target_inflight"),
+    ("llama_server", {"llama_server_spec_type": "medusa"}, "llama_server_spec_type"),
+    ("llama_server", {"llama_server_spec_draft_n_max": 7}, "llama_server_spec_draft_n_max"),
+    ("llama_server", {"llama_server_spec_draft_p_min": 1.5}, "llama_server_spec_draft_p_min"),
+    ("llama_server", {"llama_server_spec_draft_p_min": -0.1}, "llama_server_spec_draft_p_min"),
+    ("trtllm_serve", {"trtllm_kv_cache_dtype": "int8"}, "trtllm_kv_cache_dtype"),
+    ("trtllm_serve", {"trtllm_max_seq_len": 20000}, "trtllm_max_seq_len"),
+    ("llama_cpp", {"exllama_cache_size": 32768}, "exllama_cache_size"),
+    ("llama_cpp", {"exllama_cache_quant": "8,4"}, "exllama_cache_quant"),
+    ("vllm", {"llama_server_n_ctx": 4096}, "llama_server_n_ctx"),
+    ("vllm_serve", {"llama_server_spec_type": "draft-mtp"}, "llama_server_spec_type"),
+    ("vllm", {"target_inflight": 4}, "target_inflight"),
+    ("vllm", {"vllm_kv_cache_dtype": "int8"}, "vllm_kv_cache_dtype"),
+    ("vllm", {"vllm_max_model_len": 1000}, "vllm_max_model_len"),
+    ("vllm_serve", {"vllm_kv_cache_memory_bytes": 1000}, "vllm_kv_cache_memory_bytes"),
+    ("sglang_serve", {"sglang_speculative_num_draft_tokens": 4}, "sglang_speculative_num_draft_tokens"),
+    (
+        "sglang_serve",
+        {"sglang_speculative_num_steps": 3, "sglang_speculative_num_draft_tokens": 6},
+        "sglang_speculative_num_draft_tokens",
+    ),
+    ("sglang_serve", {"sglang_kv_cache_dtype": "fp8"}, "sglang_kv_cache_dtype"),
+    ("sglang_serve", {"sglang_mem_fraction_static": 0.0}, "sglang_mem_fraction_static"),
+    ("ct2", {"vllm_max_model_len": 4096}, "vllm_max_model_len"),
+    ("openai_remote", {"gguf_n_ctx": 4096}, "gguf_n_ctx"),
+]
+
+
+@pytest.mark.parametrize(("backend", "body", "param"), REJECTED_BODIES)
+def test_invalid_overrides_are_400(backend, body, param):
+    with pytest.raises(InvalidLoadRequest) as caught:
+        validate_body(backend, body)
+    assert caught.value.http_status == 400
+    assert caught.value.code == "invalid_load_request"
+    assert caught.value.param == param
+
+
+def test_sglang_draft_tokens_conflict_uses_the_configured_steps():
+    configured = {"sglang_speculative_num_steps": 2}
+    assert validate_body("sglang_serve", {"sglang_speculative_num_draft_tokens": 3}, **configured)
+    with pytest.raises(InvalidLoadRequest):
+        validate_body("sglang_serve", {"sglang_speculative_num_draft_tokens": 6}, **configured)
+
+
+# ---- settings-level validation ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "fields"),
+    [
+        ("llama_server", {"llama_server_extra_args": ["--jinja", "--parallel", "4"]}),
+        ("llama_server", {"llama_server_extra_args": ["-np", "4"]}),
+        ("llama_server", {"llama_server_extra_args": ["--parallel=4"]}),
+        ("vllm_serve", {"vllm_serve_extra_args": ["--max-num-seqs", "8"]}),
+        ("vllm_serve", {"vllm_serve_extra_args": ["--max_num_seqs=8"]}),
+        ("trtllm_serve", {"trtllm_serve_extra_args": ["--max_batch_size", "8"]}),
+        ("trtllm_serve", {"trtllm_serve_extra_args": ["--max-batch-size=8"]}),
+        ("trtllm_serve", {"trtllm_serve_extra_args": ["--config", "other.yaml"]}),
+        ("sglang_serve", {"sglang_serve_extra_args": ["--max-running-requests", "8"]}),
+    ],
+)
+def test_extra_args_may_not_set_flags_target_inflight_owns(backend, fields):
+    with pytest.raises(ValidationError, match="must not set"):
+        definition(backend, **fields)
+
+
+@pytest.mark.parametrize(
+    ("backend", "fields"),
+    [
+        ("llama_server", {"llama_server_extra_args": ["--jinja", "--ctx-size", "8192", "-ngl", "99"]}),
+        ("vllm_serve", {"vllm_serve_extra_args": ["--max-num-batched-tokens", "8192"]}),
+        ("trtllm_serve", {"trtllm_serve_extra_args": ["--max_beam_width", "1"]}),
+        ("sglang_serve", {"sglang_serve_extra_args": ["--enable-metrics"]}),
+    ],
+)
+def test_other_extra_args_are_kept(backend, fields):
+    assert getattr(definition(backend, **fields), next(iter(fields))) == next(iter(fields.values()))
+
+
+@pytest.mark.parametrize("quant", ["fp16", "8,", ",8", "1", "9", "8,9", "8;4", "8,4,2", "", " 8", "8\n"])
+def test_bad_exllama_cache_quant_in_a_definition_is_rejected(quant):
+    with pytest.raises(ValidationError, match="exllama_cache_quant"):
+        definition("exllamav3", exllama_cache_quant=quant)
+
+
+@pytest.mark.parametrize("quant", [None, "2", "8", "8,4", "4,8"])
+def test_exllama_cache_quant_formats_are_accepted(quant):
+    assert definition("exllamav3", exllama_cache_quant=quant).exllama_cache_quant == quant
+
+
+@pytest.mark.parametrize(
+    ("backend", "fields"),
+    [
+        ("exllamav3", {"exllama_cache_size": 1000}),
+        ("exllamav3", {"exllama_cache_size": 128}),
+        ("vllm", {"vllm_kv_cache_dtype": "int8"}),
+        ("vllm", {"vllm_gpu_memory_utilization": 1.5}),
+        ("vllm_serve", {"vllm_serve_port": 70000}),
+        ("trtllm_serve", {"trtllm_kv_cache_dtype": "int8"}),
+        ("sglang_serve", {"sglang_kv_cache_dtype": "fp8"}),
+        ("sglang_serve", {"sglang_speculative_num_steps": 3, "sglang_speculative_num_draft_tokens": 6}),
+        ("llama_server", {"llama_server_spec_type": "medusa"}),
+        ("llama_server", {"llama_server_spec_draft_n_max": 7}),
+        ("llama_server", {"llama_server_n_ctx": "4096"}),
+        ("openai_remote", {"remote_base_url": "api.example.com"}),
+        ("openai_remote", {"remote_api_key": "k", "remote_api_key_env": "REMOTE_KEY"}),
+        ("ct2", {"ct2_compute_type": "int4"}),
+        ("vllm", {"prompt_format": "gemma4"}),
+        ("vllm", {"gguf_n_ctx": 4096}),
+    ],
+)
+def test_invalid_definition_fields_are_rejected(backend, fields):
+    with pytest.raises(ValidationError):
+        definition(backend, **fields)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"backend": "llama_server"},
+        {"backend": "exllamav3"},
+        {"backend": "vllm"},
+        {"backend": "vllm_serve"},
+        {"backend": "trtllm_serve"},
+        {"backend": "sglang_serve"},
+        {"backend": "ct2"},
+        {"backend": "openai_remote", "remote_model": "gpt-x"},
+        {"backend": "openai_remote", "remote_base_url": "https://api.example.com/v1"},
+    ],
+)
+def test_a_definition_must_name_its_model(model):
+    with pytest.raises(InvalidSettings):
+        validate_settings({"models": {"m": model}})
+
+
+def test_serve_backends_accept_model_path_as_the_target():
+    for backend in ("vllm_serve", "trtllm_serve", "sglang_serve"):
+        model = {"backend": backend, "model_path": "/models/m"}
+        assert validate_settings({"models": {"m": model}}).models["m"].backend == backend
+
+
+def test_settings_union_builds_every_backend():
+    models = {backend: {"backend": backend, **fields} for backend, fields in MINIMAL.items()}
+    settings = validate_settings({"models": models})
+    assert {name: type(d).__name__ for name, d in settings.models.items()} == {
+        name: BACKENDS[name].definition_model.__name__ for name in MINIMAL
+    }
+
+
+def test_vllm_accepts_every_vllm_cache_dtype_in_definitions():
+    assert definition("vllm", vllm_kv_cache_dtype="fp8_e5m2").vllm_kv_cache_dtype == "fp8_e5m2"
+    assert definition("vllm_serve", vllm_kv_cache_dtype="nvfp4").vllm_kv_cache_dtype == "nvfp4"
+
+
+# ---- capabilities -------------------------------------------------------------------------
+
+ALL_THINKING = ["default", "enabled", "disabled"]
+
+
+@pytest.mark.parametrize(
+    ("backend", "fields", "expected"),
+    [
+        ("vllm", {"prompt_format": "gemma4_template"}, ALL_THINKING),
+        ("vllm", {"prompt_format": "qwen3_template"}, ALL_THINKING),
+        ("vllm", {"prompt_format": "mistral_template"}, ["default"]),
+        ("vllm", {}, ["default"]),
+        ("vllm_serve", {"prompt_format": "gemma4_template"}, ALL_THINKING),
+        ("vllm_serve", {"prompt_format": "qwen3_template"}, ["default"]),
+        ("trtllm_serve", {"prompt_format": "gemma4_template"}, ALL_THINKING),
+        ("trtllm_serve", {"prompt_format": "qwen3_template"}, ["default"]),
+        ("sglang_serve", {"prompt_format": "gemma4_template"}, ALL_THINKING),
+        ("sglang_serve", {"prompt_format": "qwen3_template"}, ["default"]),
+        ("exllamav3", {"prompt_format": "gemma4_template"}, ALL_THINKING),
+        ("exllamav3", {"prompt_format": "qwen3_template"}, ALL_THINKING),
+        ("exllamav3", {"prompt_format": "generic"}, ["default"]),
+        ("ct2", {"prompt_format": "qwen3_template"}, ALL_THINKING),
+        ("ct2", {"prompt_format": "gemma4_template"}, ["default"]),
+        ("llama_server", {"prompt_format": "gemma4_template"}, ["default"]),
+        ("openai_remote", {"remote_thinking": True}, ALL_THINKING),
+        ("openai_remote", {}, ["default"]),
+    ],
+)
+def test_thinking_modes(backend, fields, expected):
+    assert BACKENDS[backend].capabilities(definition(backend, **fields))["thinking_modes"] == expected
+
+
+@pytest.mark.parametrize("backend", list(MINIMAL))
+def test_multi_turn_response_formats_and_remote(backend):
+    capabilities = BACKENDS[backend].capabilities(definition(backend))
+    assert capabilities["multi_turn"] is True
+    json_schema = ["text", "json_schema"]
+    assert capabilities["response_formats"] == (json_schema if backend == "vllm_serve" else ["text"])
+    assert BACKENDS[backend].is_remote(definition(backend)) is (backend == "openai_remote")
+
+
+@pytest.mark.parametrize(
+    ("backend", "fields", "expected"),
+    [
+        ("openai_remote", {"remote_file_mode": "inline"}, True),
+        ("openai_remote", {"remote_file_mode": "upload"}, True),
+        ("openai_remote", {}, False),
+        ("vllm_serve", {}, False),
+        ("llama_server", {}, False),
+    ],
+)
+def test_file_inputs(backend, fields, expected):
+    assert BACKENDS[backend].capabilities(definition(backend, **fields))["file_inputs"] is expected
+
+
+def test_capabilities_carry_the_configured_modalities():
+    capabilities = BACKENDS["vllm_serve"].capabilities(definition("vllm_serve", modalities=["image"]))
+    assert capabilities["modalities"] == ["text", "image"]
+
+
+# ---- VRAM estimates -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["llama_server", "exllamav3", "vllm", "ct2"])
+def test_vram_estimate_from_a_local_artifact(tmp_path, backend):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "weights.bin").write_bytes(b"\0" * (3 * 1024 * 1024))
+    spec = BACKENDS[backend]
+    configured = definition(backend, model_path="model")
+    assert spec.vram_estimate(configured, {}, 2, str(tmp_path)) == (6, "model_artifact_size")
+
+
+@pytest.mark.parametrize("backend", ["vllm_serve", "trtllm_serve", "sglang_serve"])
+def test_serve_vram_estimate_uses_a_local_target(tmp_path, backend):
+    (tmp_path / "weights.bin").write_bytes(b"\0" * (2 * 1024 * 1024))
+    spec = BACKENDS[backend]
+    local = definition(backend, **{f"{backend}_model": str(tmp_path)})
+    assert spec.vram_estimate(local, {}, 3, "/") == (6, "model_artifact_size")
+    hub = definition(backend)
+    assert spec.vram_estimate(hub, {}, 3, str(tmp_path)) == (None, "unavailable")
+
+
+def test_vram_estimate_is_unavailable_without_an_artifact(tmp_path):
+    assert BACKENDS["vllm"].vram_estimate(definition("vllm", model_path="missing"), {}, 1, str(tmp_path)) == (
+        None,
+        "unavailable",
+    )
+    assert BACKENDS["openai_remote"].vram_estimate(definition("openai_remote"), {}, 1, str(tmp_path)) == (
+        None,
+        "unavailable",
+    )
