@@ -54,6 +54,7 @@ class ModelController:
         self._unload_waiters: list[asyncio.Future] = []
         self._work: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
+        self._stopped = False
         self._estimate_entry: CatalogEntry | None = None
         self._estimate_key: tuple | None = None
         self._estimate: tuple[int | None, int, str] = (None, self.replicas, "unavailable")
@@ -93,10 +94,12 @@ class ModelController:
 
     def finish(self, ticket: Ticket) -> None:
         """A request ended (done, failed or withdrawn while queued)."""
-        self._post("finish", ticket)
+        if not self._stopped:
+            self._post("finish", ticket)
 
     async def stop(self) -> None:
         """Stop the controller (model removed or service shutting down); release its engines."""
+        self._stopped = True
         if self._task is not None:
             self._task.cancel()
         if self._work is not None:
@@ -122,7 +125,10 @@ class ModelController:
     # ---- the writer --------------------------------------------------------------------
     def _post(self, command: str, *args) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
-        self._inbox.put_nowait((command, args, future))
+        if self._stopped:
+            future.set_exception(UnknownModel(f"model {self.name} is no longer served"))
+        else:
+            self._inbox.put_nowait((command, args, future))
         return future
 
     async def _call(self, command: str, *args):

@@ -1,0 +1,85 @@
+import json
+
+import pytest
+
+from runtime.config import deep_merge, load_settings, parse_load_body, validate_settings
+from runtime.errors import InvalidSettings, LoadBodyInvalid
+
+
+def test_deep_merge_objects_by_key_and_replaces_the_rest():
+    base = {"a": {"x": 1, "y": [1, 2]}, "b": 1}
+    overlay = {"a": {"y": [3], "z": 2}, "b": {"new": True}}
+    assert deep_merge(base, overlay) == {"a": {"x": 1, "y": [3], "z": 2}, "b": {"new": True}}
+
+
+def test_local_json_merges_over_settings_and_null_removes_a_model(tmp_path):
+    (tmp_path / "settings.json").write_text(json.dumps({
+        "service": {"port": 9000},
+        "models": {
+            "keep": {"backend": "stub", "stub_reply": "base", "replicas": 2, "replica_max": 3},
+            "drop": {"backend": "stub"},
+        },
+    }))
+    (tmp_path / "local.json").write_text(json.dumps({
+        "models": {"keep": {"stub_reply": "local"}, "drop": None, "extra": {"backend": "stub"}},
+    }))
+    loaded = load_settings(str(tmp_path / "settings.json"))
+    models = loaded.settings.models
+    assert sorted(models) == ["extra", "keep"]
+    assert models["keep"].stub_reply == "local"
+    assert models["keep"].replicas == 2
+    assert loaded.settings.service.port == 9000
+    assert loaded.sources == {"keep": ["settings.json", "local.json"], "extra": ["local.json"]}
+
+
+def test_every_problem_is_reported_with_its_json_path():
+    with pytest.raises(InvalidSettings) as caught:
+        validate_settings({
+            "service": {"port": 0, "surprise": 1},
+            "models": {
+                "a": {"backend": "stub", "stub_token_delay_ms": "fast"},
+                "b": {"backend": "warp-drive"},
+                "c": {"stub_reply": "no backend"},
+            },
+        })
+    paths = [problem["path"] for problem in caught.value.details]
+    assert paths == [
+        "$.service.port", "$.service.surprise", "$.models.a.stub_token_delay_ms", "$.models.b", "$.models.c",
+    ]
+    assert caught.value.code == "invalid_settings"
+
+
+def test_replicas_may_not_exceed_replica_max():
+    with pytest.raises(InvalidSettings, match="replica_max"):
+        validate_settings({"models": {"a": {"backend": "stub", "replicas": 3, "replica_max": 2}}})
+
+
+def test_replica_max_defaults_to_replicas_and_text_is_always_a_modality():
+    model = validate_settings({"models": {"a": {"backend": "stub", "replicas": 2, "modalities": ["image"]}}}).models["a"]
+    assert model.replica_max == 2
+    assert model.modalities == ["text", "image"]
+
+
+@pytest.mark.parametrize("name", ["bad name", "../x", "", "-lead"])
+def test_model_names_are_url_safe(name):
+    with pytest.raises(InvalidSettings):
+        validate_settings({"models": {name: {"backend": "stub"}}})
+
+
+def test_invalid_json_names_the_file_and_line(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text('{"models": {\n  "a": }')
+    with pytest.raises(InvalidSettings, match=r"settings.json: invalid JSON at line 2"):
+        load_settings(str(path))
+
+
+def test_load_body_keeps_only_sent_keys_and_null():
+    assert parse_load_body({"gguf_type_k": None, "gguf_n_ctx": 8192}) == {"gguf_type_k": None, "gguf_n_ctx": 8192}
+    assert parse_load_body(None) == {}
+
+
+@pytest.mark.parametrize("body", [{"gguf_n_ctx": "8192"}, {"replicas": 0}, {"mystery": 1}, {"trtllm_enable_chunked_prefill": "yes"}])
+def test_load_body_schema_failures_are_422(body):
+    with pytest.raises(LoadBodyInvalid) as caught:
+        parse_load_body(body)
+    assert caught.value.http_status == 422
