@@ -92,10 +92,10 @@ class ModelController:
             admitted.add_done_callback(lambda f: f.cancelled() or f.exception() or self.finish(ticket))
             raise
 
-    def finish(self, ticket: Ticket) -> None:
-        """A request ended (done, failed or withdrawn while queued)."""
+    def finish(self, ticket: Ticket, tokens: int | None = None) -> None:
+        """A request ended (done, failed or withdrawn while queued); ``tokens`` it really used."""
         if not self._stopped:
-            self._post("finish", ticket)
+            self._post("finish", ticket, tokens)
 
     async def stop(self) -> None:
         """Stop the controller (model removed or service shutting down); release its engines."""
@@ -257,9 +257,9 @@ class ModelController:
             raise
         future.set_result(dispatched)
 
-    def _on_finish(self, future, ticket: Ticket) -> None:
+    def _on_finish(self, future, ticket: Ticket, tokens: int | None) -> None:
         if not self.scheduler.on_cancel(ticket):
-            self.scheduler.on_done(ticket)
+            self.scheduler.on_done(ticket, tokens)
         self._dispatch.pop(ticket, None)
         self._release_when_idle()
         future.set_result(None)

@@ -1,13 +1,21 @@
-"""Admission and dispatch of requests to a model's loaded replicas.
+"""Admission and token-fair dispatch of one model's requests to its loaded replicas.
 
 Decisions are pure and synchronous; effects (start a request on a replica,
-reject a queued one) go through the small ``SchedulerEffects`` protocol so
-tests drive the scheduler with a fake.  This is the foundation version:
-first-come first-served with per-key and per-model queue limits; the
-token-fair ordering replaces ``_next_pending`` in the scheduler issue.
+reject a queued one) go through the small ``SchedulerEffects`` protocol, so
+tests drive the scheduler with a fake.
+
+Ordering follows the Virtual Token Counter (Sheng et al., "Fairness in Serving
+Large Language Models", OSDI 2024): every fairness key has a counter of the
+service it received, in tokens (prompt + generated) divided by its weight.
+The next request comes from the backlogged key with the lowest counter; a key
+that becomes backlogged again is lifted to the current minimum so idle time
+banks no credit.  A key's prompt estimate is charged at dispatch and corrected
+to the real token count when the request ends.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -20,7 +28,10 @@ from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, LLMPoolError
 class Ticket:
     request_id: str
     fairness_key: str | None
+    cost_estimate: int = 0  # prompt tokens, estimated before the engine counts them
     replica: int | None = None
+    charged: float = 0.0  # weighted tokens charged to the key so far
+    seq: int = 0
 
 
 class SchedulerEffects(Protocol):
@@ -30,8 +41,10 @@ class SchedulerEffects(Protocol):
 
 
 @dataclass
-class KeyStats:
-    pending: int = 0
+class KeyState:
+    weight: float
+    counter: float = 0.0
+    queue: deque[Ticket] = field(default_factory=deque)
     active: int = 0
     rejected: int = 0
 
@@ -42,11 +55,15 @@ class Scheduler:
     effects: SchedulerEffects
     replicas: int = 0
     target_per_replica: int = 1
-    pending: deque[Ticket] = field(default_factory=deque)
     active: dict[int, set[Ticket]] = field(default_factory=dict)
-    keys: dict[str | None, KeyStats] = field(default_factory=dict)
+    keys: dict[str | None, KeyState] = field(default_factory=dict)
     rejected_per_key_limit: int = 0
     rejected_executor_limit: int = 0
+    queue_depth: int = 0
+    # (counter, head ticket seq, key) of backlogged keys; stale entries are skipped on pop.
+    _heap: list = field(default_factory=list)
+    _floor: float = 0.0  # the lowest backlogged counter seen at the last dispatch
+    _seq: itertools.count = field(default_factory=itertools.count)
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self, replicas: int, target_per_replica: int) -> None:
@@ -56,107 +73,157 @@ class Scheduler:
 
     def close(self, error: LLMPoolError) -> None:
         """Stop dispatching; every queued request is rejected with ``error``."""
-        while self.pending:
-            ticket = self.pending.popleft()
-            self._stats(ticket.fairness_key).pending -= 1
-            self.effects.reject(ticket, error)
         self.replicas = 0
+        for state in self.keys.values():
+            while state.queue:
+                self.effects.reject(state.queue.popleft(), error)
+        self.queue_depth = 0
+        self._heap.clear()
 
     def reset(self) -> None:
-        """Forget counters (on unload)."""
+        """Forget counters and key statistics (on unload)."""
         self.keys.clear()
         self.active.clear()
+        self._heap.clear()
+        self._floor = 0.0
+        self.queue_depth = 0
         self.rejected_per_key_limit = self.rejected_executor_limit = 0
 
     # -- decisions ---------------------------------------------------------------------
     def on_request(self, ticket: Ticket) -> None:
-        stats = self._stats(ticket.fairness_key)
-        if len(self.pending) >= self.fairness.executor_queue_limit:
+        """Queue a request (raising a 429 error when a limit is reached) and dispatch what fits."""
+        state = self._key(ticket.fairness_key)
+        if self.queue_depth >= self.fairness.executor_queue_limit:
             self.rejected_executor_limit += 1
-            stats.rejected += 1
+            state.rejected += 1
             raise ExecutorQueueFull(
                 f"the model's queue is full ({self.fairness.executor_queue_limit} pending requests)"
             )
-        if stats.pending >= self.fairness.per_key_queue_limit:
+        if len(state.queue) >= self.fairness.per_key_queue_limit:
             self.rejected_per_key_limit += 1
-            stats.rejected += 1
+            state.rejected += 1
             raise FairnessKeyQueueFull(
-                f"fairness key {ticket.fairness_key!r} already has {stats.pending} pending requests "
+                f"fairness key {ticket.fairness_key!r} already has {len(state.queue)} pending requests "
                 f"(limit {self.fairness.per_key_queue_limit})"
             )
-        self.pending.append(ticket)
-        stats.pending += 1
+        ticket.seq = next(self._seq)
+        if not state.queue:
+            # Lift a key that becomes backlogged to the current minimum: idle time banks no credit.
+            state.counter = max(state.counter, self._current_minimum())
+            heapq.heappush(self._heap, (state.counter, ticket.seq, ticket.fairness_key))
+        state.queue.append(ticket)
+        self.queue_depth += 1
         self._dispatch()
 
-    def on_done(self, ticket: Ticket) -> None:
-        if ticket.replica is not None and ticket in self.active.get(ticket.replica, ()):
-            self.active[ticket.replica].discard(ticket)
-            self._stats(ticket.fairness_key).active -= 1
+    def on_done(self, ticket: Ticket, tokens: int | None = None) -> None:
+        """An active request ended; ``tokens`` is its real prompt + generated count."""
+        replica_tickets = self.active.get(ticket.replica)
+        if replica_tickets is None or ticket not in replica_tickets:
+            return
+        replica_tickets.discard(ticket)
+        state = self._key(ticket.fairness_key)
+        state.active -= 1
+        if tokens is not None:
+            self._charge(state, ticket, tokens / state.weight - ticket.charged)
         self._dispatch()
 
     def on_cancel(self, ticket: Ticket) -> bool:
         """Withdraw a queued request; False when it already started (or is unknown)."""
-        try:
-            self.pending.remove(ticket)
-        except ValueError:
+        state = self.keys.get(ticket.fairness_key)
+        if state is None or ticket not in state.queue:
             return False
-        self._stats(ticket.fairness_key).pending -= 1
+        was_head = state.queue[0] is ticket
+        state.queue.remove(ticket)
+        self.queue_depth -= 1
+        if was_head and state.queue:
+            heapq.heappush(self._heap, (state.counter, state.queue[0].seq, ticket.fairness_key))
         return True
 
     # -- views -------------------------------------------------------------------------
-    @property
-    def queue_depth(self) -> int:
-        return len(self.pending)
-
     @property
     def inflight(self) -> int:
         return sum(len(tickets) for tickets in self.active.values())
 
     def idle(self) -> bool:
-        return not self.pending and self.inflight == 0
-
-    def weight(self, key: str | None) -> float:
-        if key is not None and key in self.fairness.weights:
-            return self.fairness.weights[key]
-        return self.fairness.default_weight
+        return self.queue_depth == 0 and self.inflight == 0
 
     def key_report(self) -> list[dict]:
+        """The busiest keys (pending + active, then rejections), at most ``reported_keys``.
+
+        ``normalized_score`` is the key's weighted token counter minus the lowest
+        counter of any known key: 0 for the key that is served next.
+        """
+        if not self.keys:
+            return []
+        lowest = min(state.counter for state in self.keys.values())
         busiest = sorted(
-            self.keys.items(), key=lambda item: (-(item[1].pending + item[1].active), -item[1].rejected)
+            self.keys.items(),
+            key=lambda item: (-(len(item[1].queue) + item[1].active), -item[1].rejected, str(item[0])),
         )[: self.fairness.reported_keys]
         return [
             {
                 "key": key,
-                "pending": stats.pending,
-                "active": stats.active,
-                "weight": self.weight(key),
-                "normalized_score": 0.0,
-                "rejected": stats.rejected,
+                "pending": len(state.queue),
+                "active": state.active,
+                "weight": state.weight,
+                "normalized_score": round(state.counter - lowest, 3),
+                "rejected": state.rejected,
             }
-            for key, stats in busiest
+            for key, state in busiest
         ]
 
     # -- internals ---------------------------------------------------------------------
-    def _stats(self, key: str | None) -> KeyStats:
-        return self.keys.setdefault(key, KeyStats())
+    def _key(self, key: str | None) -> KeyState:
+        state = self.keys.get(key)
+        if state is None:
+            weight = self.fairness.weights.get(key, self.fairness.default_weight)
+            state = self.keys[key] = KeyState(weight=weight)
+        return state
+
+    def _current_minimum(self) -> float:
+        self._drop_stale()
+        return self._heap[0][0] if self._heap else self._floor
+
+    def _drop_stale(self) -> None:
+        heap = self._heap
+        while heap:
+            counter, seq, key = heap[0]
+            state = self.keys.get(key)
+            if state is not None and state.queue and state.queue[0].seq == seq and state.counter == counter:
+                return
+            heapq.heappop(heap)
+
+    def _charge(self, state: KeyState, ticket: Ticket, amount: float, *, rerank: bool = True) -> None:
+        if not amount:
+            return
+        state.counter += amount
+        ticket.charged += amount
+        if rerank and state.queue:  # the key's heap entry must carry its new counter
+            heapq.heappush(self._heap, (state.counter, state.queue[0].seq, ticket.fairness_key))
 
     def _free_replica(self) -> int | None:
-        candidates = [
-            (len(tickets), index)
-            for index, tickets in self.active.items()
-            if index < self.replicas and len(tickets) < self.target_per_replica
-        ]
-        return min(candidates)[1] if candidates else None
+        best, best_load = None, self.target_per_replica
+        for index in range(self.replicas):
+            load = len(self.active[index])
+            if load < best_load:
+                best, best_load = index, load
+        return best
 
     def _dispatch(self) -> None:
-        while self.pending:
+        while self.queue_depth:
             replica = self._free_replica()
             if replica is None:
                 return
-            ticket = self.pending.popleft()
-            stats = self._stats(ticket.fairness_key)
-            stats.pending -= 1
-            stats.active += 1
+            self._drop_stale()
+            counter, _seq, key = heapq.heappop(self._heap)
+            self._floor = max(self._floor, counter)
+            state = self.keys[key]
+            ticket = state.queue.popleft()
+            self.queue_depth -= 1
+            state.active += 1
             ticket.replica = replica
             self.active[replica].add(ticket)
+            self._charge(state, ticket, ticket.cost_estimate / state.weight, rerank=False)
+            if state.queue:
+                heapq.heappush(self._heap, (state.counter, state.queue[0].seq, key))
             self.effects.start(ticket, replica)

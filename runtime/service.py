@@ -14,6 +14,7 @@ from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.catalog import CatalogEntry
 from runtime.config import parse_load_body
 from runtime.errors import (
+    BackendError,
     FileInputUnsupported,
     InvalidRequest,
     ModalityUnsupported,
@@ -117,15 +118,15 @@ class RuntimeService:
         controller = self.pool.controller(payload["model"])
         request = self._build_request(payload)
         check_request(controller.entry, payload, self.pool.settings.service.allow_remote_execution)
-        ticket = Ticket(request.request_id, request.fairness_key)
+        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
+        pieces: list[str] = []
+        finished: Finished | None = None
         dispatched = await controller.admit(ticket)
         try:
             await emit({"event": "admitted"})
             replica = await dispatched
             engine = controller.engines[replica]
             stream = payload.get("stream", False)
-            pieces: list[str] = []
-            finished = Finished(input_tokens=0, output_tokens=0)
             async for event in engine.generate(request):
                 if isinstance(event, TextDelta):
                     pieces.append(event.text)
@@ -134,7 +135,10 @@ class RuntimeService:
                 else:
                     finished = event
         finally:
-            controller.finish(ticket)
+            used = finished.input_tokens + finished.output_tokens if finished else ticket.cost_estimate + len(pieces)
+            controller.finish(ticket, used)
+        if finished is None:
+            raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
         return {
             "text": "".join(pieces),
             "finish_reason": finished.finish_reason,
@@ -161,6 +165,14 @@ class RuntimeService:
             fairness_key=payload.get("fairness_key"),
             extra=payload.get("extra") or {},
         )
+
+
+def estimate_prompt_tokens(request: GenerationRequest) -> int:
+    """A tokenizer-free prompt size (about four characters a token) for fair-share charging."""
+    chars = len(request.instructions or "") + sum(
+        len(part.get("text", "")) for message in request.messages for part in message["content"]
+    )
+    return chars // 4 + 1
 
 
 def check_request(entry: CatalogEntry, payload: dict, allow_remote: bool) -> None:
