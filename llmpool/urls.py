@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from models_app import apis
 
@@ -11,7 +11,7 @@ urlpatterns = [
     path("v1/admin/gpu-memory", apis.GpuMemoryApi.as_view(), name="admin-gpu-memory"),
     path("v1/admin/settings/reload", apis.SettingsReloadApi.as_view(), name="admin-settings-reload"),
     path("v1/responses", apis.ResponseCreateApi.as_view(), name="responses"),
-    path("v1/openapi.json", SpectacularAPIView.as_view(), name="openapi-schema"),
+    path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="swagger-ui"),
     path("healthz", apis.HealthApi.as_view(), name="healthz"),
     path("admin/", admin.site.urls),

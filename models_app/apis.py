@@ -95,7 +95,7 @@ class ModelLoadApi(AdminApi):
         responses={200: AdminModelEntrySerializer, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 422: ERROR, 503: ERROR},
     )
     async def post(self, request, model_name: str):
-        body = parse_load_body(request.data or None)
+        body = parse_load_body(request.data if request.body else None)
         result = await RuntimeClient().call(
             "load", {"name": model_name, "body": body}, deadline=self.admin_deadline()
         )

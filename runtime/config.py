@@ -180,7 +180,7 @@ class LoadBody(_Strict):
     """
 
     replicas: PositiveInt | None = None
-    target_inflight: PositiveInt | None = None
+    target_inflight: Annotated[int, Field(ge=1, le=4096)] | None = None
     gguf_n_ctx: PositiveInt | None = None
     gguf_flash_attn: str | None = None
     gguf_type_k: str | None = None

@@ -117,7 +117,7 @@ class RuntimeService:
     async def _generate(self, payload: dict, emit: Emit) -> dict:
         controller = self.pool.controller(payload["model"])
         request = self._build_request(payload)
-        check_request(controller.entry, payload, self.pool.settings.service.allow_remote_execution)
+        check_request(controller.entry, payload, self.pool.startup_service["allow_remote_execution"])
         ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
         pieces: list[str] = []
         finished: Finished | None = None

@@ -51,6 +51,10 @@ class Ct2Spec(BackendSpec):
     name = "ct2"
     definition_model = Ct2Definition
 
+    def multi_turn(self, definition) -> bool:
+        """The contract lists multi-turn messages only for the chat-serving backends."""
+        return False
+
     def thinking_modes(self, definition):
         return thinking_for_families(definition, (QWEN3,))
 

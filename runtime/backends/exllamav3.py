@@ -86,6 +86,10 @@ class Exllamav3Spec(BackendSpec):
         "exllama_max_rq_tokens",
     )
 
+    def multi_turn(self, definition) -> bool:
+        """The contract lists multi-turn messages only for the chat-serving backends."""
+        return False
+
     def backend_constraints(self, definition):
         return {
             "exllama_cache_size": {"kind": "integer", "minimum": 256, "step": 256},

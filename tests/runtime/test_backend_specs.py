@@ -604,7 +604,8 @@ def test_thinking_modes(backend, fields, expected):
 @pytest.mark.parametrize("backend", list(MINIMAL))
 def test_multi_turn_response_formats_and_remote(backend):
     capabilities = BACKENDS[backend].capabilities(definition(backend))
-    assert capabilities["multi_turn"] is True
+    # The contract lists multi-turn for the chat-serving backends only (not exllamav3, ct2).
+    assert capabilities["multi_turn"] is (backend not in ("exllamav3", "ct2"))
     json_schema = ["text", "json_schema"]
     assert capabilities["response_formats"] == (json_schema if backend == "vllm_serve" else ["text"])
     assert BACKENDS[backend].is_remote(definition(backend)) is (backend == "openai_remote")
