@@ -17,6 +17,7 @@ from runtime.backends.base import Engine
 from runtime.catalog import CatalogEntry
 from runtime.config import FairnessSettings
 from runtime.errors import (
+    BackendError,
     InvalidLoadRequest,
     LLMPoolError,
     ModelFailed,
@@ -26,6 +27,7 @@ from runtime.errors import (
     ModelUnloading,
     UnknownModel,
 )
+from runtime.paths import state_dir
 from runtime.scheduler import Scheduler, Ticket
 from runtime.state import RuntimeState, StateMachine, TransitionEvent
 
@@ -96,6 +98,11 @@ class ModelController:
         """A request ended (done, failed or withdrawn while queued); ``tokens`` it really used."""
         if not self._stopped:
             self._post("finish", ticket, tokens)
+
+    def engine_failed(self, message: str) -> None:
+        """A loaded engine died (a managed server exited, a device was lost)."""
+        if not self._stopped:
+            self._post("engine_failed", message)
 
     async def stop(self) -> None:
         """Stop the controller (model removed or service shutting down); release its engines."""
@@ -177,7 +184,13 @@ class ModelController:
     async def _load_engines(self, entry: CatalogEntry, overrides: dict, count: int) -> None:
         spec = entry.spec
         config = spec.effective_config(entry.definition, overrides)
-        context = {"base_dir": entry.base_dir, "model_name": entry.name}
+        context = {
+            "base_dir": entry.base_dir,
+            "model_name": entry.name,
+            "state_dir": state_dir(),
+            # An engine calls this (from the event loop) when it dies while loaded.
+            "on_engine_failure": self.engine_failed,
+        }
         engines: list[Engine] = []
         try:
             for index in range(count):
@@ -242,6 +255,33 @@ class ModelController:
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
         _resolve(self._unload_waiters)
+        future.set_result(None)
+
+    def _on_engine_failed(self, future, message: str) -> None:
+        """Loaded -> failed: queued requests get backend_error, active ones fail on their own.
+
+        While unloading the release already under way finishes the job, so nothing changes.
+        """
+        if self.state is not S.LOADED:
+            future.set_result(None)
+            return
+        self.machine.transition(S.LOADED, S.FAILED)
+        self.last_error = message
+        self.scheduler.close(BackendError(f"model {self.name} failed: {message}"))
+        self.scheduler.reset()
+        engines, self.engines = self.engines, []
+        self.load_override = {}
+        self.replicas = self.entry.definition.replicas
+        self._work = asyncio.get_running_loop().create_task(self._release_failed(engines))
+        future.set_result(None)
+
+    async def _release_failed(self, engines: list[Engine]) -> None:
+        await _release(engines)
+        self._post("failed_released")
+
+    def _on_failed_released(self, future) -> None:
+        if self._work is not None and self._work.done():  # a new load may already be running
+            self._work = None
         future.set_result(None)
 
     def _on_admit(self, future: asyncio.Future, ticket: Ticket) -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from runtime.backends.stub import StubEngine, StubSpec
 from runtime.errors import (
+    BackendError,
     InvalidLoadRequest,
     ModelFailed,
     ModelLoading,
@@ -205,4 +206,24 @@ async def test_enabled_models_load_in_the_background_at_start(tmp_path):
     await asyncio.sleep(0.4)
     assert pool.controller("on").state is RuntimeState.LOADED
     assert pool.controller("off").state is RuntimeState.UNLOADED
+    await pool.shutdown()
+
+
+async def test_an_engine_that_dies_while_loaded_fails_the_model(tmp_path, engines):
+    pool, events = await start_pool(tmp_path, {"m": {"backend": "stub"}})
+    controller = pool.controller("m")
+    await controller.load({}, None)
+    running, waiting = Ticket("running", None), Ticket("waiting", None)
+    await (await controller.admit(running))
+    queued = await controller.admit(waiting)
+    controller.engine_failed("server exited with code -9")
+    with pytest.raises(BackendError, match="exited"):
+        await queued
+    await asyncio.sleep(0.05)
+    assert controller.state is RuntimeState.FAILED
+    assert controller.last_error == "server exited with code -9"
+    assert engines[0].loaded is False and controller.engines == []
+    controller.finish(running, 3)  # the dead request ends later; nothing breaks
+    await controller.load({}, None)
+    assert moves(events, "m") == LOAD_CYCLE + [("loaded", "failed")] + [("failed", "loading"), ("loading", "loaded")]
     await pool.shutdown()
