@@ -1,6 +1,9 @@
 """Django settings: wiring only.  Service behaviour is configured in settings.json."""
 import os
+import socket
 from pathlib import Path
+
+import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -54,20 +57,48 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("LLMPOOL_DB_PATH", str(BASE_DIR / "db.sqlite3")),
+# LLMPOOL_DATABASE_URL (e.g. postgres://user@127.0.0.1:5432/llmpool) selects the database;
+# unset: SQLite at LLMPOOL_DB_PATH (embedded default).
+DATABASE_URL = os.environ.get("LLMPOOL_DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("LLMPOOL_DB_PATH", str(BASE_DIR / "db.sqlite3")),
+        }
     }
-}
 
-# Embedded default: the in-memory layer shared by daphne and the runtime in one process.
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels.layers.InMemoryChannelLayer",
-        "CONFIG": {"capacity": 1000, "expiry": 60},
+# LLMPOOL_REDIS_URL selects the production split: API processes and the runtime worker talk over
+# Redis.  Unset: the in-memory layer shared by daphne and the runtime in one process.
+REDIS_URL = os.environ.get("LLMPOOL_REDIS_URL")
+# Identifies this machine's runtime: only one runtime worker may own a node's backends.
+LLMPOOL_NODE_ID = os.environ.get("LLMPOOL_NODE_ID") or socket.gethostname()
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                # redis-py 8 reads with a 5 s socket timeout, exactly channels-redis's blocking pop
+                # time: give reads room or an idle worker dies of a timeout.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30}],
+                "prefix": os.environ.get("LLMPOOL_CHANNEL_PREFIX", "llmpool"),
+                # Requests older than this are dropped by Redis; the API has given up on them.
+                "expiry": 30,
+                # Streams: a reply channel holds at most this many chunks before the runtime waits.
+                "capacity": 100,
+                "channel_capacity": {"llmpool-runtime": 1000},
+            },
+        }
     }
-}
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": 1000, "expiry": 60},
+        }
+    }
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from channels.consumer import AsyncConsumer
 from channels.exceptions import ChannelFull
@@ -25,6 +26,9 @@ _running: dict[str, asyncio.Task] = {}
 
 class RuntimeConsumer(AsyncConsumer):
     async def runtime_request(self, message: dict) -> None:
+        if message.get("expires_at", float("inf")) < time.time():
+            logger.warning("dropping expired request %s (%s)", message.get("request_id"), message.get("op"))
+            return
         task = asyncio.create_task(_serve(message))
         _running[message["request_id"]] = task
         task.add_done_callback(lambda _t, rid=message["request_id"]: _running.pop(rid, None))
@@ -40,7 +44,19 @@ async def _serve(message: dict) -> None:
     layer = runtime_host.channel_layer()
 
     async def send(kind: str, data=None) -> None:
-        await layer.send(reply_channel, {"type": "runtime.reply", "request_id": request_id, "kind": kind, "data": data})
+        """Send one reply; a full reply channel (slow reader) is waited on, up to the reply timeout."""
+        message = {"type": "runtime.reply", "request_id": request_id, "kind": kind, "data": data}
+        give_up_at = time.monotonic() + runtime_host.reply_timeout()
+        delay = 0.005
+        while True:
+            try:
+                await layer.send(reply_channel, message)
+                return
+            except ChannelFull:
+                if time.monotonic() >= give_up_at:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.1)
 
     async def heartbeat(interval: float) -> None:
         while True:
@@ -56,19 +72,28 @@ async def _serve(message: dict) -> None:
         result = await service.handle(op, payload, lambda data: send("chunk", data))
         if op == "reload_settings":
             await runtime_host.sync_catalog()
+        await _stop(beat)  # no heartbeat may follow the last message: nothing is left in the layer
         await send("result", result)
     except asyncio.CancelledError:
         logger.info("request %s (%s) cancelled by its caller", request_id, op)
     except LLMPoolError as exc:
+        await _stop(beat)
         await _send_quietly(send, "error", exc.to_dict())
     except ChannelFull:
         logger.warning("request %s (%s): reply channel full, caller is gone", request_id, op)
     except Exception as exc:
         logger.exception("request %s (%s) failed", request_id, op)
+        await _stop(beat)
         await _send_quietly(send, "error", LLMPoolError(f"internal error: {exc}").to_dict())
     finally:
         if beat is not None:
             beat.cancel()
+
+
+async def _stop(task: asyncio.Task | None) -> None:
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 async def _send_quietly(send, kind, data) -> None:

@@ -52,6 +52,8 @@ class RuntimeClient:
             "payload": payload,
             "request_id": request_id,
             "reply_channel": reply_channel,
+            # A runtime that (re)starts later drops what the API has already given up on.
+            "expires_at": time.time() + self.reply_timeout,
         }
         try:
             await self.layer.send(RUNTIME_CHANNEL, message)

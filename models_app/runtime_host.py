@@ -22,8 +22,12 @@ def channel_layer():
     return get_channel_layer()
 
 
+def reply_timeout() -> float:
+    return service_settings().runtime_reply_timeout_seconds
+
+
 def heartbeat_interval() -> float:
-    return max(0.05, service_settings().runtime_reply_timeout_seconds / 4)
+    return max(0.05, reply_timeout() / 4)
 
 
 async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:

@@ -1,0 +1,71 @@
+"""One runtime per node: a Redis lock with a heartbeat and an expiry.
+
+The owner renews the key every ``ttl/3``; a crashed owner stops renewing and
+the key expires, so a new worker can start after at most ``ttl`` seconds.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+
+from redis import asyncio as aioredis
+
+logger = logging.getLogger("llmpool.runtime")
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+
+class RuntimeAlreadyRunning(RuntimeError):
+    pass
+
+
+class RuntimeOwnerLock:
+    def __init__(self, redis_url: str, prefix: str, node_id: str, ttl_seconds: float = 10.0):
+        self.redis = aioredis.from_url(redis_url)
+        self.key = f"{prefix}:runtime-owner:{node_id}"
+        self.node_id = node_id
+        self.ttl_ms = int(ttl_seconds * 1000)
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._heartbeat: asyncio.Task | None = None
+        self.lost = asyncio.Event()
+
+    async def acquire(self) -> None:
+        if not await self.redis.set(self.key, self.token, nx=True, px=self.ttl_ms):
+            holder = await self.redis.get(self.key)
+            holder = holder.decode() if holder else "an expired owner"
+            raise RuntimeAlreadyRunning(
+                f"another runtime worker already owns node {self.node_id!r} (held by {holder}); "
+                f"stop it first, or wait up to {self.ttl_ms / 1000:g} s after it crashed"
+            )
+        self._heartbeat = asyncio.create_task(self._renew_forever())
+
+    async def _renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_ms / 3000)
+            try:
+                renewed = await self.redis.eval(_RENEW, 1, self.key, self.token, self.ttl_ms)
+            except Exception:  # Redis away for a moment: keep trying until the key would expire
+                logger.exception("renewing the runtime owner lock failed")
+                continue
+            if not renewed:
+                logger.critical("lost the runtime owner lock of node %s", self.node_id)
+                self.lost.set()
+                return
+
+    async def release(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        try:
+            await self.redis.eval(_RELEASE, 1, self.key, self.token)
+        finally:
+            await self.redis.aclose()
