@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
@@ -48,15 +48,22 @@ class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[ContentPart]
+    content: list[ContentPart]
     id: str | None = None
     status: str | None = None
+
+    # Shorthands become the full form before validation, so no union of shapes hides the real problem
+    # of an invalid body behind a "should be a valid string" for the other shape.
+    @field_validator("content", mode="before")
+    @classmethod
+    def _string_content(cls, value):
+        return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
 
 
 class ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    input: str | list[InputMessage]
+    input: list[InputMessage]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -75,6 +82,11 @@ class ResponsesBody(BaseModel):
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
 
+    @field_validator("input", mode="before")
+    @classmethod
+    def _string_input(cls, value):
+        return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
 
 def parse_responses_body(data: Any, fairness_header: str | None) -> dict:
     """Validate a POST /v1/responses body and normalise it into the runtime's generate payload."""
@@ -84,12 +96,9 @@ def parse_responses_body(data: Any, fairness_header: str | None) -> dict:
         body = ResponsesBody.model_validate(data)
     except ValidationError as exc:
         problem = exc.errors()[0]
-        path = json_path(problem["loc"])
+        path = json_path(_field_loc(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
-    if isinstance(body.input, str):
-        messages = [{"role": "user", "content": [{"type": "input_text", "text": body.input}]}]
-    else:
-        messages = [{"role": m.role, "content": _parts(m.content)} for m in body.input]
+    messages = [{"role": m.role, "content": _parts(m.content)} for m in body.input]
     if not messages:
         raise InvalidRequest("input must not be empty", param="input")
     return {
@@ -112,9 +121,14 @@ def parse_responses_body(data: Any, fairness_header: str | None) -> dict:
     }
 
 
-def _parts(content) -> list[dict]:
-    if isinstance(content, str):
-        return [{"type": "input_text", "text": content}]
+def _field_loc(loc: tuple) -> tuple:
+    """Drop the part-type tag pydantic puts after a content index: input.0.content.1.<tag>.text."""
+    if len(loc) > 4 and loc[0] == "input" and loc[2] == "content":
+        return loc[:4] + loc[5:]
+    return loc
+
+
+def _parts(content: list) -> list[dict]:
     parts = []
     for part in content:
         dumped = part.model_dump(exclude_none=True)

@@ -115,13 +115,13 @@ class ModelController:
         await _release(self.engines)
         self.engines = []
         gone = UnknownModel(f"model {self.name} is no longer served")
+        pending: list[asyncio.Future] = []
         while not self._inbox.empty():
-            _command, _args, future = self._inbox.get_nowait()
+            pending.append(self._inbox.get_nowait()[2])
+        for future in [*pending, *self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
             if not future.done():
                 future.set_exception(gone)
-        for future in [*self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
-            if not future.done():
-                future.set_exception(gone)
+                future.exception()  # callers that await still get it; nobody else is told it was lost
 
     def replace_entry(self, entry: CatalogEntry) -> None:
         """Called by the pool's atomic reload step; the caller checked the state allows it."""

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -33,10 +34,20 @@ def write_settings(folder: Path, models: dict, *, service: dict | None = None, e
     return path
 
 
-class LiveService:
-    """A real ``manage.py serve`` process; ``stop`` ends it and checks it exited."""
+REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get("LLMPOOL_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
-    def __init__(self, settings_path: Path, db_path: Path, env: dict | None = None):
+
+class LiveService:
+    """A real llm-pool on a free port; ``stop`` ends it and checks it exited.
+
+    ``mode="embedded"``: one ``manage.py serve`` process (in-memory layer, SQLite).
+    ``mode="split"``: ``manage.py runtime`` plus ``daphne llmpool.asgi:application`` talking over
+    Redis (a channel prefix of their own), with a PostgreSQL database of their own.
+    """
+
+    def __init__(self, settings_path: Path, db_path: Path, env: dict | None = None, mode: str = "embedded"):
+        self.mode = mode
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.settings_path = settings_path
@@ -48,18 +59,37 @@ class LiveService:
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        self.process: subprocess.Popen | None = None
+        self.process: subprocess.Popen | None = None  # serve, or the API process when split
+        self.runtime_process: subprocess.Popen | None = None  # the runtime worker when split
+        if mode == "split":
+            self.channel_prefix = f"llmpooltest-{uuid.uuid4().hex[:10]}:"
+            self.database = f"llmpool_test_{uuid.uuid4().hex[:10]}"
+            self.env.update({
+                "LLMPOOL_REDIS_URL": REDIS_URL,
+                "LLMPOOL_CHANNEL_PREFIX": self.channel_prefix,
+                "LLMPOOL_NODE_ID": f"test-{self.port}",
+                "LLMPOOL_DATABASE_URL": f"{POSTGRES_URL.rsplit('/', 1)[0]}/{self.database}",
+            })
+
+    def _spawn(self, *args: str) -> subprocess.Popen:
+        log = open(self.log_path, "ab")
+        return subprocess.Popen(list(args), cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
 
     def start(self, timeout: float = 30.0) -> LiveService:
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port)],
-            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-        )
+        if self.mode == "split":
+            _postgres_admin(f'CREATE DATABASE "{self.database}"')
+            self.runtime_process = self.start_runtime()
+            self.process = self._spawn(
+                sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "llmpool.asgi:application"
+            )
+        else:
+            self.process = self._spawn(sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.process.returncode}:\n{self.log()}")
+            for process in (self.process, self.runtime_process):
+                if process is not None and process.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"a service process exited with {process.returncode}:\n{self.log()}")
             try:
                 if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
                     return self
@@ -67,36 +97,63 @@ class LiveService:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"serve did not become healthy:\n{self.log()}")
+        raise RuntimeError(f"the service did not become healthy:\n{self.log()}")
+
+    def start_runtime(self) -> subprocess.Popen:
+        """(Split mode) start a runtime worker process."""
+        return self._spawn(sys.executable, str(ROOT / "manage.py"), "runtime")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def stop(self) -> int | None:
-        if self.process is None or self.process.poll() is not None:
-            return self.process.returncode if self.process else None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
-            raise AssertionError("serve did not stop on SIGTERM within 15 s") from None
+        """SIGTERM every process; returns the exit code of serve (or of the runtime when split)."""
+        codes = [_terminate(process) for process in (self.runtime_process, self.process)]
+        if self.mode == "split":
+            _postgres_admin(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            return codes[0]
+        return codes[1]
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 30), **kwargs)
 
 
+def _terminate(process: subprocess.Popen | None) -> int | None:
+    if process is None or process.poll() is not None:
+        return process.returncode if process else None
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+        raise AssertionError("a service process did not stop on SIGTERM within 15 s") from None
+
+
+def _postgres_admin(statement: str) -> None:
+    import psycopg
+
+    with psycopg.connect(POSTGRES_URL, autocommit=True) as connection:
+        connection.execute(statement)
+
+
 @pytest.fixture
-def live_service(tmp_path):
+def service_mode() -> str:
+    """embedded unless a test module parametrizes it (tests/api runs both modes)."""
+    return "embedded"
+
+
+@pytest.fixture
+def live_service(tmp_path, service_mode):
     """Factory: ``live_service(models, service=..., engine=..., local=...)`` starts a server."""
     started: list[LiveService] = []
 
     def start(models: dict, **kwargs) -> LiveService:
         folder = tmp_path / f"svc{len(started)}"
         env = kwargs.pop("env", None)
+        mode = kwargs.pop("mode", service_mode)
         settings_path = write_settings(folder, models, **kwargs)
-        service = LiveService(settings_path, folder / "db.sqlite3", env=env)
+        service = LiveService(settings_path, folder / "db.sqlite3", env=env, mode=mode)
         started.append(service)
         return service.start()
 
