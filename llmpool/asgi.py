@@ -1,4 +1,9 @@
-"""ASGI wiring: HTTP goes to Django; the ``llmpool-runtime`` channel goes to the runtime consumer."""
+"""ASGI wiring: HTTP goes to Django; the ``llmpool-runtime`` channel goes to the runtime consumer.
+
+The machine API (/v1/*, /healthz) runs through a Django handler without the session, auth,
+CSRF and messages middleware the browser admin needs: each of those hops to a thread per
+request, which would dominate the latency of a request to a fast model.
+"""
 import os
 
 from django.core.asgi import get_asgi_application
@@ -7,13 +12,39 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmpool.settings")
 django_http = get_asgi_application()
 
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer  # noqa: E402
 
+
+class ApiHandler(ASGIHandler):
+    """Django for the machine API: the same URLs and views, with settings.API_MIDDLEWARE only."""
+
+    def load_middleware(self, is_async=False):
+        browser_middleware = settings.MIDDLEWARE
+        settings.MIDDLEWARE = settings.API_MIDDLEWARE
+        try:
+            super().load_middleware(is_async)
+        finally:
+            settings.MIDDLEWARE = browser_middleware
+
+
+api_http = ApiHandler()
+
+
+async def http_router(scope, receive, send):
+    path = scope["path"]
+    handler = api_http if path.startswith("/v1/") and path != "/v1/openapi.json" or path == "/healthz" else browser_http
+    await handler(scope, receive, send)
+
+
+browser_http = ASGIStaticFilesHandler(django_http)
+
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_http),
+        "http": http_router,
         "channel": ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}),
     }
 )

@@ -39,6 +39,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# The machine API (/v1/*) needs none of the browser middleware (see llmpool/asgi.py).
+API_MIDDLEWARE: list[str] = []
+
 ROOT_URLCONF = "llmpool.urls"
 ASGI_APPLICATION = "llmpool.asgi.application"
 

@@ -2,7 +2,7 @@
 they validate input, send one message to the runtime and shape its answer."""
 from __future__ import annotations
 
-from adrf.views import APIView
+from models_app.views_base import APIView
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
