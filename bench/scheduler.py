@@ -1,25 +1,20 @@
 """Scheduler benchmark: decision cost, token fairness, and end-to-end requests/s.
 
-Prints one JSON object.  Run: .venv/bin/python bench/scheduler.py [--e2e-seconds 10]
+Prints one JSON object.  Run: .venv/bin/python bench/scheduler.py [--requests 1280] [--clients 64]
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import http_latencies, percentiles, running_service  # noqa: E402
 from runtime.config import FairnessSettings  # noqa: E402
 from runtime.scheduler import Scheduler, Ticket  # noqa: E402
 
@@ -106,88 +101,28 @@ def fairness() -> dict:
     }
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def hammer(url: str, clients: int, seconds: float) -> dict:
-    import httpx
-
-    done = 0
-    errors = 0
-    stop_at = time.monotonic() + seconds
-    latencies: list[float] = []
-
-    async def client(http):
-        nonlocal done, errors
-        while time.monotonic() < stop_at:
-            begin = time.perf_counter()
-            response = await http.post("/v1/responses", json={"model": "bench", "input": "one two three four"})
-            latencies.append(time.perf_counter() - begin)
-            if response.status_code == 200:
-                done += 1
-            else:
-                errors += 1
-
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
-        begin = time.perf_counter()
-        await asyncio.gather(*(client(http) for _ in range(clients)))
-        elapsed = time.perf_counter() - begin
-    latencies.sort()
-    return {
-        "clients": clients,
-        "seconds": round(elapsed, 2),
-        "requests": done,
-        "errors": errors,
-        "requests_per_s": round(done / elapsed, 1),
-        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 1) if latencies else None,
-        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1) if latencies else None,
+def end_to_end(clients: int, requests: int) -> dict:
+    """Requests/s through POST /v1/responses with ``clients`` concurrent clients, embedded default."""
+    settings = {
+        "engine": {"fairness": {"per_key_queue_limit": 1000, "executor_queue_limit": 1000}},
+        "models": {"bench": {"backend": "stub", "enabled": True}},
     }
-
-
-def end_to_end(clients: int, seconds: float) -> dict:
-    import httpx
-
-    with tempfile.TemporaryDirectory() as folder:
-        settings = Path(folder) / "settings.json"
-        settings.write_text(json.dumps({
-            "engine": {"fairness": {"per_key_queue_limit": 1000, "executor_queue_limit": 1000}},
-            "models": {"bench": {"backend": "stub", "enabled": True}},
-        }))
-        port = free_port()
-        env = {**os.environ, "LLMPOOL_SETTINGS": str(settings), "LLMPOOL_DB_PATH": str(Path(folder) / "db.sqlite3"),
-               "LLMPOOL_LOG_LEVEL": "WARNING"}
-        server = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(port)],
-                                  cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                try:
-                    models = httpx.get(url + "/v1/admin/models", timeout=1).json()["models"]
-                    if models[0]["runtime_state"] == "loaded":
-                        break
-                except (httpx.HTTPError, KeyError, IndexError):
-                    pass
-                time.sleep(0.1)
-            return asyncio.run(hammer(url, clients, seconds))
-        finally:
-            server.send_signal(signal.SIGTERM)
-            server.wait(timeout=15)
+    body = {"model": "bench", "input": "one two three four"}
+    with running_service(settings) as url:
+        latencies, elapsed = asyncio.run(http_latencies(url, body, clients, max(1, requests // clients)))
+    return {"clients": clients, "seconds": round(elapsed, 2), "requests_per_s": round(len(latencies) / elapsed, 1),
+            **percentiles(latencies)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--e2e-seconds", type=float, default=10.0)
+    parser.add_argument("--requests", type=int, default=1280, help="end-to-end requests in all")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--skip-e2e", action="store_true")
     args = parser.parse_args()
     result = {"decision_cost": decision_cost(), "fairness": fairness()}
     if not args.skip_e2e:
-        result["end_to_end_stub_zero_delay"] = end_to_end(args.clients, args.e2e_seconds)
+        result["end_to_end_stub_zero_delay"] = end_to_end(args.clients, args.requests)
     print(json.dumps(result, indent=2))
 
 
