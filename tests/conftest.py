@@ -35,6 +35,8 @@ def write_settings(folder: Path, models: dict, *, service: dict | None = None, e
 
 
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# The shape a LiveService takes when a test does not name one; tests/api runs each module in both.
+DEFAULT_MODE = {"mode": "embedded"}
 POSTGRES_URL = os.environ.get("LLMPOOL_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
@@ -46,8 +48,8 @@ class LiveService:
     Redis (a channel prefix of their own), with a PostgreSQL database of their own.
     """
 
-    def __init__(self, settings_path: Path, db_path: Path, env: dict | None = None, mode: str = "embedded"):
-        self.mode = mode
+    def __init__(self, settings_path: Path, db_path: Path, env: dict | None = None, mode: str | None = None):
+        self.mode = mode = mode or DEFAULT_MODE["mode"]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.settings_path = settings_path
@@ -139,8 +141,8 @@ def _postgres_admin(statement: str) -> None:
 
 @pytest.fixture
 def service_mode() -> str:
-    """embedded unless a test module parametrizes it (tests/api runs both modes)."""
-    return "embedded"
+    """The shape of services started by ``live_service`` (see DEFAULT_MODE)."""
+    return DEFAULT_MODE["mode"]
 
 
 @pytest.fixture

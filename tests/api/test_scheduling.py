@@ -26,7 +26,7 @@ def ask(service, model, key=None):
     return httpx.post(service.url + "/v1/responses", json={"model": model, "input": "x"}, headers=headers, timeout=30)
 
 
-def wait_for(predicate, timeout=5.0):
+def wait_for(predicate, timeout=20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -59,14 +59,14 @@ def test_unload_cancels_the_queue_and_lets_the_active_request_finish(slow_servic
         wait_for(lambda: entry(slow_service, "single")["queue_depth"] == 3)
         unload = pool.submit(httpx.post, slow_service.url + "/v1/admin/models/single/unload", timeout=30)
         for future in queued:
-            response = future.result(timeout=10)
+            response = future.result(timeout=30)
             assert response.status_code == 503
             assert response.json()["error"]["code"] == "model_unloading"
             assert response.headers["Retry-After"]
-        finished = active.result(timeout=10)
+        finished = active.result(timeout=30)
         assert finished.status_code == 200
         assert finished.json()["output"][0]["content"][0]["text"] == "one two three four"
-        unloaded = unload.result(timeout=10)
+        unloaded = unload.result(timeout=30)
     assert unloaded.json()["runtime_state"] == "unloaded"
     assert unloaded.json()["fairness"] == {"rejected_per_key_limit": 0, "rejected_executor_limit": 0, "keys": []}
 
