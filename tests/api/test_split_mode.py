@@ -13,6 +13,12 @@ import redis
 
 from tests.conftest import REDIS_URL, ROOT
 
+@pytest.fixture(scope="module", autouse=True)
+def api_shape():
+    """These tests name their shape themselves: run them once, not once per shape."""
+    return "split"
+
+
 SLOW = {"backend": "stub", "stub_token_delay_ms": 100, "stub_reply": "a b c d e f g h i j"}
 
 
