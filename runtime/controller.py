@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from runtime import gpu
 from runtime.backends.base import Engine
 from runtime.catalog import CatalogEntry
 from runtime.config import FairnessSettings
@@ -60,6 +61,8 @@ class ModelController:
         self._estimate_entry: CatalogEntry | None = None
         self._estimate_key: tuple | None = None
         self._estimate: tuple[int | None, int, str] = (None, self.replicas, "unavailable")
+        # (MiB, replica count) the last successful load took on the GPUs; kept across unloads.
+        self.observed_vram: tuple[int, int] | None = None
 
     @property
     def name(self) -> str:
@@ -125,6 +128,8 @@ class ModelController:
 
     def replace_entry(self, entry: CatalogEntry) -> None:
         """Called by the pool's atomic reload step; the caller checked the state allows it."""
+        if not self.entry.same_definition(entry):
+            self.observed_vram = None  # measured for a definition that no longer exists
         self.entry = entry
         if self.state not in (S.LOADING, S.LOADED, S.UNLOADING):
             self.replicas = entry.definition.replicas
@@ -193,6 +198,7 @@ class ModelController:
         }
         engines: list[Engine] = []
         try:
+            used_before = await asyncio.to_thread(gpu.used_memory_mib)
             for index in range(count):
                 engine = spec.create_engine(entry.name, config, index, context)
                 engines.append(engine)
@@ -200,6 +206,7 @@ class ModelController:
                     await engine.load()
                 except Exception as exc:
                     raise _ReplicaLoadError(index, count, exc) from exc
+            used_after = await asyncio.to_thread(gpu.used_memory_mib)
         except asyncio.CancelledError:
             await _release(engines)
             raise
@@ -207,13 +214,17 @@ class ModelController:
             await _release(engines)
             self._post("load_finished", None, str(exc) or type(exc).__name__)
             return
-        self._post("load_finished", engines, None)
+        self._post("load_finished", engines, None, gpu.load_delta(used_before, used_after))
 
-    def _on_load_finished(self, future, engines: list[Engine] | None, error: str | None) -> None:
+    def _on_load_finished(
+        self, future, engines: list[Engine] | None, error: str | None, observed_mib: int | None = None
+    ) -> None:
         self._work = None
         if engines is not None:
             self.machine.transition(S.LOADING, S.LOADED)
             self.engines = engines
+            if observed_mib is not None:
+                self.observed_vram = (observed_mib, len(engines))
             self.scheduler.open(len(engines), self.effective_target_inflight)
         else:
             self.machine.transition(S.LOADING, S.FAILED)
@@ -317,7 +328,11 @@ class ModelController:
 
     # ---- views -----------------------------------------------------------------------
     def vram_estimate(self) -> tuple[int | None, int, str]:
-        """(MiB, replica count it is for, source); cached per definition, override and count."""
+        """(MiB, replica count it is for, source): the last observed load delta when there is one,
+        else the backend's estimate, cached per definition, override and count."""
+        if self.observed_vram is not None:
+            mib, replicas = self.observed_vram
+            return mib, replicas, "observed_load_delta"
         key = (repr(sorted(self.load_override.items())), self.replicas)
         if self._estimate_entry is not self.entry or self._estimate_key != key:
             spec, definition = self.entry.spec, self.entry.definition

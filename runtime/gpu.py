@@ -1,13 +1,54 @@
-"""GPU memory probe, behind one function.
+"""GPU memory, read from NVML (nvidia-ml-py), else from ``nvidia-smi --query-gpu``.
 
-The NVML probe (nvidia-ml-py) lands with a later issue; until then this module
-reports that no GPU is visible so the API answers ``gpus: []`` with a reason.
+``probe_gpus`` answers GET /v1/admin/gpu-memory: every visible GPU with
+``used_over_total`` in nvidia-smi's compact ``"75603MiB / 97887MiB"`` form, or
+``[]`` and the reason when neither NVML nor nvidia-smi can be read.
+``used_memory_mib`` and ``load_delta`` measure what a model load took
+(``observed_load_delta``): the used memory of all GPUs before and after loading
+every replica.  The delta also counts memory other processes took meanwhile,
+so it is an estimate, as the admin API calls it.
+
+Every function here blocks (NVML calls, a subprocess with a timeout): callers
+on the event loop run them with ``asyncio.to_thread``.
 """
 from __future__ import annotations
+
+import logging
+import subprocess
+
+NVIDIA_SMI_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,name,memory.used,memory.total",
+    "--format=csv,noheader,nounits",
+]
+NVIDIA_SMI_TIMEOUT_SECONDS = 10.0
+MIB = 1024 * 1024
+
+logger = logging.getLogger("llmpool.runtime")
+
+
+def gpu_entry(index: int, name: str, used_mib: int, total_mib: int) -> dict:
+    return {
+        "index": index,
+        "name": name,
+        "used_mib": used_mib,
+        "total_mib": total_mib,
+        "used_over_total": f"{used_mib}MiB / {total_mib}MiB",
+    }
 
 
 def probe_gpus() -> tuple[list[dict], str | None]:
     """([{index, name, used_mib, total_mib, used_over_total}], error or None)."""
+    gpus, nvml_error = probe_nvml()
+    if gpus:
+        return gpus, None
+    gpus, smi_error = probe_nvidia_smi()
+    if gpus:
+        return gpus, None
+    return [], f"{nvml_error}; {smi_error}"
+
+
+def probe_nvml() -> tuple[list[dict], str | None]:
     try:
         import pynvml
     except ImportError:
@@ -22,18 +63,63 @@ def probe_gpus() -> tuple[list[dict], str | None]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
-            used, total = memory.used // (1024 * 1024), memory.total // (1024 * 1024)
-            gpus.append(
-                {
-                    "index": index,
-                    "name": name.decode() if isinstance(name, bytes) else name,
-                    "used_mib": used,
-                    "total_mib": total,
-                    "used_over_total": f"{used}MiB / {total}MiB",
-                }
-            )
+            name = name.decode() if isinstance(name, bytes) else name
+            gpus.append(gpu_entry(index, name, memory.used // MIB, memory.total // MIB))
         return gpus, None if gpus else "no GPU is visible to NVML"
     except pynvml.NVMLError as exc:
         return [], f"NVML query failed: {exc}"
     finally:
         pynvml.nvmlShutdown()
+
+
+def probe_nvidia_smi() -> tuple[list[dict], str | None]:
+    try:
+        completed = subprocess.run(
+            NVIDIA_SMI_QUERY, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_SECONDS, check=False
+        )
+    except FileNotFoundError:
+        return [], "nvidia-smi is not on PATH"
+    except subprocess.TimeoutExpired:
+        return [], f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT_SECONDS:g} s"
+    except OSError as exc:
+        return [], f"nvidia-smi cannot run: {exc}"
+    if completed.returncode != 0:
+        detail = (completed.stderr or completed.stdout).strip().splitlines()
+        return [], f"nvidia-smi failed (exit {completed.returncode}): {detail[0] if detail else 'no output'}"
+    try:
+        gpus = [_parse_smi_line(line) for line in completed.stdout.splitlines() if line.strip()]
+    except ValueError as exc:
+        return [], f"nvidia-smi gave an unreadable answer: {exc}"
+    return gpus, None if gpus else "no GPU is visible to nvidia-smi"
+
+
+def _parse_smi_line(line: str) -> dict:
+    """``"0, NVIDIA H200, 1234, 143771"`` (the name may itself hold commas)."""
+    fields = [field.strip() for field in line.split(",")]
+    if len(fields) < 4:
+        raise ValueError(f"expected index, name, used, total in {line!r}")
+    index, name, used, total = fields[0], ", ".join(fields[1:-2]), fields[-2], fields[-1]
+    try:
+        return gpu_entry(int(index), name, int(used), int(total))
+    except ValueError:
+        raise ValueError(f"not numbers in {line!r}") from None
+
+
+def used_memory_mib() -> int | None:
+    """Used memory of all visible GPUs together, or None when no GPU can be read.
+
+    Never raises: it only measures, and a measurement must not fail a model load.
+    """
+    try:
+        gpus, _error = probe_gpus()
+    except Exception:
+        logger.exception("reading the GPU memory failed")
+        return None
+    return sum(gpu["used_mib"] for gpu in gpus) if gpus else None
+
+
+def load_delta(before_mib: int | None, after_mib: int | None) -> int | None:
+    """What a load took, in MiB: None when either reading is missing, never below 0."""
+    if before_mib is None or after_mib is None:
+        return None
+    return max(0, after_mib - before_mib)

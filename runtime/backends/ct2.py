@@ -1,7 +1,8 @@
 """ct2: CTranslate2 generator models run in the runtime process.
 
 This module holds the definition schema; ct2 has no live-load overrides.  The
-engine itself lands with the ct2 issue.
+engine (``runtime.backends.ct2_engine``) loads one ``ctranslate2.Generator`` per
+replica; ``device`` null lets CTranslate2 pick (``auto``), ``"cuda:1"`` selects a GPU.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
+from runtime.backends.ct2_engine import Ct2Engine
 
 Ct2ComputeType = Literal[
     "default",
@@ -57,6 +59,9 @@ class Ct2Spec(BackendSpec):
 
     def thinking_modes(self, definition):
         return thinking_for_families(definition, (QWEN3,))
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return Ct2Engine(config, context)
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)

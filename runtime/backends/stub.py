@@ -41,6 +41,9 @@ class StubDefinition(CommonDefinition):
     stub_fail_after_tokens: int | None = Field(None, ge=0)
     stub_vram_mib: int | None = Field(None, ge=0)
     stub_remote: bool = False
+    # Allocate this much GPU memory with torch while loaded (scripts/gpu_check.sh checks
+    # observed_load_delta against it); needs torch with CUDA.
+    stub_gpu_alloc_mib: int | None = Field(None, ge=1)
     thinking_modes: list[Literal["default", "enabled", "disabled"]] = Field(default_factory=lambda: ["default"])
     response_formats: list[Literal["text", "json_schema"]] = Field(default_factory=lambda: ["text"])
     multi_turn: bool = True
@@ -52,16 +55,22 @@ class StubEngine:
         self.config = config
         self.replica_index = replica_index
         self.loaded = False
+        self.gpu_block = None
 
     async def load(self) -> None:
         await asyncio.sleep(self.config["stub_load_seconds"])
         failing_replica = self.config["stub_fail_replica"]
         if self.config["stub_fail_load"] and failing_replica in (None, self.replica_index):
             raise RuntimeError(self.config["stub_fail_load"])
+        if self.config["stub_gpu_alloc_mib"]:
+            self.gpu_block = await asyncio.to_thread(_allocate_gpu_mib, self.config["stub_gpu_alloc_mib"])
         self.loaded = True
 
     async def unload(self) -> None:
         await asyncio.sleep(self.config["stub_unload_seconds"])
+        if self.gpu_block is not None:
+            self.gpu_block = None
+            await asyncio.to_thread(_release_gpu_cache)
         self.loaded = False
 
     async def generate(self, request: GenerationRequest):
@@ -86,6 +95,24 @@ class StubEngine:
             yield TextDelta(token)
         reason = "length" if len(tokens) > request.max_output_tokens else "stop"
         yield Finished(input_tokens=input_tokens, output_tokens=emitted, finish_reason=reason)
+
+
+def _allocate_gpu_mib(mib: int):
+    try:
+        import torch
+    except ImportError as exc:
+        raise RuntimeError("stub_gpu_alloc_mib needs torch with CUDA") from exc
+    if not torch.cuda.is_available():
+        raise RuntimeError("stub_gpu_alloc_mib needs a CUDA device; none is visible")
+    block = torch.empty(mib * 1024 * 1024, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    return block
+
+
+def _release_gpu_cache() -> None:
+    import torch
+
+    torch.cuda.empty_cache()
 
 
 class StubSpec(BackendSpec):

@@ -1,7 +1,8 @@
 """vllm: models run in the runtime process through vLLM's engine.
 
 This module holds the vLLM definition fields (shared with ``vllm_serve``) and
-the live-load rules; the engine itself lands with the vllm issue.
+the live-load rules; ``runtime.backends.vllm_engine`` is the in-process engine
+(``AsyncLLM``) and documents how each field becomes an engine argument.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
+from runtime.backends.vllm_engine import VllmEngine
 
 # vLLM's --kv-cache-dtype choices (vllm/config/cache.py, CacheDType).
 VllmCacheDType = Literal[
@@ -135,6 +137,11 @@ class VllmSpec(BackendSpec):
 
     def thinking_modes(self, definition):
         return thinking_for_families(definition, (GEMMA4, QWEN3))
+
+    def create_engine(self, model_name, config, replica_index, context):
+        if config["backend"] != "vllm":  # vllm_serve shares these rules but runs a managed server
+            return super().create_engine(model_name, config, replica_index, context)
+        return VllmEngine(config, context)
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)

@@ -1,0 +1,45 @@
+"""Fixtures of the engine tests: the tiny offline model, recording fakes of vLLM and ExLlamaV3."""
+from __future__ import annotations
+
+import pytest
+
+from runtime.service import RuntimeService
+from tests.conftest import write_settings
+from tests.engines.engine_fakes import install_fake_exllamav3, install_fake_vllm
+from tests.engines.tiny_model import TinyModel, build_tiny_chat_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> TinyModel:
+    """Built once per session: training the tokenizer and converting takes a few seconds."""
+    return build_tiny_chat_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A recording ``vllm`` module tree in sys.modules; yields its ``Recorder``."""
+    return install_fake_vllm(monkeypatch)
+
+
+@pytest.fixture
+def fake_exllamav3(monkeypatch):
+    """A recording ``exllamav3`` module in sys.modules; yields its ``Recorder``."""
+    return install_fake_exllamav3(monkeypatch)
+
+
+@pytest.fixture
+async def runtime_service(tmp_path):
+    """Factory: ``await runtime_service(models)`` -> (a started RuntimeService, its transition events)."""
+    started: list[RuntimeService] = []
+
+    async def start(models: dict):
+        service = RuntimeService(str(write_settings(tmp_path / f"settings{len(started)}", models)))
+        events: list = []
+        service.pool.listeners.append(events.append)
+        await service.start(load_enabled=False)
+        started.append(service)
+        return service, events
+
+    yield start
+    for service in started:
+        await service.shutdown()

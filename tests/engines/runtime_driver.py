@@ -1,0 +1,50 @@
+"""Driving a ``RuntimeService`` in-process, as the Channels consumer would."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from runtime.backends.base import GenerationRequest
+from runtime.service import RuntimeService
+
+_request_ids = itertools.count()
+
+
+def user_input(text: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "input_text", "text": text}]}]
+
+
+def generation_request(text: str = "Hi there", **fields) -> GenerationRequest:
+    """What an engine's ``generate`` receives, for driving an engine directly."""
+    return GenerationRequest(request_id=f"req-{next(_request_ids)}", messages=user_input(text), **fields)
+
+
+async def generate(service: RuntimeService, model: str, text: str = "Hi there", **fields) -> tuple[dict, list[str]]:
+    """(result, streamed deltas) of one generate operation."""
+    deltas: list[str] = []
+
+    async def emit(event: dict) -> None:
+        if event["event"] == "delta":
+            deltas.append(event["text"])
+
+    payload = {"request_id": f"req-{next(_request_ids)}", "model": model, "messages": user_input(text), **fields}
+    result = await service.handle("generate", payload, emit)
+    return result, deltas
+
+
+async def load(service: RuntimeService, model: str, body: dict | None = None) -> dict:
+    return await service.handle("load", {"name": model, "body": body}, None)
+
+
+async def unload(service: RuntimeService, model: str) -> dict:
+    return await service.handle("unload", {"name": model}, None)
+
+
+async def wait_for_state(service: RuntimeService, model: str, state: str, timeout: float = 5.0) -> dict:
+    """The model's entry once it reached ``state`` (commands settle in the model's own task)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        entry = await service.handle("get_model", {"name": model}, None)
+        if entry["runtime_state"] == state or asyncio.get_running_loop().time() > deadline:
+            return entry
+        await asyncio.sleep(0.01)
