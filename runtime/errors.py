@@ -80,3 +80,5 @@ def error_from_dict(data: dict) -> LLMPoolError:
         error.code = data.get("code") or "internal_error"
         error.http_status = data.get("http_status") or 500
     return error
+ContextLengthExceeded = _error("ContextLengthExceeded", "context_length_exceeded", 400)
+UpstreamError = _error("UpstreamError", "upstream_error", 502)  # a remote OpenAI-compatible API failed

@@ -1,10 +1,12 @@
 """llama_cpp: GGUF models run in the runtime process through llama-cpp-python.
 
-This module holds the definition schema and the live-load rules; the engine
-itself lands with the llama_cpp issue.
+This module holds the definition schema, the live-load rules and the VRAM
+estimate; the engine is ``runtime/backends/llama_cpp_engine.py`` (imported only
+when a model loads, so processes that never load one never map libllama).
 """
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -13,8 +15,9 @@ from runtime.backends.base import (
     THINKING_ALL,
     BackendSpec,
     CommonDefinition,
-    artifact_size_mib,
 )
+from runtime.gguf_info import GgufError, read_gguf_info
+from runtime.model_files import locate_model_file
 
 GGML_CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 GgmlCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
@@ -96,8 +99,28 @@ class LlamaCppSpec(BackendSpec):
     def thinking_modes(self, definition):
         return list(THINKING_ALL) if definition.prompt_format == "gemma4_template" else ["default"]
 
+    def create_engine(self, model_name, config, replica_index, context):
+        from runtime.backends.llama_cpp_engine import LlamaCppEngine
+
+        return LlamaCppEngine(model_name, config, replica_index, context)
+
     def vram_estimate(self, definition, config, replicas, base_dir):
-        size = artifact_size_mib(definition.model_path, base_dir)
-        if size is None:
+        """Per replica: the GGUF file plus its KV cache at the effective n_ctx and cache types.
+
+        A file whose header cannot be read as GGUF counts with its size alone; a missing file
+        makes the estimate unavailable.
+        """
+        path = locate_model_file(definition.model_path, base_dir)
+        if path is None or not os.path.isfile(path):
             return None, "unavailable"
-        return size * replicas, "model_artifact_size"
+        try:
+            info = read_gguf_info(path)
+        except OSError:
+            return None, "unavailable"
+        except GgufError:
+            size, cache = os.path.getsize(path), 0
+        else:
+            size = info.file_size
+            cache = info.kv_cache_bytes(config["gguf_n_ctx"], config["gguf_type_k"], config["gguf_type_v"]) or 0
+        per_replica = -(-(size + cache) // (1024 * 1024))
+        return per_replica * replicas, "model_artifact_size"

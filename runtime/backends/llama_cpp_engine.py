@@ -1,0 +1,253 @@
+"""The llama_cpp engine: one replica of a GGUF model inside the runtime process.
+
+The native objects (weights, context, sampler) are in ``llama_cpp_native.py``.  Each
+engine has one worker thread: load, every generation and unload run on it in order,
+so native calls of a replica never overlap and the event loop never blocks.  Tokens
+travel from the worker to the request's async iterator through an ``asyncio.Queue``
+(``call_soon_threadsafe``); closing the iterator (request cancelled) or unloading sets
+a flag the worker checks after every token.
+"""
+from __future__ import annotations
+
+import asyncio
+import codecs
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from runtime.backends.base import Finished, GenerationRequest, TextDelta
+from runtime.backends.llama_cpp_native import (
+    ContextSettings,
+    EngineLoadError,
+    GgufContext,
+    GgufWeights,
+    release_heap,
+)
+from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
+from runtime.errors import BackendError, ContextLengthExceeded, LLMPoolError
+from runtime.gguf_info import GgufError, read_gguf_info
+from runtime.model_files import ModelFileError, resolve_model_file
+from runtime.prompt_formats import (
+    GGUF_TEMPLATE,
+    GgufChatTemplate,
+    RenderedPrompt,
+    chat_messages,
+    render_prompt,
+    resolve_thinking,
+)
+
+logger = logging.getLogger("llmpool.llama_cpp")
+
+
+class _StopFilter:
+    """Holds back text that may be the start of a stop string; reports when one appears."""
+
+    def __init__(self, stops: tuple[str, ...]):
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string ended the reply)."""
+        if not self.stops:
+            return text, False
+        self.pending += text
+        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self.pending = self.pending[:cut], ""
+            return out, True
+        keep = max((n for s in self.stops for n in range(1, len(s)) if self.pending.endswith(s[:n])), default=0)
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(out):]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+# ---- the engine --------------------------------------------------------------------------
+
+_DONE = object()
+
+
+class LlamaCppEngine:
+    """One replica.  ``load``/``unload``/``generate`` are called on the event loop; the native
+    work runs on this replica's worker thread."""
+
+    def __init__(self, model_name: str, config: dict[str, Any], replica_index: int, context: dict):
+        self.model_name = model_name
+        self.config = config
+        self.replica_index = replica_index
+        self.base_dir = context.get("base_dir", ".")
+        self.prompt_format = config.get("prompt_format") or GGUF_TEMPLATE
+        self.weights: GgufWeights | None = None
+        self.context: GgufContext | None = None
+        self.gguf_template: GgufChatTemplate | None = None
+        self._closing = threading.Event()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def load(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._worker, self._load)
+
+    async def unload(self) -> None:
+        """Stop a running generation at its next token, free the context and the weights.
+
+        Idempotent; the replica cannot be loaded again afterwards (the controller makes new ones).
+        """
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._worker, self._release)
+        finally:
+            self._worker.shutdown(wait=False)
+
+    def _load(self) -> None:
+        try:
+            self._open()
+        except BaseException:
+            self._release()
+            raise
+
+    def _open(self) -> None:
+        try:
+            path = resolve_model_file(self.config.get("model_path"), self.base_dir)
+            info = read_gguf_info(path)
+        except (ModelFileError, GgufError) as exc:
+            raise EngineLoadError(str(exc)) from None
+        except OSError as exc:
+            raise EngineLoadError(f"model file cannot be read: {exc}") from None
+        if self.prompt_format == GGUF_TEMPLATE:
+            if info.chat_template is None:
+                raise EngineLoadError(
+                    f"{path} carries no chat template (tokenizer.chat_template); set prompt_format to one of "
+                    "generic, mistral_template, qwen3_template, gemma4_template, translategemma_template"
+                )
+            _probe_template(info.chat_template, path)  # before any weights are read
+        settings = ContextSettings.from_config(self.config)
+        self.weights = GgufWeights(path, self.config["gguf_n_gpu_layers"])
+        self.context = GgufContext(self.weights, settings)
+        if self.prompt_format == GGUF_TEMPLATE:
+            bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
+            self.gguf_template = GgufChatTemplate(info.chat_template, bos, eos)
+        logger.info(
+            "model %s replica %d loaded from %s (%s, threads=%d)",
+            self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
+        )
+
+    def _release(self) -> None:
+        if self.context is not None:
+            self.context.close()
+            self.context = None
+        if self.weights is not None:
+            self.weights.close()
+            self.weights = None
+        release_heap()
+
+    # -- generation ------------------------------------------------------------------------
+    def render(self, request: GenerationRequest) -> RenderedPrompt:
+        """The prompt for ``request`` (raises the request's 400 errors before any work is queued)."""
+        messages = chat_messages(request.instructions, request.messages)
+        thinking = resolve_thinking(request.thinking, self.config.get("enable_thinking"))
+        return render_prompt(
+            self.prompt_format, messages, thinking=thinking, extra=request.extra, gguf_template=self.gguf_template
+        )
+
+    async def generate(self, request: GenerationRequest):
+        if self.context is None or self._closing.is_set():
+            raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
+        prompt = self.render(request)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def emit(item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is gone: nobody is listening any more
+                cancelled.set()
+
+        try:
+            loop.run_in_executor(self._worker, self._generate, prompt, request, emit, cancelled)
+        except RuntimeError:  # unloaded between the check above and now
+            raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded") from None
+        try:
+            while True:
+                item = await queue.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancelled.set()
+
+    def _generate(self, prompt: RenderedPrompt, request: GenerationRequest, emit, cancelled: threading.Event) -> None:
+        try:
+            if self.context is None:
+                raise BackendError(f"model {self.model_name} was unloaded before the request ran")
+            self._run(prompt, request, emit, lambda: cancelled.is_set() or self._closing.is_set())
+        except LLMPoolError as exc:
+            emit(exc)
+        except Exception as exc:  # a native failure ends this request, not the worker
+            logger.exception("model %s: generation failed", self.model_name)
+            emit(BackendError(f"llama.cpp generation failed: {exc}"))
+        finally:
+            emit(_DONE)
+
+    def _run(self, prompt: RenderedPrompt, request: GenerationRequest, emit, stopped) -> None:
+        weights, context = self.weights, self.context
+        tokens = weights.tokenize_prompt(prompt)
+        if len(tokens) >= context.n_ctx:
+            raise ContextLengthExceeded(
+                f"the prompt is {len(tokens)} tokens but model {self.model_name} has a context of "
+                f"{context.n_ctx} tokens (gguf_n_ctx), which must also leave room for the reply",
+                param="input",
+            )
+        context.clear()
+        for start in range(0, len(tokens), context.n_batch):
+            if stopped():
+                return
+            context.decode(tokens[start:start + context.n_batch])
+        sampler = context.sampler(request.temperature, request.top_p)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stop_filter = _StopFilter(prompt.stop)
+        position, produced, reason, hit_stop = len(tokens), 0, "length", False
+        try:
+            while produced < request.max_output_tokens and not stopped():
+                token = sampler.sample(context)
+                produced += 1  # an end-of-generation token counts too: the model produced it
+                if weights.is_end_of_generation(token):
+                    reason = "stop"
+                    break
+                text, hit_stop = stop_filter.feed(decoder.decode(weights.piece(token)))
+                if text:
+                    emit(TextDelta(text))
+                if hit_stop:
+                    reason = "stop"
+                    break
+                if position >= context.n_ctx:
+                    break  # the context is full: the reply is cut, as with max_output_tokens
+                context.decode([token])
+                position += 1
+        finally:
+            sampler.close()
+        if not hit_stop:
+            text, hit_stop = stop_filter.feed(decoder.decode(b"", final=True))
+            text += "" if hit_stop else stop_filter.flush()
+            if text:
+                emit(TextDelta(text))
+        emit(Finished(input_tokens=len(tokens), output_tokens=produced, finish_reason=reason))
+
+
+def _probe_template(template: str, path: str) -> None:
+    """Render the GGUF's template once for a one-message chat, so an unsafe or broken template
+    fails the load instead of every request."""
+    try:
+        render_chat_template(template, [{"role": "user", "content": "ping"}], bos_token="<s>", eos_token="</s>")
+    except UnsafeTemplate as exc:
+        raise EngineLoadError(f"{path}: {exc}") from None
+    except TemplateRenderError as exc:
+        raise EngineLoadError(f"{path}: the chat template cannot render a single user message: {exc}") from None

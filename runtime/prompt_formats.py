@@ -1,0 +1,310 @@
+"""Prompt formats of the llama_cpp backend: chat messages to the exact text a model family expects.
+
+Every format renders a ``RenderedPrompt``: a sequence of parts, each marked as
+markup (control tokens such as ``<|im_start|>`` are parsed as special tokens)
+or content (the caller's text, tokenized as plain text so a message cannot
+forge a turn).  ``gguf_template`` renders the Jinja template carried in the
+GGUF file in the sandbox of ``runtime/chat_templates.py``; its output is one
+markup part, as llama.cpp's own server treats it.
+
+The conversation first becomes ``ChatMessage``s (``chat_messages``): the
+request's ``instructions`` and every system/developer message join into one
+leading system message; user and assistant turns follow in order; the text
+parts of one message are joined with a newline.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
+from runtime.errors import BackendError, InvalidRequest
+
+GENERIC = "generic"
+MISTRAL = "mistral_template"
+QWEN3 = "qwen3_template"
+GEMMA4 = "gemma4_template"
+TRANSLATEGEMMA = "translategemma_template"
+GGUF_TEMPLATE = "gguf_template"
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system" | "user" | "assistant"
+    content: str
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    parts: tuple[tuple[str, bool], ...]  # (text, is_markup)
+    # Strings that end the reply besides the model's end-of-generation tokens.
+    stop: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.parts)
+
+
+class _Builder:
+    def __init__(self):
+        self.parts: list[tuple[str, bool]] = []
+
+    def markup(self, text: str) -> _Builder:
+        if text:
+            self.parts.append((text, True))
+        return self
+
+    def content(self, text: str) -> _Builder:
+        if text:
+            self.parts.append((text, False))
+        return self
+
+    def build(self, stop: tuple[str, ...] = ()) -> RenderedPrompt:
+        return RenderedPrompt(tuple(self.parts), stop)
+
+
+def chat_messages(instructions: str | None, messages: list[dict]) -> list[ChatMessage]:
+    """The request's conversation as one optional leading system message plus user/assistant turns."""
+    system = [instructions] if instructions else []
+    turns: list[ChatMessage] = []
+    for message in messages:
+        text = "\n".join(p.get("text", "") for p in message["content"] if p.get("type") == "input_text")
+        if message["role"] in ("system", "developer"):
+            system.append(text)
+        else:
+            turns.append(ChatMessage(message["role"], text))
+    if system:
+        return [ChatMessage("system", "\n\n".join(system)), *turns]
+    return turns
+
+
+def _split_system(messages: list[ChatMessage]) -> tuple[str | None, list[ChatMessage]]:
+    if messages and messages[0].role == "system":
+        return messages[0].content, messages[1:]
+    return None, messages
+
+
+# ---- generic ---------------------------------------------------------------------------
+
+
+def render_generic(messages: list[ChatMessage]) -> RenderedPrompt:
+    """A plain role-labelled transcript for models without a known chat format (base models too).
+
+    The reply ends where the model starts a new ``User:`` or ``System:`` line.
+    """
+    builder = _Builder()
+    labels = {"system": "System: ", "user": "User: ", "assistant": "Assistant: "}
+    for message in messages:
+        builder.markup(labels[message.role]).content(message.content.strip()).markup("\n\n")
+    builder.markup("Assistant:")
+    return builder.build(stop=("\nUser:", "\nSystem:"))
+
+
+# ---- Mistral (v7 tekken: Mistral Small 3.x) ---------------------------------------------
+
+
+def render_mistral(messages: list[ChatMessage]) -> RenderedPrompt:
+    system, turns = _split_system(messages)
+    builder = _Builder().markup("<s>")
+    if system is not None:
+        builder.markup("[SYSTEM_PROMPT]").content(system).markup("[/SYSTEM_PROMPT]")
+    for message in turns:
+        if message.role == "user":
+            builder.markup("[INST]").content(message.content).markup("[/INST]")
+        else:
+            builder.content(message.content).markup("</s>")
+    return builder.build()
+
+
+# ---- Qwen3 (ChatML with a thinking switch) ---------------------------------------------
+
+
+def render_qwen3(messages: list[ChatMessage], thinking: bool | None) -> RenderedPrompt:
+    """Qwen3's template: reasoning of earlier replies is dropped; thinking off adds an empty think block.
+
+    ``thinking`` None keeps Qwen3's default (on).
+    """
+    builder = _Builder()
+    for message in messages:
+        content = message.content
+        if message.role == "assistant":
+            content = content.split("</think>")[-1].lstrip("\n")
+        builder.markup(f"<|im_start|>{message.role}\n").content(content).markup("<|im_end|>\n")
+    builder.markup("<|im_start|>assistant\n")
+    if thinking is False:
+        builder.markup("<think>\n\n</think>\n\n")
+    return builder.build()
+
+
+# ---- Gemma 4 -----------------------------------------------------------------------------
+
+_GEMMA4_THOUGHT = re.compile(r"<\|channel>.*?<channel\|>", re.DOTALL)
+
+
+def render_gemma4(messages: list[ChatMessage], thinking: bool | None) -> RenderedPrompt:
+    """Gemma 4's template: ``<|think|>`` opens the system turn when thinking is on; off (the default,
+    also for ``thinking`` None) closes an empty thought channel right after ``<|turn>model``."""
+    system, turns = _split_system(messages)
+    builder = _Builder().markup("<bos>")
+    if thinking or system is not None:
+        builder.markup("<|turn>system\n")
+        if thinking:
+            builder.markup("<|think|>\n")
+        builder.content((system or "").strip()).markup("<turn|>\n")
+    for message in turns:
+        role = "model" if message.role == "assistant" else message.role
+        content = message.content
+        if role == "model":
+            content = _GEMMA4_THOUGHT.sub("", content)
+        builder.markup(f"<|turn>{role}\n").content(content.strip()).markup("<turn|>\n")
+    builder.markup("<|turn>model\n")
+    if not thinking:
+        builder.markup("<|channel>thought\n<channel|>")
+    return builder.build()
+
+
+# ---- TranslateGemma ----------------------------------------------------------------------
+
+# WMT24++ languages TranslateGemma was trained on (ISO 639 base code -> English name);
+# region variants (de-DE, pt_BR, zh-TW) resolve through their base code.
+TRANSLATEGEMMA_LANGUAGES = {
+    "af": "Afrikaans", "ar": "Arabic", "bg": "Bulgarian", "bn": "Bengali", "ca": "Catalan", "cs": "Czech",
+    "da": "Danish", "de": "German", "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian",
+    "fa": "Persian", "fi": "Finnish", "fil": "Filipino", "fr": "French", "gu": "Gujarati", "he": "Hebrew",
+    "hi": "Hindi", "hr": "Croatian", "hu": "Hungarian", "id": "Indonesian", "is": "Icelandic",
+    "it": "Italian", "ja": "Japanese", "kn": "Kannada", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian",
+    "ml": "Malayalam", "mr": "Marathi", "ms": "Malay", "nb": "Norwegian Bokmål", "nl": "Dutch",
+    "no": "Norwegian", "pa": "Punjabi", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
+    "ru": "Russian", "sk": "Slovak", "sl": "Slovenian", "sr": "Serbian", "sv": "Swedish", "sw": "Swahili",
+    "ta": "Tamil", "te": "Telugu", "th": "Thai", "tl": "Tagalog", "tr": "Turkish", "uk": "Ukrainian",
+    "ur": "Urdu", "vi": "Vietnamese", "zh": "Chinese", "zu": "Zulu",
+}
+# source_lang_code values (besides an omitted one) that ask for per-segment detection, and the
+# valid source code the structured prompt then names.
+MIXED_SOURCE_CODES = ("auto", "mixed")
+MIXED_SOURCE_FALLBACK = "en"
+_LANG_CODE = re.compile(r"^([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{2,8})*$")
+
+
+def language_name(code: str, param: str) -> str:
+    """English name of a language code, or 400 invalid_request naming ``param``."""
+    match = _LANG_CODE.match(code) if isinstance(code, str) else None
+    name = TRANSLATEGEMMA_LANGUAGES.get(match.group(1).lower()) if match else None
+    if name is None:
+        raise InvalidRequest(
+            f"{param} {code!r} is not a language code TranslateGemma supports "
+            f"(for example en, de-DE, pt_BR; known base codes: {', '.join(sorted(TRANSLATEGEMMA_LANGUAGES))})",
+            param=param,
+        )
+    return name
+
+
+def render_translategemma(messages: list[ChatMessage], extra: dict) -> RenderedPrompt:
+    """The official TranslateGemma user turn built from the structured language codes.
+
+    Single-turn: the last user message is the text to translate; system text is not rendered
+    (TranslateGemma has no system turn).  A missing, "auto" or "mixed" ``source_lang_code``
+    keeps the structured prompt with the fallback source and prepends a per-segment
+    language-detection instruction to the text.
+    """
+    target_code = extra.get("target_lang_code")
+    if not target_code:
+        raise InvalidRequest(
+            "target_lang_code is required for a translategemma_template model", param="target_lang_code"
+        )
+    target = language_name(target_code, "target_lang_code")
+    source_code = extra.get("source_lang_code")
+    text = next((m.content for m in reversed(messages) if m.role == "user"), "").strip()
+    if not source_code or str(source_code).strip().lower() in MIXED_SOURCE_CODES:
+        source_code = MIXED_SOURCE_FALLBACK
+        preface = (
+            "The text below may mix several source languages. Detect the source language of each "
+            f"segment and translate every segment into {target}."
+        )
+    else:
+        preface = None
+    source = language_name(source_code, "source_lang_code")
+    instruction = (
+        f"You are a professional {source} ({source_code}) to {target} ({target_code}) translator. "
+        f"Your goal is to accurately convey the meaning and nuances of the original {source} text while "
+        f"adhering to {target} grammar, vocabulary, and cultural sensitivities.\n"
+        f"Produce only the {target} translation, without any additional explanations or commentary. "
+        f"Please translate the following {source} text into {target}:\n\n\n"
+    )
+    builder = _Builder().markup("<bos><start_of_turn>user\n").content(instruction)
+    if preface:
+        builder.content(preface + "\n\n")
+    builder.content(text).markup("<end_of_turn>\n<start_of_turn>model\n")
+    return builder.build()
+
+
+# ---- the GGUF's own template ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GgufChatTemplate:
+    template: str
+    bos_token: str
+    eos_token: str
+
+
+def render_gguf_template(
+    template: GgufChatTemplate, messages: list[ChatMessage], thinking: bool | None
+) -> RenderedPrompt:
+    """The GGUF's Jinja chat template, sandboxed.
+
+    A template that raises for this conversation (``raise_exception``, bad Jinja) is the
+    request's 400 invalid_request; one the sandbox refuses is the model's fault (502).
+    """
+    variables = {"bos_token": template.bos_token, "eos_token": template.eos_token}
+    if thinking is not None:
+        variables["enable_thinking"] = thinking
+    try:
+        text = render_chat_template(
+            template.template, [{"role": m.role, "content": m.content} for m in messages], **variables
+        )
+    except UnsafeTemplate as exc:
+        raise BackendError(str(exc)) from exc
+    except TemplateRenderError as exc:
+        raise InvalidRequest(f"the model's chat template rejected this conversation: {exc}", param="input") from exc
+    return RenderedPrompt(((text, True),))
+
+
+# ---- dispatch ----------------------------------------------------------------------------
+
+FORMATS = (GENERIC, MISTRAL, QWEN3, GEMMA4, TRANSLATEGEMMA, GGUF_TEMPLATE)
+
+
+def render_prompt(
+    prompt_format: str,
+    messages: list[ChatMessage],
+    *,
+    thinking: bool | None = None,
+    extra: dict | None = None,
+    gguf_template: GgufChatTemplate | None = None,
+) -> RenderedPrompt:
+    """Render ``messages`` in ``prompt_format``; ``thinking`` None keeps the family's default."""
+    if prompt_format == GENERIC:
+        return render_generic(messages)
+    if prompt_format == MISTRAL:
+        return render_mistral(messages)
+    if prompt_format == QWEN3:
+        return render_qwen3(messages, thinking)
+    if prompt_format == GEMMA4:
+        return render_gemma4(messages, thinking)
+    if prompt_format == TRANSLATEGEMMA:
+        return render_translategemma(messages, extra or {})
+    if prompt_format == GGUF_TEMPLATE:
+        if gguf_template is None:
+            raise ValueError("gguf_template needs the template read from the GGUF file")
+        return render_gguf_template(gguf_template, messages, thinking)
+    raise ValueError(f"unknown prompt format {prompt_format!r}")
+
+
+def resolve_thinking(requested: str, configured: bool | None) -> bool | None:
+    """Request-level thinking over the model's ``enable_thinking`` (None: the family default)."""
+    if requested == "enabled":
+        return True
+    if requested == "disabled":
+        return False
+    return configured
