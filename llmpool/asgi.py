@@ -1,4 +1,5 @@
-"""ASGI wiring: HTTP goes to Django; the ``llmpool-runtime`` channel goes to the runtime consumer.
+"""ASGI wiring: HTTP goes to Django, the admin WebSocket to its consumer; the ``llmpool-runtime``
+channel goes to the runtime consumer.
 
 The machine API (/v1/*, /healthz) runs through a Django handler without the session, auth,
 CSRF and messages middleware the browser admin needs: each of those hops to a thread per
@@ -11,12 +12,16 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmpool.settings")
 django_http = get_asgi_application()
 
-from channels.routing import ChannelNameRouter, ProtocolTypeRouter  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.urls import path  # noqa: E402
 
 from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer  # noqa: E402
+from models_app.ws_consumers import AdminEventsConsumer  # noqa: E402
 
 
 class ApiHandler(ASGIHandler):
@@ -45,6 +50,10 @@ browser_http = ASGIStaticFilesHandler(django_http)
 application = ProtocolTypeRouter(
     {
         "http": http_router,
+        # The admin pages' live feed: session login (staff only) and same-origin browsers only.
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter([path("admin/llm-pool/ws", AdminEventsConsumer.as_asgi())]))
+        ),
         "channel": ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}),
     }
 )

@@ -7,14 +7,14 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
+from models_app import events, selectors, services
 from models_app.auth import AdminTokenPermission
-from models_app.conf import service_settings
 from models_app.errors import error_response
 from models_app.responses_api import ResponseBuilder, parse_responses_body
 from models_app.runtime_client import RuntimeClient
-from runtime.config import parse_load_body
 from runtime.errors import LLMPoolError
 
 ERROR = inline_serializer(
@@ -62,10 +62,6 @@ class AdminModelEntrySerializer(serializers.Serializer):
 class AdminApi(APIView):
     permission_classes = [AdminTokenPermission]
 
-    @staticmethod
-    def admin_deadline() -> float:
-        return service_settings().admin_call_timeout_seconds
-
 
 class ModelListApi(AdminApi):
     class OutputSerializer(serializers.Serializer):
@@ -77,7 +73,7 @@ class ModelListApi(AdminApi):
         responses={200: OutputSerializer, 401: ERROR, 503: ERROR},
     )
     async def get(self, request):
-        return Response(await RuntimeClient().call("list_models"))
+        return Response({"models": await selectors.models_list()})
 
 
 class ModelLoadApi(AdminApi):
@@ -95,11 +91,7 @@ class ModelLoadApi(AdminApi):
         responses={200: AdminModelEntrySerializer, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 422: ERROR, 503: ERROR},
     )
     async def post(self, request, model_name: str):
-        body = parse_load_body(request.data if request.body else None)
-        result = await RuntimeClient().call(
-            "load", {"name": model_name, "body": body}, deadline=self.admin_deadline()
-        )
-        return Response(result)
+        return Response(await services.model_load(model_name, request.data if request.body else None))
 
 
 class ModelUnloadApi(AdminApi):
@@ -115,8 +107,7 @@ class ModelUnloadApi(AdminApi):
         responses={200: AdminModelEntrySerializer, 401: ERROR, 404: ERROR, 409: ERROR, 503: ERROR},
     )
     async def post(self, request, model_name: str):
-        result = await RuntimeClient().call("unload", {"name": model_name}, deadline=self.admin_deadline())
-        return Response(result)
+        return Response(await services.model_unload(model_name))
 
 
 class GpuMemoryApi(AdminApi):
@@ -132,7 +123,7 @@ class GpuMemoryApi(AdminApi):
         responses={200: OutputSerializer, 401: ERROR, 503: ERROR},
     )
     async def get(self, request):
-        return Response(await RuntimeClient().call("gpu_memory"))
+        return Response(await selectors.gpu_memory())
 
 
 class SettingsReloadApi(AdminApi):
@@ -153,7 +144,46 @@ class SettingsReloadApi(AdminApi):
         responses={200: OutputSerializer, 400: ERROR, 401: ERROR, 409: ERROR, 503: ERROR},
     )
     async def post(self, request):
-        return Response(await RuntimeClient().call("reload_settings"))
+        return Response(await services.settings_reload())
+
+
+class EventStreamRenderer(BaseRenderer):
+    """text/event-stream; an error answer (401) is one ``error`` event whose data is the error envelope."""
+
+    media_type = "text/event-stream"
+    format = "event-stream"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return events.sse_event("error", data)
+
+
+class AdminEventStreamApi(AdminApi):
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+    @extend_schema(
+        summary="Stream lifecycle transitions (Server-Sent Events)",
+        description=(
+            "A text/event-stream of every model's lifecycle transitions, as they happen, until the client "
+            "disconnects. The stream opens with a comment once the subscription is in place; a comment every "
+            "15 s keeps it alive. Each transition is one event named `transition` whose data is a JSON object: "
+            "`model`, `from` and `to` (unloaded, loading, loaded, unloading, failed), `at` (ISO 8601 UTC) and "
+            "`last_error` (the error when `to` is failed, else null). Example:\n\n"
+            "```\nevent: transition\ndata: {\"model\":\"stub-echo\",\"from\":\"loading\",\"to\":\"failed\","
+            "\"at\":\"2026-01-01T12:00:00.123Z\",\"last_error\":\"weights are corrupt\"}\n```\n\n"
+            "Requires the admin token like every /v1/admin endpoint."
+        ),
+        responses={
+            (200, "text/event-stream"): OpenApiResponse(
+                response=OpenApiTypes.STR, description="The transition event stream."
+            ),
+            401: ERROR,
+        },
+    )
+    async def get(self, request):
+        response = StreamingHttpResponse(events.transition_stream(), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
 
 
 class ResponseCreateApi(APIView):

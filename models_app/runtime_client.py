@@ -45,7 +45,9 @@ class RuntimeClient:
         Closing the iterator early (client gone) tells the runtime to cancel.
         """
         request_id = payload.get("request_id") or uuid.uuid4().hex
-        reply_channel = await self.layer.new_channel("llmpool-reply.")
+        # The layer's default prefix, as Channels consumers use: over Redis one process's receivers
+        # take turns on one list per prefix, so a second prefix would starve behind a WebSocket's wait.
+        reply_channel = await self.layer.new_channel()
         message = {
             "type": "runtime.request",
             "op": op,

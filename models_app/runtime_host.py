@@ -8,13 +8,14 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from models_app import services
+from models_app import events, services
 from models_app.conf import service_settings
 from runtime.service import RuntimeService
 
 logger = logging.getLogger("llmpool.runtime")
 
 _service: RuntimeService | None = None
+_publisher: events.RuntimeEventPublisher | None = None
 _lock: asyncio.Lock | None = None
 
 
@@ -32,16 +33,23 @@ def heartbeat_interval() -> float:
 
 async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
     """Start the runtime once per process: read settings, mirror the catalog, load enabled models."""
-    global _service, _lock
+    global _service, _publisher, _lock
     if _service is not None:
         return _service
     if _lock is None:
         _lock = asyncio.Lock()
     async with _lock:
         if _service is None:
-            service = RuntimeService(settings.LLMPOOL_SETTINGS)
-            await service.start(load_enabled=load_enabled)
-            _service = service
+            publisher = events.RuntimeEventPublisher(channel_layer())
+            service = RuntimeService(settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition])
+            publisher.attach(service.pool)
+            publisher.start()
+            try:
+                await service.start(load_enabled=load_enabled)
+            except BaseException:
+                await publisher.stop()
+                raise
+            _service, _publisher = service, publisher
             await sync_catalog()
             logger.info("runtime started with %d configured models", len(service.pool.controllers))
     return _service
@@ -53,7 +61,10 @@ async def sync_catalog() -> None:
 
 
 async def shutdown_runtime() -> None:
-    global _service
+    global _service, _publisher
     if _service is not None:
         service, _service = _service, None
         await service.shutdown()
+    if _publisher is not None:
+        publisher, _publisher = _publisher, None
+        await publisher.stop()

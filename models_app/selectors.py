@@ -1,6 +1,80 @@
-"""Reads on the Django side."""
+"""Reads on the Django side: the catalog mirror and the runtime's live views."""
+from __future__ import annotations
+
+from typing import Any
+
 from models_app.models import CatalogModel
+from models_app.runtime_client import RuntimeClient
+
+MIB = 1024 * 1024
 
 
 def catalog_list() -> list[CatalogModel]:
     return list(CatalogModel.objects.all())
+
+
+def catalog_get(name: str) -> CatalogModel | None:
+    return CatalogModel.objects.filter(name=name).first()
+
+
+async def models_list() -> list[dict]:
+    """Every configured model's AdminModelEntry (GET /v1/admin/models)."""
+    return (await RuntimeClient().call("list_models"))["models"]
+
+
+async def model_get(name: str) -> dict:
+    """One model's AdminModelEntry; raises UnknownModel (404)."""
+    return await RuntimeClient().call("get_model", {"name": name})
+
+
+async def gpu_memory() -> dict:
+    """GPU memory usage and per-model VRAM estimates (GET /v1/admin/gpu-memory)."""
+    return await RuntimeClient().call("gpu_memory")
+
+
+def effective_values(entry: dict) -> list[dict[str, Any]]:
+    """The effective loaded value of every definition and override key, per the spec's merge rule.
+
+    A key present in ``load_override`` wins even when its value is null; otherwise the
+    definition's value holds.  ``replicas`` is the exception: a load's replica count is not
+    part of the override, and the entry's own ``replicas`` is the current effective count.
+    ``meaning`` explains a value that is not literal (a null that means a default, a bit pair).
+    """
+    definition, override = entry["definition"], entry["load_override"]
+    constraints = entry["load_constraints"]
+    rows = []
+    for key in [*definition, *(k for k in override if k not in definition)]:
+        overridden = key in override
+        effective = override[key] if overridden else definition.get(key)
+        if key == "replicas":
+            effective = entry["replicas"]
+        constraint = constraints.get(key, {})
+        rows.append(
+            {
+                "key": key,
+                "configured": definition.get(key),
+                "configured_present": key in definition,
+                "overridden": overridden,
+                "override": override.get(key),
+                "effective": effective,
+                "meaning": _meaning(key, effective, constraint),
+            }
+        )
+    return rows
+
+
+def _meaning(key: str, value: Any, constraint: dict) -> str | None:
+    """How the runtime reads a value whose meaning is not literal (null defaults, cache bit pairs)."""
+    if key == "exllama_cache_quant":
+        if value is None:
+            return "fp16 cache"
+        k_bits, _, v_bits = str(value).partition(",")
+        return f"k={k_bits} bits, v={v_bits or k_bits} bits"
+    if isinstance(value, int) and constraint.get("display_unit") == "mib":
+        return f"{value / MIB:g} MiB"
+    if value is None:
+        if constraint.get("null_means"):
+            return constraint["null_means"]
+        if constraint.get("default") is not None:
+            return f"runtime default: {constraint['default']}"
+    return None

@@ -1,7 +1,21 @@
-"""Writes on the Django side."""
+"""Writes on the Django side.
+
+The admin API views and the Django admin pages both call these functions, so
+every load, unload and reload goes through one code path to the runtime.
+"""
+from __future__ import annotations
+
+import logging
+
 from django.db import transaction
 
+from models_app import events
+from models_app.conf import service_settings
 from models_app.models import CatalogModel
+from models_app.runtime_client import RuntimeClient
+from runtime.config import parse_load_body
+
+logger = logging.getLogger("llmpool.api")
 
 
 @transaction.atomic
@@ -18,3 +32,34 @@ def catalog_sync(models: list[dict]) -> None:
             for key, value in values.items():
                 setattr(row, key, value)
             row.save()
+
+
+async def model_load(name: str, body: dict | None) -> dict:
+    """Load a configured model and answer its AdminModelEntry once it is loaded or failed.
+
+    ``body`` is the optional load body (replicas, target_inflight, backend overrides);
+    only the keys present are sent, null included.  Raises LoadBodyInvalid (422) for a
+    body that fails the schema, and the runtime's errors: UnknownModel (404),
+    InvalidLoadRequest (400), ModelStateConflict (409), RuntimeUnavailable (503).
+    """
+    overrides = parse_load_body(body)
+    return await RuntimeClient().call(
+        "load", {"name": name, "body": overrides}, deadline=service_settings().admin_call_timeout_seconds
+    )
+
+
+async def model_unload(name: str) -> dict:
+    """Gracefully unload a model; answers its AdminModelEntry once it is unloaded (or already was)."""
+    return await RuntimeClient().call(
+        "unload", {"name": name}, deadline=service_settings().admin_call_timeout_seconds
+    )
+
+
+async def settings_reload() -> dict:
+    """Reread settings.json + local.json; answers the diff and tells live admin pages.
+
+    Raises InvalidSettings (400) or SettingsReloadConflict (409) with the catalog unchanged.
+    """
+    diff = await RuntimeClient().call("reload_settings")
+    await events.publish_catalog_changed(diff)
+    return diff

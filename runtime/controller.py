@@ -179,10 +179,11 @@ class ModelController:
                 param="replicas",
             )
         accepted = self.entry.spec.validate_overrides(definition, overrides)
-        self.machine.transition(state, S.LOADING)
+        # Fields first, transition last: listeners read a consistent entry.
         self.last_error = None
         self.load_override = accepted
         self.replicas = count
+        self.machine.transition(state, S.LOADING)
         self._load_waiters.append(future)
         self._work = asyncio.get_running_loop().create_task(self._load_engines(self.entry, accepted, count))
 
@@ -221,16 +222,16 @@ class ModelController:
     ) -> None:
         self._work = None
         if engines is not None:
-            self.machine.transition(S.LOADING, S.LOADED)
             self.engines = engines
             if observed_mib is not None:
                 self.observed_vram = (observed_mib, len(engines))
             self.scheduler.open(len(engines), self.effective_target_inflight)
+            self.machine.transition(S.LOADING, S.LOADED)
         else:
-            self.machine.transition(S.LOADING, S.FAILED)
             self.last_error = error
             self.load_override = {}
             self.replicas = self.entry.definition.replicas
+            self.machine.transition(S.LOADING, S.FAILED)
         _resolve(self._load_waiters)
         future.set_result(None)
 
@@ -258,13 +259,13 @@ class ModelController:
         self._work = None
         self.engines = []
         self.scheduler.reset()
-        if errors:
-            self.machine.transition(S.UNLOADING, S.FAILED)
-            self.last_error = "unload failed: " + "; ".join(errors)
-        else:
-            self.machine.transition(S.UNLOADING, S.UNLOADED)
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
+        if errors:
+            self.last_error = "unload failed: " + "; ".join(errors)
+            self.machine.transition(S.UNLOADING, S.FAILED)
+        else:
+            self.machine.transition(S.UNLOADING, S.UNLOADED)
         _resolve(self._unload_waiters)
         future.set_result(None)
 
@@ -276,13 +277,13 @@ class ModelController:
         if self.state is not S.LOADED:
             future.set_result(None)
             return
-        self.machine.transition(S.LOADED, S.FAILED)
         self.last_error = message
         self.scheduler.close(BackendError(f"model {self.name} failed: {message}"))
         self.scheduler.reset()
         engines, self.engines = self.engines, []
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
+        self.machine.transition(S.LOADED, S.FAILED)
         self._work = asyncio.get_running_loop().create_task(self._release_failed(engines))
         future.set_result(None)
 

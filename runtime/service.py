@@ -27,6 +27,7 @@ from runtime.errors import (
 from runtime.gpu import probe_gpus
 from runtime.pool import ModelPool
 from runtime.scheduler import Ticket
+from runtime.state import TransitionEvent
 from runtime.views import gpu_model_entry, model_entry
 
 logger = logging.getLogger("llmpool.runtime")
@@ -37,8 +38,9 @@ PART_MODALITY = {"input_image": "image", "input_audio": "audio"}
 
 
 class RuntimeService:
-    def __init__(self, settings_path: str):
-        self.pool = ModelPool(settings_path)
+    def __init__(self, settings_path: str, listeners: list[Callable[[TransitionEvent], None]] | None = None):
+        """``listeners`` get every lifecycle transition of every model (see ``runtime.state``)."""
+        self.pool = ModelPool(settings_path, listeners)
         self._requests: dict[str, asyncio.Task] = {}
 
     async def start(self, *, load_enabled: bool = True) -> None:

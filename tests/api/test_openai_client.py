@@ -32,7 +32,7 @@ STREAM_TYPES = (
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def service(tmp_path_factory, api_shape):
     """Remote execution off and at most one waiting request per model, to reach 403 and 429."""
     folder = tmp_path_factory.mktemp("openai_client")
     settings = write_settings(

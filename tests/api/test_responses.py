@@ -31,7 +31,7 @@ FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def service(tmp_path_factory, api_shape):
     folder = tmp_path_factory.mktemp("responses")
     live = LiveService(write_settings(folder, MODELS), folder / "db.sqlite3").start()
     try:

@@ -32,7 +32,7 @@ FILE = {"type": "input_file", "filename": "notes.txt", "file_data": "data:text/p
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def service(tmp_path_factory, api_shape):
     folder = tmp_path_factory.mktemp("responses_errors")
     live = LiveService(write_settings(folder, MODELS), folder / "db.sqlite3").start()
     try:
@@ -299,7 +299,7 @@ def test_remote_model_is_accepted_when_remote_execution_is_allowed(http):
 
 
 @pytest.fixture(scope="module")
-def restricted_service(tmp_path_factory):
+def restricted_service(tmp_path_factory, api_shape):
     """No remote execution; one replica running one request, at most one waiting per key and two in all."""
     folder = tmp_path_factory.mktemp("restricted")
     models = {
