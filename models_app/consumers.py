@@ -58,42 +58,65 @@ async def _serve(message: dict) -> None:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.1)
 
-    async def heartbeat(interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            await send("heartbeat")
-
-    beat = None
+    beat = _Heartbeat(send, runtime_host.heartbeat_interval())
     try:
         await send("ack")
         service = await runtime_host.ensure_runtime()
-        beat = asyncio.create_task(heartbeat(runtime_host.heartbeat_interval()))
+        beat.start()
         payload = dict(message.get("payload") or {}, request_id=request_id)
         result = await service.handle(op, payload, lambda data: send("chunk", data))
         if op == "reload_settings":
             await runtime_host.sync_catalog()
-        await _stop(beat)  # no heartbeat may follow the last message: nothing is left in the layer
+        await beat.stop()  # no heartbeat may follow the last message: nothing is left in the layer
         await send("result", result)
     except asyncio.CancelledError:
         logger.info("request %s (%s) cancelled by its caller", request_id, op)
     except LLMPoolError as exc:
-        await _stop(beat)
+        await beat.stop()
         await _send_quietly(send, "error", exc.to_dict())
     except ChannelFull:
         logger.warning("request %s (%s): reply channel full, caller is gone", request_id, op)
     except Exception as exc:
         logger.exception("request %s (%s) failed", request_id, op)
-        await _stop(beat)
+        await beat.stop()
         await _send_quietly(send, "error", LLMPoolError(f"internal error: {exc}").to_dict())
     finally:
-        if beat is not None:
-            beat.cancel()
+        beat.abandon()
 
 
-async def _stop(task: asyncio.Task | None) -> None:
-    if task is not None:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+class _Heartbeat:
+    """Sends ``heartbeat`` every ``interval`` seconds until stopped.
+
+    It ends on a flag rather than on ``Task.cancel()``: over the Redis layer a cancelled beat
+    was seen to go on sending (the cancel got lost inside the layer's send), so waiting for it
+    to end hung the request: its caller received heartbeats but never the result.
+    """
+
+    def __init__(self, send, interval: float):
+        self.send, self.interval = send, interval
+        self.stopped = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                await asyncio.wait_for(self.stopped.wait(), self.interval)
+            except asyncio.TimeoutError:
+                await self.send("heartbeat")
+
+    async def stop(self) -> None:
+        """Stop and wait for a heartbeat being sent right now (bounded by the send's own limit)."""
+        self.stopped.set()
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    def abandon(self) -> None:
+        self.stopped.set()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
 
 
 async def _send_quietly(send, kind, data) -> None:

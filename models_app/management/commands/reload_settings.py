@@ -3,6 +3,7 @@ import json
 import sys
 
 import httpx
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand
 
 from models_app.conf import service_settings
@@ -15,7 +16,12 @@ class Command(BaseCommand):
         parser.add_argument("--url", help="service base URL (default: http://service.host:service.port)")
 
     def handle(self, *args, **options):
-        service = service_settings()
+        try:
+            service = service_settings()
+        except ImproperlyConfigured as exc:
+            # The service rejects these files the same way (400 invalid_settings); say why, no traceback.
+            self.stderr.write(str(exc))
+            sys.exit(1)
         host = "127.0.0.1" if service.host in ("0.0.0.0", "::", "") else service.host
         base = options["url"] or f"http://{host}:{service.port}"
         headers = {"Authorization": f"Bearer {service.admin_token}"} if service.admin_token else {}
