@@ -65,9 +65,12 @@ def screenshot_dir(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """One headless Chromium for the session; closed (with Playwright's driver) at the end."""
+    """One headless Chromium per test module, closed (with Playwright's driver) after it.
+
+    Playwright's sync API keeps an event loop running in the main thread while it is active;
+    held for the whole session, it would break every asyncio test that runs later."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run scripts/install_browser.sh")
     from playwright.sync_api import sync_playwright

@@ -141,7 +141,7 @@ def test_loading_model_is_503_with_retry_after(service, http):
     loader, loaded = post_in_thread(service.url + "/v1/admin/models/slowload/load", {})
     assert wait_until(lambda: model_entry(http, "slowload")["runtime_state"] == "loading")
     assert_error(respond(http, "slowload"), 503, "model_loading", retry_after=True)
-    loader.join(timeout=10)
+    loader.join(timeout=30)
     assert loaded[0].json()["runtime_state"] == "loaded"
     assert_served(respond(http, "slowload"))
 
@@ -155,10 +155,10 @@ def test_unloading_model_is_503_with_retry_after(service, http):
         unloader, unloaded = post_in_thread(service.url + "/v1/admin/models/draining/unload", {})
         assert wait_until(lambda: model_entry(http, "draining")["runtime_state"] == "unloading")
         assert_error(respond(http, "draining"), 503, "model_unloading", retry_after=True)
-        queued.join(timeout=10)
+        queued.join(timeout=30)
         assert_error(queued_answer[0], 503, "model_unloading", retry_after=True)
         assert unloader.is_alive()  # still draining the active request
-    unloader.join(timeout=10)
+    unloader.join(timeout=30)
     assert unloaded[0].json()["runtime_state"] == "unloaded"
     assert_error(respond(http, "draining"), 409, "model_not_loaded")
 

@@ -145,8 +145,12 @@ def test_a_client_that_goes_away_stops_its_generation(smol, service, http):
         for line in stream.iter_lines():
             if '"response.output_text.delta"' in line:
                 break  # leave after the first of ~1000 tokens
-    time.sleep(0.5)
-    # The serving process goes idle: the abandoned generation does not run on in its worker thread.
+    # The request leaves the runtime within seconds (the full reply would take well over 20 s) ...
+    deadline = time.monotonic() + 8
+    while entry(http, "smol")["runtime_inflight"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert entry(http, "smol")["runtime_inflight"] == 0
+    # ... and the serving process goes idle: the generation does not run on in its worker thread.
     server = psutil.Process(service.process.pid)
     before = server.cpu_times()
     time.sleep(1.0)
