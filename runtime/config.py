@@ -34,7 +34,8 @@ class ServiceSettings(_Strict):
     runtime_reply_timeout_seconds: float = Field(2.0, gt=0, le=600)
     # Upper bound on one admin load / unload call; the runtime keeps working after it passes.
     admin_call_timeout_seconds: float = Field(3600.0, gt=0)
-    allow_remote_execution: bool = True
+    # Remote models (openai_remote) send prompts off this machine: opt in explicitly.
+    allow_remote_execution: bool = False
 
 
 class DecodingSettings(_Strict):

@@ -25,8 +25,10 @@ from runtime.errors import (
     UnknownOperation,
 )
 from runtime.gpu import probe_gpus
+from runtime.paths import state_dir
 from runtime.pool import ModelPool
 from runtime.scheduler import Ticket
+from runtime.supervisor import sweep_stale_processes
 from runtime.state import TransitionEvent
 from runtime.views import gpu_model_entry, model_entry
 
@@ -44,6 +46,10 @@ class RuntimeService:
         self._requests: dict[str, asyncio.Task] = {}
 
     async def start(self, *, load_enabled: bool = True) -> None:
+        # Managed servers a crashed runtime left behind die before anything loads.
+        killed = await asyncio.to_thread(sweep_stale_processes, state_dir())
+        if killed:
+            logger.warning("killed %d managed server(s) left by a previous runtime", len(killed))
         await self.pool.start(load_enabled=load_enabled)
 
     async def shutdown(self) -> None:

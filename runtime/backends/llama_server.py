@@ -1,12 +1,16 @@
 """llama_server: a managed native ``llama-server`` subprocess, one per replica.
 
 ``target_inflight`` becomes ``--parallel`` (the slots share
-``llama_server_n_ctx``), so the extra args may not set it.  The subprocess
-engine lands with the llama_server issue.
+``llama_server_n_ctx``, passed as ``-c``), so the extra args may not set it.
+Every other definition field and load override maps to one llama-server flag
+(``llama_server_command``); the extra args come last.  ``model_path``,
+``llama_server_mmproj`` and ``llama_server_draft_model`` take the forms of
+``runtime.model_files`` (absolute, relative to the settings file, ``package:``).
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import os
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -19,6 +23,8 @@ from runtime.backends.common_fields import (
     check_extra_args,
     require_model_target,
 )
+from runtime.backends.managed import LaunchSite, ManagedServerEngine, ServerLaunch, ServerProfile, flag_args
+from runtime.model_files import ModelFileError, locate_model_file, resolve_model_file
 
 
 class LlamaServerDefinition(FamilyDefinition):
@@ -83,3 +89,56 @@ class LlamaServerSpec(BackendSpec):
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return ManagedServerEngine(LLAMA_SERVER, model_name, config, replica_index, context)
+
+
+def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
+    """The exact llama-server argv for one replica of ``config`` (the effective definition)."""
+
+    def local(field: str) -> str | None:
+        return locate_model_file(config[field], base_dir)
+
+    return [
+        config["llama_server_binary"],
+        "--model", local("model_path"),
+        "--host", host,
+        "--port", str(port),
+        "--parallel", str(config["target_inflight"]),
+        "-c", str(config["llama_server_n_ctx"]),
+        "--flash-attn", config["llama_server_flash_attn"],
+        *flag_args(
+            ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
+            ("--mmproj", local("llama_server_mmproj")),
+            ("--spec-draft-model", local("llama_server_draft_model")),
+            ("--reasoning-format", config["llama_server_reasoning_format"]),
+            ("--reasoning-budget", config["llama_server_reasoning_budget"]),
+            ("--image-max-tokens", config["llama_server_image_max_tokens"]),
+            ("--spec-type", config["llama_server_spec_type"]),
+            ("--spec-draft-n-max", config["llama_server_spec_draft_n_max"]),
+            ("--spec-draft-p-min", config["llama_server_spec_draft_p_min"]),
+            ("--api-key", config["llama_server_api_key"]),
+        ),
+        *config["llama_server_extra_args"],
+    ]
+
+
+def _launch(config: dict[str, Any], site: LaunchSite) -> ServerLaunch:
+    """The command, once the model files it names are known to be readable (ModelFileError otherwise)."""
+    resolve_model_file(config["model_path"], site.base_dir)
+    for field in ("llama_server_mmproj", "llama_server_draft_model"):
+        if config[field] is not None:
+            try:
+                resolve_model_file(config[field], site.base_dir)
+            except ModelFileError as exc:
+                raise ModelFileError(f"{field}: {exc}") from None
+    return ServerLaunch(llama_server_command(config, site.host, site.port, site.base_dir))
+
+
+LLAMA_SERVER = ServerProfile(
+    program="llama-server",
+    prefix="llama_server",
+    build=_launch,
+    served_model=lambda config, base_dir: os.path.basename(config["model_path"]),
+)

@@ -2,8 +2,9 @@
 
 Nothing is loaded locally: there are no load overrides and no VRAM estimate.
 Whether the model takes request-level thinking and file inputs is configured,
-because the remote cannot be asked.  The client engine lands with the
-openai_remote issue.
+because the remote cannot be asked.  The client is
+``runtime.backends.openai_remote_engine``; requests to the model are refused
+with 403 remote_execution_disallowed unless ``service.allow_remote_execution``.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from runtime.backends.base import THINKING_ALL, THINKING_DEFAULT_ONLY, BackendSpec
 from runtime.backends.common_fields import FamilyDefinition, NonEmptyStr
+from runtime.backends.openai_remote_engine import OpenaiRemoteEngine
 
 
 class OpenaiRemoteDefinition(FamilyDefinition):
@@ -56,3 +58,6 @@ class OpenaiRemoteSpec(BackendSpec):
 
     def is_remote(self, definition):
         return True
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return OpenaiRemoteEngine(model_name, config)

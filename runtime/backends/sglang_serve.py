@@ -22,6 +22,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
+from runtime.backends.managed import ManagedServerEngine, ServerLaunch, ServerProfile, flag_args, model_target
 from runtime.errors import InvalidLoadRequest
 
 SglangCacheDType = Literal[
@@ -165,3 +166,57 @@ class SglangServeSpec(BackendSpec):
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path, definition.sglang_serve_model)
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return ManagedServerEngine(SGLANG_SERVE, model_name, config, replica_index, context)
+
+
+def sglang_serve_target(config: dict[str, Any], base_dir: str) -> str:
+    """What ``sglang serve`` loads (and the model name its API answers to)."""
+    return model_target(config["sglang_serve_model"] or config["model_path"], base_dir)
+
+
+def _speculative_args(config: dict[str, Any]) -> list[str]:
+    if config["sglang_speculative_algorithm"] is None:
+        return []
+    return flag_args(
+        ("--speculative-algorithm", config["sglang_speculative_algorithm"]),
+        ("--speculative-draft-model-path", config["sglang_speculative_draft_model"]),
+        ("--speculative-num-steps", config["sglang_speculative_num_steps"] or DEFAULT_NUM_STEPS),
+        ("--speculative-eagle-topk", config["sglang_speculative_eagle_topk"] or DEFAULT_EAGLE_TOPK),
+        ("--speculative-num-draft-tokens", config["sglang_speculative_num_draft_tokens"]),
+    )
+
+
+def sglang_serve_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
+    """The exact ``sglang serve`` argv for one replica of ``config`` (the effective config)."""
+    return [
+        config["sglang_serve_binary"],
+        "serve",
+        "--model-path", sglang_serve_target(config, base_dir),
+        "--host", host,
+        "--port", str(port),
+        "--max-running-requests", str(config["target_inflight"]),
+        *flag_args(
+            ("--context-length", config["sglang_context_length"]),
+            ("--mem-fraction-static", config["sglang_mem_fraction_static"]),
+            ("--max-total-tokens", config["sglang_max_total_tokens"]),
+            ("--chunked-prefill-size", config["sglang_chunked_prefill_size"]),
+            ("--kv-cache-dtype", config["sglang_kv_cache_dtype"]),
+            ("--quantization", config["sglang_quantization"]),
+            ("--attention-backend", config["sglang_attention_backend"]),
+            ("--reasoning-parser", config["sglang_reasoning_parser"]),
+            ("--tool-call-parser", config["sglang_tool_call_parser"]),
+        ),
+        *_speculative_args(config),
+        *flag_args(("--api-key", config["sglang_serve_api_key"])),
+        *config["sglang_serve_extra_args"],
+    ]
+
+
+SGLANG_SERVE = ServerProfile(
+    program="sglang serve",
+    prefix="sglang_serve",
+    build=lambda config, site: ServerLaunch(sglang_serve_command(config, site.host, site.port, site.base_dir)),
+    served_model=sglang_serve_target,
+)

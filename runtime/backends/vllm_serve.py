@@ -2,11 +2,15 @@
 
 Same vLLM fields and load overrides as ``vllm``, plus how to start the
 server.  ``target_inflight`` becomes ``--max-num-seqs``, so the extra args may
-not set it.  The subprocess engine lands with the vllm_serve issue.
+not set it.  The speculative fields become one ``--speculative-config`` JSON
+and ``vllm_max_pixels`` is merged into ``--mm-processor-kwargs``, as the
+in-process engine does (``runtime.backends.vllm_engine``).  Only this managed
+backend forwards a json_schema ``response_format``.
 """
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -19,7 +23,9 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
+from runtime.backends.managed import ManagedServerEngine, ServerLaunch, ServerProfile, flag_args, model_target
 from runtime.backends.vllm import VllmFields, VllmSpec
+from runtime.backends.vllm_engine import mm_processor_kwargs, speculative_config
 
 
 class VllmServeDefinition(VllmFields):
@@ -55,3 +61,52 @@ class VllmServeSpec(VllmSpec):
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path, definition.vllm_serve_model)
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return ManagedServerEngine(VLLM_SERVE, model_name, config, replica_index, context)
+
+
+def vllm_serve_target(config: dict[str, Any], base_dir: str) -> str:
+    """What ``vllm serve`` loads (and the model name its API answers to)."""
+    return model_target(config["vllm_serve_model"] or config["model_path"], base_dir)
+
+
+def _json(value: dict | None) -> str | None:
+    return json.dumps(value, separators=(",", ":")) if value else None
+
+
+def vllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
+    """The exact ``vllm serve`` argv for one replica of ``config`` (the effective definition)."""
+    return [
+        config["vllm_serve_binary"],
+        "serve",
+        vllm_serve_target(config, base_dir),
+        "--host", host,
+        "--port", str(port),
+        "--max-num-seqs", str(config["target_inflight"]),
+        "--tensor-parallel-size", str(config["vllm_tensor_parallel_size"]),
+        "--dtype", config["vllm_dtype"],
+        *flag_args(
+            ("--max-model-len", config["vllm_max_model_len"]),
+            ("--gpu-memory-utilization", config["vllm_gpu_memory_utilization"]),
+            ("--kv-cache-dtype", config["vllm_kv_cache_dtype"]),
+            ("--kv-cache-memory-bytes", config["vllm_kv_cache_memory_bytes"]),
+            ("--quantization", config["vllm_quantization"]),
+            ("--reasoning-parser", config["vllm_reasoning_parser"]),
+            ("--mm-processor-kwargs", _json(mm_processor_kwargs(config))),
+            ("--speculative-config", _json(speculative_config(config))),
+            ("--api-key", config["vllm_serve_api_key"]),
+        ),
+        *(["--enforce-eager"] if config["vllm_enforce_eager"] else []),
+        *(["--trust-remote-code"] if config["vllm_trust_remote_code"] else []),
+        *config["vllm_serve_extra_args"],
+    ]
+
+
+VLLM_SERVE = ServerProfile(
+    program="vllm serve",
+    prefix="vllm_serve",
+    build=lambda config, site: ServerLaunch(vllm_serve_command(config, site.host, site.port, site.base_dir)),
+    served_model=vllm_serve_target,
+    json_schema=True,
+)

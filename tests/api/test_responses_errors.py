@@ -34,7 +34,8 @@ FILE = {"type": "input_file", "filename": "notes.txt", "file_data": "data:text/p
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, api_shape):
     folder = tmp_path_factory.mktemp("responses_errors")
-    live = LiveService(write_settings(folder, MODELS), folder / "db.sqlite3").start()
+    settings = write_settings(folder, MODELS, service={"allow_remote_execution": True})
+    live = LiveService(settings, folder / "db.sqlite3").start()
     try:
         with live.client() as http:
             for name in LOADED_AT_START:

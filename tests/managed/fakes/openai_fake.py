@@ -1,0 +1,352 @@
+"""A minimal OpenAI-compatible server for the fake vllm / sglang / trtllm-serve executables.
+
+Each fake parses its command line like the real program (exactly the flags it
+knows; anything else exits 2 with a message), records what it was started with,
+then serves /health, /v1/models, /v1/chat/completions (streamed or not) and
+/v1/files (upload, list, delete) on the host and port it was given.
+
+Knobs, all from the environment (the model definition's ``*_env``):
+
+- ``FAKE_RECORD``: a file to append one JSON line to at start: argv, pid, the
+  ``FAKE_*`` variables, LD_LIBRARY_PATH and (trtllm) the parsed YAML;
+- ``FAKE_REQUEST_LOG``: a file to append every chat request body to;
+- ``FAKE_READY_AFTER``: seconds /health answers 503 first (a loading model);
+- ``FAKE_EXIT_AT_START``: print a fatal line and exit with this code before serving;
+- ``FAKE_TOKEN_DELAY_MS``: delay before each streamed token;
+- ``FAKE_DROP_REQUESTS``: close the connection of this many first chat requests without answering;
+- ``FAKE_IGNORE_SIGTERM``: ignore SIGTERM (a server that hangs on shutdown);
+- ``FAKE_CHILD``: start a worker process in the same process group (it outlives
+  the leader unless someone kills the group).
+
+The reply to a chat is ``echo: <last user text>``, word by word; a json_schema
+``response_format`` gets ``{"echo": "<text>"}``.  The user texts
+``__error_400__`` / ``__error_500__`` / ``__context__`` get those errors.
+"""
+from __future__ import annotations
+
+import email.parser
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class UsageError(Exception):
+    """A command line the real program would refuse."""
+
+
+def parse_flags(args: list[str], valued: set[str], switches: set[str], *, dashes: bool) -> tuple[dict, list[str]]:
+    """``--flag value`` / ``--flag=value`` / ``--switch`` and positionals; unknown flags raise UsageError.
+
+    ``dashes``: underscores in a long flag read as dashes (vLLM's parser does this).
+    """
+    options: dict[str, str | bool] = {}
+    positionals: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if not arg.startswith("-"):
+            positionals.append(arg)
+            continue
+        name, has_value, value = arg.partition("=")
+        if dashes and name.startswith("--"):
+            name = name.replace("_", "-")
+        if name in switches and not has_value:
+            options[name] = True
+        elif name in valued:
+            if not has_value:
+                if index >= len(args):
+                    raise UsageError(f"argument {name}: expected one argument")
+                value = args[index]
+                index += 1
+            options[name] = value
+        else:
+            raise UsageError(f"unrecognized arguments: {arg}")
+    return options, positionals
+
+
+def require_int(options: dict, name: str, minimum: int | None = None) -> None:
+    if name in options:
+        try:
+            value = int(options[name])
+        except ValueError:
+            raise UsageError(f"argument {name}: invalid int value: {options[name]!r}") from None
+        if minimum is not None and value < minimum:
+            raise UsageError(f"argument {name}: must be at least {minimum}")
+
+
+def require_float(options: dict, name: str) -> None:
+    if name in options:
+        try:
+            float(options[name])
+        except ValueError:
+            raise UsageError(f"argument {name}: invalid float value: {options[name]!r}") from None
+
+
+def require_choice(options: dict, name: str, choices) -> None:
+    if name in options and options[name] not in choices:
+        raise UsageError(f"argument {name}: invalid choice: {options[name]!r} (choose from {', '.join(choices)})")
+
+
+def require_json(options: dict, name: str, keys: set[str]) -> dict | None:
+    if name not in options:
+        return None
+    try:
+        value = json.loads(options[name])
+    except ValueError:
+        raise UsageError(f"argument {name}: invalid JSON: {options[name]!r}") from None
+    if not isinstance(value, dict) or not set(value) <= keys:
+        raise UsageError(f"argument {name}: unknown keys {sorted(set(value) - keys)}")
+    return value
+
+
+def record_start(program: str, argv: list[str], **extra) -> None:
+    path = os.environ.get("FAKE_RECORD")
+    if not path:
+        return
+    entry = {
+        "program": program,
+        "argv": argv,
+        "pid": os.getpid(),
+        "pgid": os.getpgid(0),
+        "ld_library_path": os.environ.get("LD_LIBRARY_PATH"),
+        "fake_env": {key: value for key, value in os.environ.items() if key.startswith("FAKE_")},
+        **extra,
+    }
+    with open(path, "a", encoding="utf-8") as target:
+        target.write(json.dumps(entry) + "\n")
+
+
+def run(program: str, parse) -> int:
+    """Parse the command line with ``parse(argv) -> (settings, record extras)`` and serve."""
+    argv = sys.argv[1:]
+    try:
+        settings, extras = parse(argv)
+    except UsageError as exc:
+        print(f"{program}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    extras = dict(extras)
+    if os.environ.get("FAKE_CHILD"):
+        worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        extras["child_pid"] = worker.pid
+    record_start(program, argv, **extras)
+    print(f"INFO fake {program} starting {settings['model']} on {settings['host']}:{settings['port']}", flush=True)
+    exit_code = os.environ.get("FAKE_EXIT_AT_START")
+    if exit_code:
+        print(f"FATAL fake {program}: cannot load {settings['model']} (FAKE_EXIT_AT_START)", flush=True)
+        return int(exit_code)
+    if os.environ.get("FAKE_IGNORE_SIGTERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, _shutdown)
+    serve(settings)
+    return 0
+
+
+def _shutdown(signum, frame):
+    print("INFO shutting down on SIGTERM", flush=True)
+    raise SystemExit(0)
+
+
+# ---- the HTTP side ---------------------------------------------------------------------------
+
+
+def serve(settings: dict) -> None:
+    state = {
+        "settings": settings,
+        "ready_at": time.monotonic() + float(os.environ.get("FAKE_READY_AFTER", "0")),
+        "token_delay": float(os.environ.get("FAKE_TOKEN_DELAY_MS", "0")) / 1000,
+        "files": {},
+        "drop": int(os.environ.get("FAKE_DROP_REQUESTS", "0")),
+        "lock": threading.Lock(),
+    }
+    handler = type("Handler", (_Handler,), {"state": state})
+    server = ThreadingHTTPServer((settings["host"], int(settings["port"])), handler)
+    server.daemon_threads = True
+    print(f"INFO listening on {settings['host']}:{settings['port']}", flush=True)
+    server.serve_forever()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: dict
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class names it so
+        print("HTTP " + format % args, flush=True)
+
+    # -- helpers --
+    def _json(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        self._json(status, {"error": {"message": message, "type": kind, "code": status}})
+
+    def _authorized(self) -> bool:
+        key = self.state["settings"].get("api_key")
+        if key and self.headers.get("Authorization") != f"Bearer {key}":
+            self._error(401, "invalid API key", "AuthenticationError")
+            return False
+        return True
+
+    def _body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    # -- routes --
+    def do_GET(self):  # noqa: N802
+        if self.path == "/health":
+            if time.monotonic() < self.state["ready_at"]:
+                self._error(503, "Loading model", "unavailable_error")
+            else:
+                self._json(200, {"status": "ok"})
+        elif self.path == "/v1/models" and self._authorized():
+            self._json(200, {"object": "list", "data": [{"id": self.state["settings"]["model"], "object": "model"}]})
+        elif self.path == "/v1/files" and self._authorized():
+            with self.state["lock"]:
+                files = list(self.state["files"].items())
+            stored = [{"id": key, "object": "file", "bytes": len(data)} for key, data in files]
+            self._json(200, {"object": "list", "data": stored})
+        elif not self.path.startswith(("/v1/models", "/v1/files")):
+            self._error(404, f"no route {self.path}", "NotFoundError")
+
+    def do_DELETE(self):  # noqa: N802
+        if not self._authorized():
+            return
+        file_id = self.path.rsplit("/", 1)[-1]
+        with self.state["lock"]:
+            found = self.state["files"].pop(file_id, None) is not None
+        self._json(200 if found else 404, {"id": file_id, "object": "file", "deleted": found})
+
+    def do_POST(self):  # noqa: N802
+        body = self._body()
+        if not self._authorized():
+            return
+        if self.path == "/v1/files":
+            self._upload(body)
+        elif self.path == "/v1/chat/completions":
+            self._chat(json.loads(body))
+        else:
+            self._error(404, f"no route {self.path}", "NotFoundError")
+
+    def _upload(self, body: bytes) -> None:
+        header = f"Content-Type: {self.headers['Content-Type']}\r\n\r\n".encode()
+        message = email.parser.BytesParser().parsebytes(header + body)
+        fields = {part.get_param("name", header="content-disposition"): part for part in message.get_payload()}
+        upload = fields["file"]
+        with self.state["lock"]:
+            file_id = f"file-{len(self.state['files']) + 1}"
+            self.state["files"][file_id] = upload.get_payload(decode=True)
+        self._json(200, {"id": file_id, "object": "file", "filename": upload.get_filename(), "purpose": "user_data"})
+
+    def _chat(self, request: dict) -> None:
+        log = os.environ.get("FAKE_REQUEST_LOG")
+        if log:
+            with open(log, "a", encoding="utf-8") as target:
+                target.write(json.dumps(request) + "\n")
+        with self.state["lock"]:
+            drop, self.state["drop"] = self.state["drop"] > 0, max(0, self.state["drop"] - 1)
+        if drop:
+            self.close_connection = True
+            return
+        if request.get("model") != self.state["settings"]["model"]:
+            self._error(404, f"The model `{request.get('model')}` does not exist.", "NotFoundError")
+            return
+        text = self._last_user_text(request["messages"])
+        if text in ("__error_400__", "__context__", "__error_500__"):
+            status = 500 if text == "__error_500__" else 400
+            message = {
+                "__error_400__": "bad request for the fake",
+                "__context__": "This model's maximum context length is 16 tokens",
+                "__error_500__": "the fake broke",
+            }[text]
+            self._error(status, message, "InternalServerError" if status == 500 else "BadRequestError")
+            return
+        reply = f"echo: {text}"
+        if (request.get("response_format") or {}).get("type") == "json_schema":
+            reply = json.dumps({"echo": text})
+        words = reply.split(" ")
+        tokens = [word if index == 0 else " " + word for index, word in enumerate(words)]
+        limit = request.get("max_tokens") or len(tokens)
+        finish = "length" if len(tokens) > limit else "stop"
+        tokens = tokens[:limit]
+        usage = {
+            "prompt_tokens": sum(len(_text(m["content"]).split()) for m in request["messages"]),
+            "completion_tokens": len(tokens),
+        }
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        if request.get("stream"):
+            include_usage = (request.get("stream_options") or {}).get("include_usage")
+            self._stream(tokens, finish, usage if include_usage else None)
+        else:
+            message = {"role": "assistant", "content": "".join(tokens)}
+            self._json(200, {
+                "id": "chatcmpl-fake", "object": "chat.completion", "model": request["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage,
+            })
+
+    def _last_user_text(self, messages: list[dict]) -> str:
+        for message in reversed(messages):
+            if message["role"] == "user":
+                return self._describe(message["content"])
+        return ""
+
+    def _describe(self, content) -> str:
+        if isinstance(content, str):
+            return content
+        pieces = []
+        for part in content:
+            if part["type"] == "text":
+                pieces.append(part["text"])
+            elif part["type"] == "file":
+                file = part["file"]
+                if "file_id" in file:
+                    with self.state["lock"]:
+                        size = len(self.state["files"].get(file["file_id"], b""))
+                    pieces.append(f"[{file['file_id']} {size} bytes]")
+                else:
+                    pieces.append(f"[inline {file.get('filename', 'file')}]")
+            else:
+                pieces.append(f"[{part['type']}]")
+        return " ".join(pieces)
+
+    def _stream(self, tokens: list[str], finish: str, usage: dict | None) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(payload) -> None:
+            data = f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        def chunk(delta: dict, finish_reason=None) -> dict:
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+            return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [choice]}
+
+        event(chunk({"role": "assistant", "content": ""}))
+        for token in tokens:
+            if self.state["token_delay"]:
+                time.sleep(self.state["token_delay"])
+            event(chunk({"content": token}))
+        event(chunk({}, finish))
+        if usage is not None:
+            event({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [], "usage": usage})
+        event("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    return " ".join(part.get("text", "") for part in content if part.get("type") == "text")

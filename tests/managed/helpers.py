@@ -1,0 +1,129 @@
+"""Helpers for the managed-server tests: process checks and what the fake servers recorded."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKES = Path(__file__).resolve().parent / "fakes"
+
+TARGET = "google/gemma-4-26B-A4B-it"
+ASSISTANT = "google/gemma-4-26B-A4B-it-assistant"
+
+# The spec's example load bodies, per backend.
+REPLICAS_BODY = {"replicas": 3, "target_inflight": 4}
+VLLM_BODY = {
+    "vllm_max_model_len": 16384,
+    "vllm_kv_cache_dtype": "fp8",
+    "vllm_kv_cache_memory_bytes": 2147483648,
+    "vllm_max_pixels": 4014080,
+    "vllm_speculative_method": "mtp",
+    "vllm_speculative_model": ASSISTANT,
+    "vllm_speculative_moe_backend": "triton",
+    "vllm_speculative_attention_backend": "triton_attn",
+    "vllm_num_speculative_tokens": 1,
+}
+TRTLLM_BODY = {
+    "target_inflight": 4,
+    "trtllm_max_seq_len": 20480,
+    "trtllm_kv_cache_memory_bytes": 8589934592,
+    "trtllm_max_num_tokens": 8192,
+    "trtllm_enable_chunked_prefill": False,
+    "trtllm_kv_cache_dtype": "fp8",
+}
+SGLANG_BODY = {
+    "target_inflight": 4,
+    "sglang_context_length": 20480,
+    "sglang_mem_fraction_static": 0.35,
+    "sglang_max_total_tokens": 20480,
+    "sglang_chunked_prefill_size": 8192,
+    "sglang_kv_cache_dtype": "fp8_e4m3",
+    "sglang_speculative_algorithm": "NEXTN",
+    "sglang_speculative_draft_model": ASSISTANT,
+    "sglang_speculative_num_steps": 5,
+    "sglang_speculative_num_draft_tokens": 6,
+    "sglang_speculative_eagle_topk": 1,
+}
+LLAMA_SERVER_BODY = {
+    "llama_server_n_ctx": 4096,
+    "llama_server_image_max_tokens": 512,
+    "llama_server_spec_type": "draft-mtp",
+    "llama_server_spec_draft_n_max": 4,
+    "llama_server_spec_draft_p_min": 0.25,
+}
+
+FAKE_PROGRAMS = {"vllm": "fake_vllm", "sglang": "fake_sglang", "trtllm-serve": "fake_trtllm_serve"}
+
+
+def process_state(pid: int) -> str | None:
+    """The /proc state letter of ``pid`` (R, S, Z...), or None when it is gone."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return data[data.rindex(")") + 2]
+
+
+def alive(pid: int) -> bool:
+    return process_state(pid) not in (None, "Z")
+
+
+def wait_until(condition, timeout: float = 10.0, interval: float = 0.05, message: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not met within {timeout} s")
+        time.sleep(interval)
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Live processes whose environment carries ``LLMPOOL_TEST_MARKER=<marker>``."""
+    needle = f"LLMPOOL_TEST_MARKER={marker}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+            except OSError:
+                continue
+            if needle in environ.split(b"\0") and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def pidfiles(state: Path) -> list[dict]:
+    folder = state / "managed"
+    return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+
+
+def records(path: Path) -> list[dict]:
+    """The start records a fake appended to its ``FAKE_RECORD`` file."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def requests_logged(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def sse_events(response) -> list[dict]:
+    """The data of every SSE event of a streamed ``/v1/responses`` answer."""
+    return [json.loads(line.removeprefix("data: ")) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def output_text(body: dict) -> str:
+    return body["output"][0]["content"][0]["text"]
+
+
+async def eventually(condition, timeout: float = 10.0, message: str = "condition"):
+    """``wait_until`` for async tests: polls without blocking the event loop."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not met within {timeout} s")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,160 @@
+"""llama_server for real: the cached llama-server build serving SmolLM2 through ``manage.py serve``."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.managed.helpers import alive, output_text, pidfiles, sse_events, wait_until
+
+SHORT = {"max_output_tokens": 8, "temperature": 0.0}
+
+
+@pytest.fixture
+def llama_model(llama_server_binary, smollm2_gguf) -> dict:
+    return {
+        "backend": "llama_server",
+        "model_path": smollm2_gguf,
+        "llama_server_binary": llama_server_binary,
+        "llama_server_n_ctx": 1024,
+        "llama_server_startup_timeout_seconds": 60.0,
+    }
+
+
+@pytest.fixture
+def service_env(tmp_path) -> dict:
+    return {"LLMPOOL_STATE_DIR": str(tmp_path / "state")}
+
+
+def entry(http: httpx.Client, name: str) -> dict:
+    return next(model for model in http.get("/v1/admin/models").json()["models"] if model["name"] == name)
+
+
+def respond(http: httpx.Client, model: str, prompt: str, **fields) -> httpx.Response:
+    return http.post("/v1/responses", json={"model": model, "input": prompt, **SHORT, **fields})
+
+
+def server_url(record: dict) -> str:
+    argv = record["argv"]
+    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+
+
+def test_load_with_overrides_serves_concurrent_and_streamed_requests_then_unloads(
+    live_service, llama_model, tmp_path, service_env
+):
+    service = live_service({"smol": llama_model}, env=service_env)
+    with service.client(timeout=120) as http:
+        loaded = http.post("/v1/admin/models/smol/load", json={"target_inflight": 2, "llama_server_n_ctx": 2048}).json()
+        assert (loaded["runtime_state"], loaded["last_error"]) == ("loaded", None)
+        assert loaded["effective_target_inflight"] == 2
+        [record] = pidfiles(tmp_path / "state")
+        argv = record["argv"]
+        assert argv[argv.index("--parallel") + 1] == "2" and argv[argv.index("-c") + 1] == "2048"
+        props = httpx.get(server_url(record) + "/props", timeout=10).json()
+        assert props["total_slots"] == 2  # the override really reached llama-server
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: respond(http, "smol", f"Count to {i}."), range(4)))
+        for answer in answers:
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert output_text(body) and 0 < body["usage"]["output_tokens"] <= 8 and body["usage"]["input_tokens"] > 0
+
+        stream_body = {"model": "smol", "input": "Say hello.", "stream": True, **SHORT}
+        with http.stream("POST", "/v1/responses", json=stream_body) as stream:
+            events = sse_events(stream)
+        deltas = [event["delta"] for event in events if event["type"] == "response.output_text.delta"]
+        final = events[-1]["response"]
+        assert len(deltas) >= 2 and "".join(deltas) == output_text(final)
+        assert final["status"] in ("completed", "incomplete")
+
+        assert http.post("/v1/admin/models/smol/unload").json()["runtime_state"] == "unloaded"
+        assert not alive(record["pid"]) and pidfiles(tmp_path / "state") == []
+    assert service.stop() == 0
+
+
+def test_crash_fails_with_the_log_tail_and_kill_9_of_the_runtime_leaves_no_survivor(
+    live_service, llama_model, tmp_path, service_env
+):
+    service = live_service({"smol": llama_model, "twin": llama_model}, env=service_env)
+    state = tmp_path / "state"
+    with service.client(timeout=120) as http:
+        assert http.post("/v1/admin/models/smol/load").json()["runtime_state"] == "loaded"
+        [record] = pidfiles(state)
+        os.kill(record["pid"], signal.SIGKILL)
+        wait_until(lambda: entry(http, "smol")["runtime_state"] == "failed", 5, message="failed")
+        last_error = entry(http, "smol")["last_error"]
+        assert last_error.startswith(
+            "llama-server for model smol, replica 1 exited with code -9 (SIGKILL) while loaded"
+        )
+        assert "last output:" in last_error and "llama_server: listening on http://127.0.0.1:" in last_error
+        log = state / "logs" / "smol.r0.log"
+        assert "llama_server: model loaded" in log.read_text()
+
+        assert http.post("/v1/admin/models/smol/load").json()["runtime_state"] == "loaded"
+        assert http.post("/v1/admin/models/twin/load", json={"target_inflight": 2}).json()["runtime_state"] == "loaded"
+        assert respond(http, "twin", "Hi.").status_code == 200
+    leaders = [entry["pid"] for entry in pidfiles(state)]
+    assert len(leaders) == 2 and all(alive(pid) for pid in leaders)
+    service.process.kill()
+    service.process.wait()
+    began = time.monotonic()
+    wait_until(lambda: not any(alive(pid) for pid in leaders), 5, message="no llama-server survives within 5 s")
+    assert time.monotonic() - began < 5
+
+
+def test_the_start_up_sweep_kills_a_server_a_crashed_runtime_left(live_service, llama_model, tmp_path, service_env):
+    """A llama-server whose owner died without taking it along (no death signal) is found by its pidfile."""
+    state = tmp_path / "state"
+    (state / "managed").mkdir(parents=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = subprocess.Popen(
+        [llama_model["llama_server_binary"], "--model", llama_model["model_path"], "--port", str(free_port())],
+        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )
+    start_time = Path(f"/proc/{orphan.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    (state / "managed" / f"{orphan.pid}.json").write_text(json.dumps({
+        "pid": orphan.pid, "pgid": orphan.pid, "start_time": start_time,
+        "owner_pid": gone.pid, "owner_start_time": "1", "label": "llama-server for model smol, replica 1",
+        "argv": orphan.args,
+    }))
+    try:
+        service = live_service({"smol": {**llama_model, "enabled": True}}, env=service_env)
+        with service.client(timeout=60) as http:
+            wait_until(lambda: entry(http, "smol")["runtime_state"] == "loaded", 60, message="loaded at start-up")
+        assert orphan.wait(timeout=5) == -signal.SIGKILL
+        assert [record["pid"] for record in pidfiles(state)] != [orphan.pid] and len(pidfiles(state)) == 1
+        assert service.stop() == 0
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+            orphan.wait()
+
+
+def test_openai_remote_against_llama_server(live_service, llama_model, tmp_path, service_env):
+    service = live_service({"smol": llama_model}, service={"allow_remote_execution": True}, env=service_env)
+    with service.client(timeout=120) as http:
+        assert http.post("/v1/admin/models/smol/load").json()["runtime_state"] == "loaded"
+        [record] = pidfiles(tmp_path / "state")
+        remote = {
+            "backend": "openai_remote", "remote_base_url": server_url(record) + "/v1", "remote_model": "smol",
+        }
+        settings = json.loads(service.settings_path.read_text())
+        settings["models"]["remote"] = remote
+        service.settings_path.write_text(json.dumps(settings))
+        assert http.post("/v1/admin/settings/reload").json()["added_models"] == ["remote"]
+        assert http.post("/v1/admin/models/remote/load").json()["runtime_state"] == "loaded"
+        direct = respond(http, "smol", "Name a color.").json()
+        forwarded = respond(http, "remote", "Name a color.").json()
+        assert output_text(forwarded) == output_text(direct)  # greedy: the same server, the same answer
+        assert forwarded["usage"] == direct["usage"]
+    assert service.stop() == 0

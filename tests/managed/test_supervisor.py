@@ -1,0 +1,238 @@
+"""Process supervision with real processes: groups, readiness, stop, output, parent death, sweep."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from runtime import supervisor
+from runtime.supervisor import (
+    ManagedProcess,
+    ServerCommand,
+    ServerStartError,
+    choose_port,
+    server_env,
+    sweep_stale_processes,
+)
+from tests.conftest import free_port
+from tests.managed.helpers import ROOT, alive, eventually, pidfiles, process_state, records, wait_until
+
+
+def fake_command(fake_bin: Path, state_dir: Path, port: int, env: dict | None = None, argv_tail=()) -> ServerCommand:
+    argv = [str(fake_bin / "vllm"), "serve", "org/m", "--host", "127.0.0.1", "--port", str(port), *argv_tail]
+    return ServerCommand(
+        label="vllm serve for model m, replica 1",
+        argv=argv,
+        env=server_env(env or {}, None),
+        log_path=state_dir / "logs" / "m.r0.log",
+    )
+
+
+async def started(fake_bin: Path, state_dir: Path, env: dict | None = None, timeout: float = 10.0):
+    port = free_port()
+    process = ManagedProcess(fake_command(fake_bin, state_dir, port, env), state_dir)
+    await process.start()
+    await process.wait_ready(f"http://127.0.0.1:{port}/health", timeout)
+    return process
+
+
+async def test_a_server_runs_in_its_own_process_group_with_a_pidfile(fake_bin, state_dir):
+    process = await started(fake_bin, state_dir, {"FAKE_READY_AFTER": "0.3"})
+    assert os.getpgid(process.pid) == process.pid and os.getsid(process.pid) == process.pid
+    [record] = pidfiles(state_dir)
+    assert (record["pid"], record["pgid"], record["owner_pid"]) == (process.pid, process.pid, os.getpid())
+    assert await process.stop() == 0
+    assert pidfiles(state_dir) == [] and not alive(process.pid)
+    assert "shutting down on SIGTERM" in process.tail()
+
+
+async def test_exit_before_ready_reports_the_exit_code_and_the_output_tail(fake_bin, state_dir):
+    port = free_port()
+    process = ManagedProcess(fake_command(fake_bin, state_dir, port, {"FAKE_EXIT_AT_START": "3"}), state_dir)
+    await process.start()
+    with pytest.raises(ServerStartError) as raised:
+        await process.wait_ready(f"http://127.0.0.1:{port}/health", 30)
+    message = str(raised.value)
+    assert message.startswith("vllm serve for model m, replica 1 exited with code 3 before it was ready")
+    assert "FATAL fake vllm: cannot load org/m" in message
+    await process.stop()
+    assert pidfiles(state_dir) == []
+
+
+async def test_a_refused_command_line_fails_with_the_programs_message(fake_bin, state_dir):
+    port = free_port()
+    command = fake_command(fake_bin, state_dir, port, argv_tail=["--no-such-flag"])
+    process = ManagedProcess(command, state_dir)
+    await process.start()
+    with pytest.raises(ServerStartError, match=r"exited with code 2 before it was ready(.|\n)*--no-such-flag"):
+        await process.wait_ready(f"http://127.0.0.1:{port}/health", 30)
+    await process.stop()
+
+
+async def test_a_server_that_never_gets_ready_times_out(fake_bin, state_dir):
+    port = free_port()
+    process = ManagedProcess(fake_command(fake_bin, state_dir, port, {"FAKE_READY_AFTER": "60"}), state_dir)
+    await process.start()
+    with pytest.raises(ServerStartError, match=r"was not ready within 0.5 s .*/health never answered 200"):
+        await process.wait_ready(f"http://127.0.0.1:{port}/health", 0.5)
+    assert process.running
+    await process.stop()
+    assert not alive(process.pid)
+
+
+async def test_a_missing_binary_is_a_start_error(state_dir):
+    command = ServerCommand("x", ["/nonexistent/llama-server"], dict(os.environ), state_dir / "logs" / "x.log")
+    with pytest.raises(ServerStartError, match="cannot start /nonexistent/llama-server .*No such file"):
+        await ManagedProcess(command, state_dir).start()
+    assert pidfiles(state_dir) == []
+
+
+def test_a_taken_port_is_refused_and_a_free_one_is_picked():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        with pytest.raises(ServerStartError, match=f"port {taken} on 127.0.0.1 is already in use"):
+            choose_port("127.0.0.1", taken, 0)
+    assert choose_port("127.0.0.1", taken, 0) == taken
+    assert choose_port("127.0.0.1", taken - 1, 1) == taken  # replica i uses port + i
+    assert choose_port("127.0.0.1", None, 0) > 0
+
+
+def test_the_library_path_goes_first_on_ld_library_path(monkeypatch):
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/lib")
+    env = server_env({"CUDA_VISIBLE_DEVICES": "1"}, "/opt/cuda/lib64")
+    assert env["LD_LIBRARY_PATH"] == "/opt/cuda/lib64:/usr/local/lib" and env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+async def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period(fake_bin, state_dir, monkeypatch):
+    monkeypatch.setattr(supervisor, "STOP_GRACE_SECONDS", 0.3)
+    process = await started(fake_bin, state_dir, {"FAKE_IGNORE_SIGTERM": "1"})
+    began = time.monotonic()
+    assert await process.stop() == -signal.SIGKILL
+    assert 0.3 <= time.monotonic() - began < 5
+    assert pidfiles(state_dir) == []
+
+
+async def test_when_the_leader_exits_its_workers_are_killed(fake_bin, state_dir, tmp_path):
+    record = tmp_path / "record.jsonl"
+    process = await started(fake_bin, state_dir, {"FAKE_CHILD": "1", "FAKE_RECORD": str(record)})
+    [start] = records(record)
+    worker = start["child_pid"]
+    assert os.getpgid(worker) == process.pid
+    exits = []
+    process.on_exit(lambda p: exits.append(p.returncode))
+    os.kill(process.pid, signal.SIGKILL)
+    assert await process.wait_exit(5)
+    assert exits == [-signal.SIGKILL]
+    await eventually(lambda: not alive(worker), 5, message="worker killed with its leader")
+    await process.stop()
+    assert pidfiles(state_dir) == []
+
+
+async def test_output_goes_to_a_bounded_ring_and_a_log_file_that_keeps_the_previous_run(state_dir):
+    script = "import sys\nfor i in range(1000): print('line', i)\nsys.exit(5)"
+    log = state_dir / "logs" / "m.r0.log"
+    for _run in range(2):
+        command = ServerCommand("printer", [sys.executable, "-c", script], dict(os.environ), log)
+        process = ManagedProcess(command, state_dir)
+        await process.start()
+        assert await process.wait_exit(10)
+        await process.stop()
+    assert process.returncode == 5
+    await process.output_settled()
+    assert process.tail(3) == "line 997\nline 998\nline 999"
+    assert len(process._output.lines) == supervisor.RING_LINES
+    assert log.read_text().count("\n") == 1000
+    assert log.with_name("m.r0.log.1").read_text().count("\n") == 1000
+
+
+RUNTIME_STAND_IN = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from pathlib import Path
+    sys.path.insert(0, {root!r})
+    from runtime.supervisor import ManagedProcess, ServerCommand, server_env
+
+    async def main():
+        processes = []
+        for port in {ports!r}:
+            argv = [{vllm!r}, "serve", "org/m", "--host", "127.0.0.1", "--port", str(port)]
+            command = ServerCommand("fake", argv, server_env({env!r}, None), Path({state!r}) / "logs" / f"{{port}}.log")
+            process = ManagedProcess(command, Path({state!r}))
+            await process.start()
+            await process.wait_ready(f"http://127.0.0.1:{{port}}/health", 20)
+            processes.append(process.pid)
+        print(json.dumps(processes), flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def run_stand_in(fake_bin: Path, state_dir: Path, record: Path, count: int = 2) -> tuple[subprocess.Popen, list[int]]:
+    """A plain Python process that owns ``count`` fake servers through the supervisor."""
+    script = RUNTIME_STAND_IN.format(
+        root=str(ROOT),
+        ports=[free_port() for _ in range(count)],
+        vllm=str(fake_bin / "vllm"),
+        env={"FAKE_CHILD": "1", "FAKE_RECORD": str(record)},
+        state=str(state_dir),
+    )
+    runtime = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    leaders = json.loads(runtime.stdout.readline())
+    return runtime, leaders
+
+
+def test_kill_9_of_the_owner_kills_the_leaders_and_the_sweep_kills_the_rest(fake_bin, state_dir, tmp_path):
+    record = tmp_path / "record.jsonl"
+    runtime, leaders = run_stand_in(fake_bin, state_dir, record)
+    workers = [start["child_pid"] for start in records(record)]
+    assert len(pidfiles(state_dir)) == 2 and all(alive(pid) for pid in leaders + workers)
+    runtime.kill()
+    runtime.wait()
+    # PR_SET_PDEATHSIG: the leaders die with their owner...
+    wait_until(lambda: not any(alive(pid) for pid in leaders), 5, message="leaders gone within 5 s")
+    # ...their workers (no death signal of their own) survive until the next runtime sweeps.
+    assert all(alive(pid) for pid in workers)
+    killed = sweep_stale_processes(state_dir)
+    assert sorted(entry["pid"] for entry in killed) == sorted(leaders)
+    wait_until(lambda: not any(alive(pid) for pid in workers), 5, message="workers swept")
+    assert pidfiles(state_dir) == []
+
+
+def test_the_sweep_leaves_groups_of_a_live_runtime_alone(fake_bin, state_dir, tmp_path):
+    runtime, leaders = run_stand_in(fake_bin, state_dir, tmp_path / "record.jsonl", count=1)
+    try:
+        assert sweep_stale_processes(state_dir) == []
+        assert all(alive(pid) for pid in leaders) and len(pidfiles(state_dir)) == 1
+    finally:
+        runtime.kill()
+        runtime.wait()
+    sweep_stale_processes(state_dir)
+    wait_until(lambda: not any(alive(pid) for pid in leaders), 5, message="leader gone")
+
+
+def test_the_sweep_drops_unreadable_and_dead_pidfiles_and_stale_temp_files(state_dir):
+    folder = state_dir / "managed"
+    folder.mkdir(parents=True)
+    (folder / "1.json").write_text("{not json")
+    dead = {"pid": 999999, "pgid": 999999, "start_time": "1", "owner_pid": 999998, "owner_start_time": "1"}
+    (folder / "999999.json").write_text(json.dumps(dead))
+    scratch = state_dir / "tmp"
+    scratch.mkdir()
+    (scratch / "999998-m.r0.abc.yaml").write_text("{}")
+    (scratch / f"{os.getpid()}-m.r0.def.yaml").write_text("{}")
+    assert sweep_stale_processes(state_dir) == []
+    assert list(folder.iterdir()) == []
+    assert [path.name for path in scratch.iterdir()] == [f"{os.getpid()}-m.r0.def.yaml"]
+    assert process_state(999999) is None
