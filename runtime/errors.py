@@ -60,7 +60,9 @@ FairnessKeyQueueFull = _error("FairnessKeyQueueFull", "fairness_key_queue_full",
 ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retry_after=1)
 # A backend that broke while generating; the model moves to failed when the engine is dead.
 BackendError = _error("BackendError", "backend_error", 502)
-RequestCancelled = _error("RequestCancelled", "request_cancelled", 499)
+ContextLengthExceeded = _error("ContextLengthExceeded", "context_length_exceeded", 400)
+# A remote OpenAI-compatible API (openai_remote) failed or timed out.
+UpstreamError = _error("UpstreamError", "upstream_error", 502)
 
 # Admin errors.
 InvalidLoadRequest = _error("InvalidLoadRequest", "invalid_load_request", 400)
@@ -80,5 +82,3 @@ def error_from_dict(data: dict) -> LLMPoolError:
         error.code = data.get("code") or "internal_error"
         error.http_status = data.get("http_status") or 500
     return error
-ContextLengthExceeded = _error("ContextLengthExceeded", "context_length_exceeded", 400)
-UpstreamError = _error("UpstreamError", "upstream_error", 502)  # a remote OpenAI-compatible API failed
