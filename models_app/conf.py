@@ -1,4 +1,6 @@
 """The service settings the API side needs (read once per process; changes need a restart)."""
+import logging
+import sys
 from functools import lru_cache
 
 from django.conf import settings
@@ -6,6 +8,17 @@ from django.core.exceptions import ImproperlyConfigured
 
 from runtime.config import ServiceSettings, load_settings
 from runtime.errors import InvalidSettings
+
+
+def startup_service_settings(stderr) -> ServiceSettings:
+    """For the commands that start llm-pool: the service settings, or exit 2 saying what is invalid."""
+    try:
+        service = load_settings(settings.LLMPOOL_SETTINGS).settings.service
+    except InvalidSettings as exc:
+        stderr.write(f"invalid_settings: {exc.message}")
+        sys.exit(2)
+    logging.getLogger("llmpool").setLevel(service.log_level.upper())
+    return service
 
 
 @lru_cache(maxsize=1)

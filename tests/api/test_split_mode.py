@@ -1,7 +1,6 @@
 """The production split: a runtime worker and API processes over Redis, PostgreSQL as database."""
 import concurrent.futures
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -6,7 +6,6 @@ then releases every engine and the lock.  API processes run separately:
 ``daphne llmpool.asgi:application``.
 """
 import asyncio
-import logging
 import signal
 import sys
 
@@ -14,10 +13,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from runtime.config import load_settings
-from runtime.errors import InvalidSettings
+from models_app.conf import startup_service_settings
 
-logger = logging.getLogger("llmpool")
 
 
 class Command(BaseCommand):
@@ -30,12 +27,7 @@ class Command(BaseCommand):
                 "(the embedded default runs everything with `manage.py serve`)"
             )
             sys.exit(2)
-        try:
-            service = load_settings(settings.LLMPOOL_SETTINGS).settings.service
-        except InvalidSettings as exc:
-            self.stderr.write(f"invalid_settings: {exc.message}")
-            sys.exit(2)
-        logging.getLogger("llmpool").setLevel(service.log_level.upper())
+        startup_service_settings(self.stderr)
         call_command("migrate", interactive=False, verbosity=0)
         sys.exit(asyncio.run(self.run_worker()))
 

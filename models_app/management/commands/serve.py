@@ -5,17 +5,13 @@ daphne serves the Django ASGI app and the runtime worker listens on the
 channel layer and SQLite.
 """
 import asyncio
-import logging
-import sys
 
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from runtime.config import load_settings
-from runtime.errors import InvalidSettings
+from models_app.conf import startup_service_settings
 
-logger = logging.getLogger("llmpool")
 
 
 class Command(BaseCommand):
@@ -27,12 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-migrate", action="store_true", help="do not apply database migrations first")
 
     def handle(self, *args, **options):
-        try:
-            service = load_settings(settings.LLMPOOL_SETTINGS).settings.service
-        except InvalidSettings as exc:
-            self.stderr.write(f"invalid_settings: {exc.message}")
-            sys.exit(2)
-        logging.getLogger("llmpool").setLevel(service.log_level.upper())
+        service = startup_service_settings(self.stderr)
         if not options["no_migrate"]:
             call_command("migrate", interactive=False, verbosity=0)
         host = options["host"] or service.host
