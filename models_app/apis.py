@@ -7,6 +7,7 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
@@ -186,7 +187,20 @@ class AdminEventStreamApi(AdminApi):
         return response
 
 
+class JsonAnswers(BaseContentNegotiation):
+    """Answers are JSON whatever the Accept header says: OpenAI clients that stream send
+    ``Accept: text/event-stream``; a stream is a StreamingHttpResponse and needs no renderer,
+    and an error before it starts is the JSON envelope with its status."""
+
+    def select_parser(self, request, parsers):
+        return parsers[0]
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
 class ResponseCreateApi(APIView):
+    content_negotiation_class = JsonAnswers
     @extend_schema(
         summary="Create a response (OpenAI Responses API)",
         description=(

@@ -72,7 +72,7 @@ class RuntimeEventPublisher:
         self._tasks = []
 
     def on_transition(self, event: TransitionEvent) -> None:
-        # The writer sets last_error right after the transition: read it once its step is done.
+        # Publish after the writer's current step, so the entry read is the one the step left.
         asyncio.get_running_loop().call_soon(self._publish_transition, event)
 
     def _publish_transition(self, event: TransitionEvent) -> None:

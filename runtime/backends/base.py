@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.errors import InvalidLoadRequest
+from runtime.model_files import locate_model_file
 
 Modality = Literal["text", "image", "audio"]
 THINKING_ALL = ["default", "enabled", "disabled"]
@@ -201,10 +202,11 @@ class BackendSpec:
 
 
 def resolve_model_path(path: str | None, base_dir: str) -> str | None:
-    """model_path as given, or relative to the settings file's folder."""
-    if path is None or os.path.isabs(path) or "://" in path:
+    """Where ``path`` points: absolute, relative to the settings folder, or ``package:`` (see
+    runtime/model_files.py); URLs and hub ids come back as given, an unknown package as None."""
+    if path is None or "://" in path:
         return path
-    return os.path.normpath(os.path.join(base_dir, path))
+    return locate_model_file(path, base_dir)
 
 
 def artifact_size_mib(path: str | None, base_dir: str) -> int | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 
 from tests.conftest import LiveService, write_settings
@@ -306,3 +307,15 @@ def test_no_fairness_key_is_the_anonymous_bucket(http):
     assert http.post("/v1/responses", json={"model": "echo", "input": "x"}).json()["user"] is None
     keys = model_entry(http, "echo")["fairness"]["keys"]
     assert None in [k["key"] for k in keys]
+
+
+def test_a_client_that_accepts_only_event_streams_still_gets_answers(service):
+    headers = {"Accept": "text/event-stream"}
+    with httpx.stream("POST", service.url + "/v1/responses", headers=headers, timeout=30,
+                      json={"model": "echo", "input": "hello there", "stream": True}) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        assert any(line == "event: response.completed" for line in stream.iter_lines())
+    missing = httpx.post(service.url + "/v1/responses", headers=headers, json={"model": "nope", "input": "x"})
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "unknown_model"

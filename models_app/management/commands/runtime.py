@@ -58,4 +58,5 @@ class Command(BaseCommand):
         await asyncio.gather(*waiters, return_exceptions=True)
         await runtime_host.shutdown_runtime()
         await lock.release()
-        return 1 if lock.lost.is_set() else 0
+        crashed = worker.done() and not worker.cancelled() and worker.exception() is not None
+        return 1 if lock.lost.is_set() or crashed else 0
