@@ -8,8 +8,7 @@ from models_app.admin_forms import MIB, LoadForm
 from models_app.selectors import effective_values
 from runtime.backends import BACKENDS
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid, ModelStateConflict
-
-GGUF_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+from tests.spec_examples import GGML_CACHE_TYPES
 
 
 def entry(constraints: dict, *, definition: dict | None = None, override: dict | None = None,
@@ -56,7 +55,7 @@ def test_llama_cpp_controls_follow_its_constraints():
         assert f'value="{value}"' in html["gguf_flash_attn"]
     rows = {row.name: row for row in form.rows}
     assert 'list="gguf_type_k-values"' in html["gguf_type_k"]
-    assert rows["gguf_type_k"].datalist == GGUF_TYPES
+    assert rows["gguf_type_k"].datalist == GGML_CACHE_TYPES
     assert rows["gguf_type_k"].null is not None and "f16" in rows["gguf_type_k"].null.label
     assert rows["gguf_n_ctx"].null is None
 

@@ -9,8 +9,14 @@ import time
 
 import pytest
 from tests.conftest import LiveService, write_settings
+from tests.spec_examples import (
+    EXLLAMA_RECOMMENDATIONS,
+    GGUF_RECOMMENDATION_NOTES,
+    GGUF_RECOMMENDATIONS,
+    LOAD_CONSTRAINTS,
+)
 
-# ---- the contract, copied from the spec --------------------------------------------------
+# ---- the contract, copied from the spec (the shared data: tests/spec_examples.py) ----------
 
 # The keys of the AdminModelEntry example under "GET /v1/admin/models".
 ENTRY_KEYS = {
@@ -34,149 +40,9 @@ COMMON_FIELDS = {
     "target_inflight", "modalities",
 }
 
-TARGET_INFLIGHT = {"target_inflight": {"kind": "integer", "minimum": 1, "step": 1}}
-GGML_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
-GGUF_CACHE_TYPE = {
-    "kind": "string_or_null",
-    "format": "ggml_type_name",
-    "default": "f16",
-    "allowed_values": GGML_TYPES,
-    "examples": ["f16", "q8_0", "q4_0"],
-}
-# load_constraints / load_recommendations of the llama_cpp AdminModelEntry example.
-LLAMA_CPP_CONSTRAINTS = {
-    "gguf_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
-    "gguf_flash_attn": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": ["on", "off", "auto"],
-        "examples": ["auto", "on", "off"],
-    },
-    "gguf_type_k": GGUF_CACHE_TYPE,
-    "gguf_type_v": GGUF_CACHE_TYPE,
-}
+# load_recommendations of the llama_cpp AdminModelEntry example: the GGUF presets with their notes.
 LLAMA_CPP_RECOMMENDATIONS = {
-    "gguf_cache_type_pairs": {
-        "kind": "pair_presets",
-        "fields": ["gguf_type_k", "gguf_type_v"],
-        "recommended_pairs": [
-            {"label": "f16/f16", "gguf_type_k": "f16", "gguf_type_v": "f16"},
-            {"label": "q8_0/q8_0", "gguf_type_k": "q8_0", "gguf_type_v": "q8_0"},
-            {"label": "q4_0/q4_0", "gguf_type_k": "q4_0", "gguf_type_v": "q4_0"},
-        ],
-        "notes": [
-            "Service-curated presets for GGUF cache types.",
-            "Prefer symmetric GGUF K/V pairs by default; asymmetric pairs may reduce or disable GPU offload in "
-            "upstream llama.cpp.",
-        ],
-    }
-}
-EXLLAMA_BITS = {
-    "kind": "integer_or_null",
-    "minimum": 2,
-    "maximum": 8,
-    "default": None,
-    "null_means": "fp16",
-    "allowed_values": [2, 3, 4, 5, 6, 7, 8],
-}
-EXLLAMA_CONSTRAINTS = {
-    "exllama_cache_size": {"kind": "integer", "minimum": 256, "step": 256},
-    "exllama_max_rq_tokens": {"kind": "integer", "minimum": 1, "step": 1},
-    "exllama_cache_k_bits": EXLLAMA_BITS,
-    "exllama_cache_v_bits": EXLLAMA_BITS,
-    "exllama_cache_quant": {"kind": "string_or_null", "format": "<bits>|<k_bits>,<v_bits>"},
-}
-EXLLAMA_PAIR_PRESETS = {
-    "kind": "pair_presets",
-    "fields": ["exllama_cache_k_bits", "exllama_cache_v_bits"],
-    "recommended_pairs": [
-        {"label": "fp16", "exllama_cache_k_bits": None, "exllama_cache_v_bits": None},
-        {"label": "8/8", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 8},
-        {"label": "8/4", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 4},
-    ],
-}
-VLLM_CONSTRAINTS = {
-    "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
-    "vllm_kv_cache_dtype": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
-        "examples": ["auto", "fp8"],
-    },
-    "vllm_kv_cache_memory_bytes": {
-        "kind": "integer", "minimum": 268435456, "step": 268435456, "unit": "bytes", "display_unit": "mib",
-    },
-    "vllm_max_pixels": {"kind": "integer", "minimum": 200704, "step": 200704, "unit": "pixels"},
-    "vllm_speculative_method": {
-        "kind": "string_or_null",
-        "format": "vllm_speculative_method",
-        "default": None,
-        "examples": ["mtp", "draft_model", "mlp_speculator"],
-    },
-    "vllm_speculative_model": {
-        "kind": "string_or_null",
-        "format": "hf_id_or_local_path",
-        "default": None,
-        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
-    },
-    "vllm_speculative_moe_backend": {
-        "kind": "string_or_null", "format": "vllm_moe_backend", "default": None, "examples": ["triton", "marlin"],
-    },
-    "vllm_speculative_attention_backend": {
-        "kind": "string_or_null",
-        "format": "vllm_attention_backend",
-        "default": None,
-        "examples": ["triton_attn", "flashinfer"],
-    },
-    "vllm_num_speculative_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
-}
-TRTLLM_CONSTRAINTS = {
-    "trtllm_max_seq_len": {"kind": "integer", "minimum": 256, "step": 256},
-    "trtllm_kv_cache_memory_bytes": {
-        "kind": "integer", "minimum": 268435456, "step": 268435456, "unit": "bytes", "display_unit": "mib",
-    },
-    "trtllm_max_num_tokens": {"kind": "integer", "minimum": 256, "step": 256},
-    "trtllm_enable_chunked_prefill": {"kind": "boolean", "default": False},
-    "trtllm_kv_cache_dtype": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": ["auto", "fp8", "nvfp4"],
-        "examples": ["auto", "fp8", "nvfp4"],
-    },
-}
-SGLANG_CONSTRAINTS = {
-    "sglang_context_length": {"kind": "integer", "minimum": 256, "step": 256},
-    "sglang_mem_fraction_static": {"kind": "float", "minimum": 0.01, "maximum": 1.0, "step": 0.01},
-    "sglang_max_total_tokens": {"kind": "integer", "minimum": 256, "step": 256, "unit": "tokens"},
-    "sglang_chunked_prefill_size": {"kind": "integer", "minimum": -1, "step": 1},
-    "sglang_kv_cache_dtype": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": [
-            "auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16", "fp4_e2m1",
-        ],
-    },
-    "sglang_speculative_algorithm": {
-        "kind": "string_or_null", "format": "sglang_speculative_algorithm", "default": None, "examples": ["NEXTN"],
-    },
-    "sglang_speculative_draft_model": {
-        "kind": "string_or_null",
-        "format": "hf_id_or_local_path",
-        "default": None,
-        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
-    },
-    "sglang_speculative_num_steps": {"kind": "integer", "minimum": 1, "step": 1, "default": 5},
-    "sglang_speculative_num_draft_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 6},
-    "sglang_speculative_eagle_topk": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
-}
-LLAMA_SERVER_CONSTRAINTS = {
-    "llama_server_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
-    "llama_server_image_max_tokens": {"kind": "integer", "minimum": 1, "step": 1},
-    "llama_server_spec_type": {
-        "kind": "enum", "default": "draft-mtp", "allowed_values": ["draft-mtp"], "examples": ["draft-mtp"],
-    },
-    "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
-    "llama_server_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
+    "gguf_cache_type_pairs": {**GGUF_RECOMMENDATIONS["gguf_cache_type_pairs"], "notes": GGUF_RECOMMENDATION_NOTES}
 }
 
 # ---- the service -------------------------------------------------------------------------
@@ -331,22 +197,15 @@ def test_definition_carries_the_configured_values(entries):
 
 
 def test_llama_cpp_constraints_and_recommendations_equal_the_spec_example(entries):
-    assert entries["gemma-gguf"]["load_constraints"] == LLAMA_CPP_CONSTRAINTS
+    assert entries["gemma-gguf"]["load_constraints"] == LOAD_CONSTRAINTS["llama_cpp"]
     assert entries["gemma-gguf"]["load_recommendations"] == LLAMA_CPP_RECOMMENDATIONS
 
 
 @pytest.mark.parametrize(
     "name, expected",
     [
-        ("exl", EXLLAMA_CONSTRAINTS),
-        ("vl", VLLM_CONSTRAINTS),
-        ("vl-serve", {**TARGET_INFLIGHT, **VLLM_CONSTRAINTS}),
-        ("trt", {**TARGET_INFLIGHT, **TRTLLM_CONSTRAINTS}),
-        ("sgl", {**TARGET_INFLIGHT, **SGLANG_CONSTRAINTS}),
-        ("lls", {**TARGET_INFLIGHT, **LLAMA_SERVER_CONSTRAINTS}),
-        ("remote", TARGET_INFLIGHT),
-        ("echo", {}),
-        ("ct2-model", {}),
+        (name, LOAD_CONSTRAINTS[MODELS[name]["backend"]])
+        for name in ("exl", "vl", "vl-serve", "trt", "sgl", "lls", "remote", "echo", "ct2-model")
     ],
 )
 def test_load_constraints_equal_the_spec_shape(entries, name, expected):
@@ -358,7 +217,7 @@ def test_exllama_recommends_the_spec_pair_presets(entries):
     assert set(recommendations) == {"exllama_cache_bit_pairs"}
     presets = dict(recommendations["exllama_cache_bit_pairs"])
     notes = presets.pop("notes", [])  # optional, as in the llama_cpp example
-    assert presets == EXLLAMA_PAIR_PRESETS
+    assert presets == EXLLAMA_RECOMMENDATIONS["exllama_cache_bit_pairs"]
     assert all(isinstance(note, str) and note for note in notes)
 
 

@@ -15,6 +15,17 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from tests.conftest import LiveService, write_settings
+from tests.spec_examples import (
+    EXLLAMA_BODIES,
+    GGUF_BODIES,
+    INVALID_LOAD_BODY_EXAMPLES,
+    INVALID_LOAD_REQUEST_EXAMPLES,
+    LLAMA_SERVER_BODY,
+    REPLICAS_BODY,
+    SGLANG_BODY,
+    TRTLLM_BODY,
+    VLLM_BODY,
+)
 
 MODELS = {
     "gguf": {"model_path": "/nonexistent/gemma.gguf", "backend": "llama_cpp", "prompt_format": "gemma4_template"},
@@ -39,6 +50,8 @@ MODELS = {
     "echo": {"backend": "stub", "replica_max": 2},
     "slow-unload": {"backend": "stub", "stub_unload_seconds": 1.5},
 }
+# The model each backend's spec examples are sent to (one model per engine backend).
+MODEL_OF = {model["backend"]: name for name, model in MODELS.items() if model["backend"] != "stub"}
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +92,7 @@ def assert_rejected(http: httpx.Client, name: str, body, status: int, code: str)
 
 # ---- 422: schema ---------------------------------------------------------------------------
 
-SCHEMA_EXAMPLES = [
-    ("lls", "target_inflight", 0),
-    ("gguf", "gguf_n_ctx", 0),
-    ("exl", "exllama_cache_size", 0),
-    ("exl", "exllama_max_rq_tokens", 0),
-    ("trt", "trtllm_kv_cache_memory_bytes", 0),
-]
+SCHEMA_EXAMPLES = [(MODEL_OF[backend], field, value) for backend, field, value in INVALID_LOAD_BODY_EXAMPLES]
 
 
 @pytest.mark.parametrize("name, field, value", SCHEMA_EXAMPLES, ids=[f"{f}={v}" for _, f, v in SCHEMA_EXAMPLES])
@@ -116,28 +123,7 @@ def test_a_body_that_is_not_an_object_is_422(http):
 # ---- 400: invalid for the backend ----------------------------------------------------------
 
 BACKEND_EXAMPLES = [
-    ("gguf_type_k q8-0", "gguf", {"gguf_type_k": "q8-0"}, "gguf_type_k"),
-    ("gguf_type_k foo", "gguf", {"gguf_type_k": "foo"}, "gguf_type_k"),
-    ("k_bits without v_bits", "exl", {"exllama_cache_k_bits": 8}, "exllama_cache_v_bits"),
-    (
-        "quant with k/v bits",
-        "exl",
-        {"exllama_cache_quant": "8,8", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 8},
-        "exllama_cache_quant",
-    ),
-    ("exllama_cache_size 8000", "exl", {"exllama_cache_size": 8000}, "exllama_cache_size"),
-    ("exllama_cache_quant fp16", "exl", {"exllama_cache_quant": "fp16"}, "exllama_cache_quant"),
-    ("llama_server_spec_type medusa", "lls", {"llama_server_spec_type": "medusa"}, "llama_server_spec_type"),
-    ("llama_server_spec_draft_n_max 7", "lls", {"llama_server_spec_draft_n_max": 7}, "llama_server_spec_draft_n_max"),
-    (
-        "llama_server_spec_draft_p_min 1.5",
-        "lls",
-        {"llama_server_spec_draft_p_min": 1.5},
-        "llama_server_spec_draft_p_min",
-    ),
-    ("trtllm_kv_cache_dtype int8", "trt", {"trtllm_kv_cache_dtype": "int8"}, "trtllm_kv_cache_dtype"),
-    ("exllama fields to llama_cpp", "gguf", {"exllama_cache_size": 32768}, "exllama_cache_size"),
-    ("llama-server fields to vllm", "vl", {"llama_server_n_ctx": 4096}, "llama_server_n_ctx"),
+    (label, MODEL_OF[backend], body, param) for label, backend, body, param in INVALID_LOAD_REQUEST_EXAMPLES
 ]
 
 
@@ -179,74 +165,13 @@ def test_spec_example_loading_while_unloading_is_409(service, http):
 # ---- the spec's example load bodies validate ----------------------------------------------
 
 EXAMPLE_BODIES = [
-    ("lls", {"replicas": 3, "target_inflight": 4}),
-    ("gguf", {"gguf_n_ctx": 8192}),
-    ("gguf", {"gguf_n_ctx": 16384}),
-    ("gguf", {"gguf_n_ctx": 32768}),
-    ("gguf", {"gguf_n_ctx": 32768, "gguf_flash_attn": "auto", "gguf_type_k": "q8_0", "gguf_type_v": "q4_0"}),
-    ("exl", {"exllama_cache_size": 32768, "exllama_cache_quant": None, "exllama_max_rq_tokens": 32768}),
-    ("exl", {"exllama_cache_size": 32768, "exllama_cache_quant": "8,8", "exllama_max_rq_tokens": 32768}),
-    ("exl", {"exllama_cache_size": 32768, "exllama_cache_quant": "8,4", "exllama_max_rq_tokens": 32768}),
-    (
-        "exl",
-        {
-            "exllama_cache_size": 32768,
-            "exllama_cache_k_bits": 8,
-            "exllama_cache_v_bits": 4,
-            "exllama_max_rq_tokens": 32768,
-        },
-    ),
-    (
-        "vl",
-        {
-            "vllm_max_model_len": 16384,
-            "vllm_kv_cache_dtype": "fp8",
-            "vllm_kv_cache_memory_bytes": 2147483648,
-            "vllm_max_pixels": 4014080,
-            "vllm_speculative_method": "mtp",
-            "vllm_speculative_model": "google/gemma-4-26B-A4B-it-assistant",
-            "vllm_speculative_moe_backend": "triton",
-            "vllm_speculative_attention_backend": "triton_attn",
-            "vllm_num_speculative_tokens": 1,
-        },
-    ),
-    (
-        "trt",
-        {
-            "target_inflight": 4,
-            "trtllm_max_seq_len": 20480,
-            "trtllm_kv_cache_memory_bytes": 8589934592,
-            "trtllm_max_num_tokens": 8192,
-            "trtllm_enable_chunked_prefill": False,
-            "trtllm_kv_cache_dtype": "fp8",
-        },
-    ),
-    (
-        "sgl",
-        {
-            "target_inflight": 4,
-            "sglang_context_length": 20480,
-            "sglang_mem_fraction_static": 0.35,
-            "sglang_max_total_tokens": 20480,
-            "sglang_chunked_prefill_size": 8192,
-            "sglang_kv_cache_dtype": "fp8_e4m3",
-            "sglang_speculative_algorithm": "NEXTN",
-            "sglang_speculative_draft_model": "google/gemma-4-26B-A4B-it-assistant",
-            "sglang_speculative_num_steps": 5,
-            "sglang_speculative_num_draft_tokens": 6,
-            "sglang_speculative_eagle_topk": 1,
-        },
-    ),
-    (
-        "lls",
-        {
-            "llama_server_n_ctx": 4096,
-            "llama_server_image_max_tokens": 512,
-            "llama_server_spec_type": "draft-mtp",
-            "llama_server_spec_draft_n_max": 4,
-            "llama_server_spec_draft_p_min": 0.25,
-        },
-    ),
+    ("lls", REPLICAS_BODY),
+    *[("gguf", body) for body in GGUF_BODIES],
+    *[("exl", body) for body in EXLLAMA_BODIES],
+    ("vl", VLLM_BODY),
+    ("trt", TRTLLM_BODY),
+    ("sgl", SGLANG_BODY),
+    ("lls", LLAMA_SERVER_BODY),
 ]
 
 

@@ -8,19 +8,9 @@ import pytest
 
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
 from tests.engines.runtime_driver import generate, load, unload, wait_for_state
+from tests.spec_examples import VLLM_BODY
 
 GEMMA = "google/gemma-4-26B-A4B-it"
-SPEC_EXAMPLE_BODY = {
-    "vllm_max_model_len": 16384,
-    "vllm_kv_cache_dtype": "fp8",
-    "vllm_kv_cache_memory_bytes": 2147483648,
-    "vllm_max_pixels": 4014080,
-    "vllm_speculative_method": "mtp",
-    "vllm_speculative_model": "google/gemma-4-26B-A4B-it-assistant",
-    "vllm_speculative_moe_backend": "triton",
-    "vllm_speculative_attention_backend": "triton_attn",
-    "vllm_num_speculative_tokens": 1,
-}
 BASE_ARGS = {"model": GEMMA, "tensor_parallel_size": 1, "dtype": "auto", "enforce_eager": False, "trust_remote_code": False}
 LOAD_CYCLE = [("unloaded", "loading"), ("loading", "loaded")]
 UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]
@@ -38,9 +28,9 @@ async def test_the_spec_example_body_becomes_exact_engine_arguments(fake_vllm, r
     service, _ = await runtime_service(
         {"m": gemma(vllm_gpu_memory_utilization=0.1, vllm_mm_processor_kwargs={"do_pan_and_scan": True})}
     )
-    entry = await load(service, "m", SPEC_EXAMPLE_BODY)
+    entry = await load(service, "m", VLLM_BODY)
     assert (entry["runtime_state"], entry["last_error"]) == ("loaded", None)
-    assert entry["load_override"] == SPEC_EXAMPLE_BODY
+    assert entry["load_override"] == VLLM_BODY
     assert fake_vllm.named("AsyncEngineArgs") == [
         {
             **BASE_ARGS,

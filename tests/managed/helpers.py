@@ -13,48 +13,6 @@ FAKES = Path(__file__).resolve().parent / "fakes"
 TARGET = "google/gemma-4-26B-A4B-it"
 ASSISTANT = "google/gemma-4-26B-A4B-it-assistant"
 
-# The spec's example load bodies, per backend.
-REPLICAS_BODY = {"replicas": 3, "target_inflight": 4}
-VLLM_BODY = {
-    "vllm_max_model_len": 16384,
-    "vllm_kv_cache_dtype": "fp8",
-    "vllm_kv_cache_memory_bytes": 2147483648,
-    "vllm_max_pixels": 4014080,
-    "vllm_speculative_method": "mtp",
-    "vllm_speculative_model": ASSISTANT,
-    "vllm_speculative_moe_backend": "triton",
-    "vllm_speculative_attention_backend": "triton_attn",
-    "vllm_num_speculative_tokens": 1,
-}
-TRTLLM_BODY = {
-    "target_inflight": 4,
-    "trtllm_max_seq_len": 20480,
-    "trtllm_kv_cache_memory_bytes": 8589934592,
-    "trtllm_max_num_tokens": 8192,
-    "trtllm_enable_chunked_prefill": False,
-    "trtllm_kv_cache_dtype": "fp8",
-}
-SGLANG_BODY = {
-    "target_inflight": 4,
-    "sglang_context_length": 20480,
-    "sglang_mem_fraction_static": 0.35,
-    "sglang_max_total_tokens": 20480,
-    "sglang_chunked_prefill_size": 8192,
-    "sglang_kv_cache_dtype": "fp8_e4m3",
-    "sglang_speculative_algorithm": "NEXTN",
-    "sglang_speculative_draft_model": ASSISTANT,
-    "sglang_speculative_num_steps": 5,
-    "sglang_speculative_num_draft_tokens": 6,
-    "sglang_speculative_eagle_topk": 1,
-}
-LLAMA_SERVER_BODY = {
-    "llama_server_n_ctx": 4096,
-    "llama_server_image_max_tokens": 512,
-    "llama_server_spec_type": "draft-mtp",
-    "llama_server_spec_draft_n_max": 4,
-    "llama_server_spec_draft_p_min": 0.25,
-}
-
 FAKE_PROGRAMS = {"vllm": "fake_vllm", "sglang": "fake_sglang", "trtllm-serve": "fake_trtllm_serve"}
 
 

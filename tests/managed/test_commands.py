@@ -14,15 +14,8 @@ from runtime.backends.trtllm_serve import read_base_yaml, trtllm_config, trtllm_
 from runtime.backends.vllm_serve import vllm_serve_command
 from runtime.config import load_settings
 from runtime.errors import InvalidSettings
-from tests.managed.helpers import (
-    ASSISTANT,
-    LLAMA_SERVER_BODY,
-    REPLICAS_BODY,
-    SGLANG_BODY,
-    TARGET,
-    TRTLLM_BODY,
-    VLLM_BODY,
-)
+from tests.managed.helpers import ASSISTANT, TARGET
+from tests.spec_examples import LLAMA_SERVER_BODY, REPLICAS_BODY, SGLANG_BODY, TRTLLM_BODY, VLLM_BODY
 
 HOST, PORT, BASE = "127.0.0.1", 8100, "/settings"
 YAML = Path("/tmp/llm-pool-test.yaml")

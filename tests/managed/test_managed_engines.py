@@ -17,11 +17,7 @@ from runtime.backends.vllm_serve import vllm_serve_command
 from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest
 from runtime.state import RuntimeState
 from tests.managed.helpers import (
-    REPLICAS_BODY,
-    SGLANG_BODY,
     TARGET,
-    TRTLLM_BODY,
-    VLLM_BODY,
     alive,
     eventually,
     pidfiles,
@@ -29,6 +25,7 @@ from tests.managed.helpers import (
     requests_logged,
 )
 from tests.runtime.helpers import moves, start_pool
+from tests.spec_examples import REPLICAS_BODY, SGLANG_BODY, TRTLLM_BODY, VLLM_BODY
 
 LOAD_CYCLE = [("unloaded", "loading"), ("loading", "loaded")]
 UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]

@@ -14,10 +14,7 @@ from runtime.backends.trtllm_serve import trtllm_serve_command
 from runtime.backends.vllm_serve import vllm_serve_command
 from tests.conftest import free_port
 from tests.managed.helpers import (
-    SGLANG_BODY,
     TARGET,
-    TRTLLM_BODY,
-    VLLM_BODY,
     alive,
     output_text,
     pidfiles,
@@ -25,6 +22,7 @@ from tests.managed.helpers import (
     sse_events,
     wait_until,
 )
+from tests.spec_examples import SGLANG_BODY, TRTLLM_BODY, VLLM_BODY
 
 BINARIES = {"vllm_serve": "vllm", "sglang_serve": "sglang", "trtllm_serve": "trtllm-serve"}
 

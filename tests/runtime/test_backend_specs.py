@@ -9,148 +9,21 @@ from pydantic import ValidationError
 from runtime.backends import BACKENDS
 from runtime.config import parse_load_body, validate_settings
 from runtime.errors import InvalidLoadRequest, InvalidSettings
-
-# ---- the spec's JSON, copied from "Current load_constraints Shapes" -----------------------
-
-TARGET_INFLIGHT = {"target_inflight": {"kind": "integer", "minimum": 1, "step": 1}}
-
-EXLLAMA_BITS = {
-    "kind": "integer_or_null",
-    "minimum": 2,
-    "maximum": 8,
-    "default": None,
-    "null_means": "fp16",
-    "allowed_values": [2, 3, 4, 5, 6, 7, 8],
-}
-EXLLAMA_CONSTRAINTS = {
-    "exllama_cache_size": {"kind": "integer", "minimum": 256, "step": 256},
-    "exllama_max_rq_tokens": {"kind": "integer", "minimum": 1, "step": 1},
-    "exllama_cache_k_bits": EXLLAMA_BITS,
-    "exllama_cache_v_bits": EXLLAMA_BITS,
-    "exllama_cache_quant": {"kind": "string_or_null", "format": "<bits>|<k_bits>,<v_bits>"},
-}
-
-VLLM_CONSTRAINTS = {
-    "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
-    "vllm_kv_cache_dtype": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
-        "examples": ["auto", "fp8"],
-    },
-    "vllm_kv_cache_memory_bytes": {
-        "kind": "integer",
-        "minimum": 268435456,
-        "step": 268435456,
-        "unit": "bytes",
-        "display_unit": "mib",
-    },
-    "vllm_max_pixels": {"kind": "integer", "minimum": 200704, "step": 200704, "unit": "pixels"},
-    "vllm_speculative_method": {
-        "kind": "string_or_null",
-        "format": "vllm_speculative_method",
-        "default": None,
-        "examples": ["mtp", "draft_model", "mlp_speculator"],
-    },
-    "vllm_speculative_model": {
-        "kind": "string_or_null",
-        "format": "hf_id_or_local_path",
-        "default": None,
-        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
-    },
-    "vllm_speculative_moe_backend": {
-        "kind": "string_or_null",
-        "format": "vllm_moe_backend",
-        "default": None,
-        "examples": ["triton", "marlin"],
-    },
-    "vllm_speculative_attention_backend": {
-        "kind": "string_or_null",
-        "format": "vllm_attention_backend",
-        "default": None,
-        "examples": ["triton_attn", "flashinfer"],
-    },
-    "vllm_num_speculative_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
-}
-
-TRTLLM_CONSTRAINTS = {
-    "trtllm_max_seq_len": {"kind": "integer", "minimum": 256, "step": 256},
-    "trtllm_kv_cache_memory_bytes": {
-        "kind": "integer",
-        "minimum": 268435456,
-        "step": 268435456,
-        "unit": "bytes",
-        "display_unit": "mib",
-    },
-    "trtllm_max_num_tokens": {"kind": "integer", "minimum": 256, "step": 256},
-    "trtllm_enable_chunked_prefill": {"kind": "boolean", "default": False},
-    "trtllm_kv_cache_dtype": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": ["auto", "fp8", "nvfp4"],
-        "examples": ["auto", "fp8", "nvfp4"],
-    },
-}
-
-SGLANG_CONSTRAINTS = {
-    "sglang_context_length": {"kind": "integer", "minimum": 256, "step": 256},
-    "sglang_mem_fraction_static": {"kind": "float", "minimum": 0.01, "maximum": 1.0, "step": 0.01},
-    "sglang_max_total_tokens": {"kind": "integer", "minimum": 256, "step": 256, "unit": "tokens"},
-    "sglang_chunked_prefill_size": {"kind": "integer", "minimum": -1, "step": 1},
-    "sglang_kv_cache_dtype": {
-        "kind": "enum",
-        "default": "auto",
-        "allowed_values": [
-            "auto",
-            "bf16",
-            "bfloat16",
-            "fp8_e4m3",
-            "fp8_e5m2",
-            "mxfp8",
-            "nvfp4",
-            "fp4_mx_block16",
-            "fp4_e2m1",
-        ],
-    },
-    "sglang_speculative_algorithm": {
-        "kind": "string_or_null",
-        "format": "sglang_speculative_algorithm",
-        "default": None,
-        "examples": ["NEXTN"],
-    },
-    "sglang_speculative_draft_model": {
-        "kind": "string_or_null",
-        "format": "hf_id_or_local_path",
-        "default": None,
-        "examples": ["google/gemma-4-26B-A4B-it-assistant"],
-    },
-    "sglang_speculative_num_steps": {"kind": "integer", "minimum": 1, "step": 1, "default": 5},
-    "sglang_speculative_num_draft_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 6},
-    "sglang_speculative_eagle_topk": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
-}
-
-LLAMA_SERVER_CONSTRAINTS = {
-    "llama_server_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
-    "llama_server_image_max_tokens": {"kind": "integer", "minimum": 1, "step": 1},
-    "llama_server_spec_type": {
-        "kind": "enum",
-        "default": "draft-mtp",
-        "allowed_values": ["draft-mtp"],
-        "examples": ["draft-mtp"],
-    },
-    "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
-    "llama_server_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
-}
-
-EXLLAMA_RECOMMENDED_PAIRS = {
-    "kind": "pair_presets",
-    "fields": ["exllama_cache_k_bits", "exllama_cache_v_bits"],
-    "recommended_pairs": [
-        {"label": "fp16", "exllama_cache_k_bits": None, "exllama_cache_v_bits": None},
-        {"label": "8/8", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 8},
-        {"label": "8/4", "exllama_cache_k_bits": 8, "exllama_cache_v_bits": 4},
-    ],
-}
+from tests.spec_examples import (
+    EXLLAMA_BODIES,
+    EXLLAMA_CONSTRAINTS,
+    EXLLAMA_RECOMMENDATIONS,
+    LLAMA_SERVER_BODY,
+    LLAMA_SERVER_CONSTRAINTS,
+    LOAD_CONSTRAINTS,
+    REPLICAS_BODY,
+    SGLANG_BODY,
+    SGLANG_CONSTRAINTS,
+    TRTLLM_BODY,
+    TRTLLM_CONSTRAINTS,
+    VLLM_BODY,
+    VLLM_CONSTRAINTS,
+)
 
 # ---- minimal valid definitions ------------------------------------------------------------
 
@@ -189,14 +62,10 @@ def ordered(value) -> str:
 @pytest.mark.parametrize(
     ("backend", "expected"),
     [
-        ("exllamav3", EXLLAMA_CONSTRAINTS),
-        ("vllm", VLLM_CONSTRAINTS),
-        ("vllm_serve", {**TARGET_INFLIGHT, **VLLM_CONSTRAINTS}),
-        ("trtllm_serve", {**TARGET_INFLIGHT, **TRTLLM_CONSTRAINTS}),
-        ("sglang_serve", {**TARGET_INFLIGHT, **SGLANG_CONSTRAINTS}),
-        ("llama_server", {**TARGET_INFLIGHT, **LLAMA_SERVER_CONSTRAINTS}),
-        ("ct2", {}),
-        ("openai_remote", TARGET_INFLIGHT),
+        (backend, LOAD_CONSTRAINTS[backend])
+        for backend in (
+            "exllamav3", "vllm", "vllm_serve", "trtllm_serve", "sglang_serve", "llama_server", "ct2", "openai_remote"
+        )
     ],
 )
 def test_load_constraints_match_the_spec(backend, expected):
@@ -245,7 +114,8 @@ def test_exllama_recommends_the_spec_presets():
     recommendations = BACKENDS["exllamav3"].load_recommendations(definition("exllamav3"))
     presets = recommendations["exllama_cache_bit_pairs"]
     assert list(recommendations) == ["exllama_cache_bit_pairs"]
-    assert ordered({k: v for k, v in presets.items() if k != "notes"}) == ordered(EXLLAMA_RECOMMENDED_PAIRS)
+    expected = EXLLAMA_RECOMMENDATIONS["exllama_cache_bit_pairs"]
+    assert ordered({k: v for k, v in presets.items() if k != "notes"}) == ordered(expected)
     assert presets["notes"] and all(isinstance(note, str) for note in presets["notes"])
 
 
@@ -259,78 +129,17 @@ def test_other_backends_recommend_nothing(backend):
 # ---- accepted load bodies (the spec's examples) -------------------------------------------
 
 ACCEPTED_BODIES = [
-    ("llama_server", {"replicas": 3, "target_inflight": 4}),
-    ("trtllm_serve", {"replicas": 3, "target_inflight": 4}),
-    (
-        "exllamav3",
-        {"exllama_cache_size": 32768, "exllama_cache_quant": None, "exllama_max_rq_tokens": 32768},
-    ),
-    (
-        "exllamav3",
-        {"exllama_cache_size": 32768, "exllama_cache_quant": "8,8", "exllama_max_rq_tokens": 32768},
-    ),
-    (
-        "exllamav3",
-        {"exllama_cache_size": 32768, "exllama_cache_quant": "8,4", "exllama_max_rq_tokens": 32768},
-    ),
-    (
-        "exllamav3",
-        {
-            "exllama_cache_size": 32768,
-            "exllama_cache_k_bits": 8,
-            "exllama_cache_v_bits": 4,
-            "exllama_max_rq_tokens": 32768,
-        },
-    ),
+    ("llama_server", REPLICAS_BODY),
+    ("trtllm_serve", REPLICAS_BODY),
+    *[("exllamav3", body) for body in EXLLAMA_BODIES],
     ("exllamav3", {"exllama_cache_k_bits": None, "exllama_cache_v_bits": None}),
     ("exllamav3", {"exllama_cache_quant": "6"}),
-    *[
-        (
-            backend,
-            {
-                "vllm_max_model_len": 16384,
-                "vllm_kv_cache_dtype": "fp8",
-                "vllm_kv_cache_memory_bytes": 2147483648,
-                "vllm_max_pixels": 4014080,
-                "vllm_speculative_method": "mtp",
-                "vllm_speculative_model": "google/gemma-4-26B-A4B-it-assistant",
-                "vllm_speculative_moe_backend": "triton",
-                "vllm_speculative_attention_backend": "triton_attn",
-                "vllm_num_speculative_tokens": 1,
-            },
-        )
-        for backend in ("vllm", "vllm_serve")
-    ],
+    *[(backend, VLLM_BODY) for backend in ("vllm", "vllm_serve")],
     ("vllm", {"vllm_kv_cache_dtype": "fp8_inc"}),
     ("vllm_serve", {"vllm_kv_cache_dtype": "bfloat16", "target_inflight": 8}),
     ("vllm", {"vllm_speculative_method": None, "vllm_speculative_moe_backend": None}),
-    (
-        "trtllm_serve",
-        {
-            "target_inflight": 4,
-            "trtllm_max_seq_len": 20480,
-            "trtllm_kv_cache_memory_bytes": 8589934592,
-            "trtllm_max_num_tokens": 8192,
-            "trtllm_enable_chunked_prefill": False,
-            "trtllm_kv_cache_dtype": "fp8",
-        },
-    ),
-    (
-        "sglang_serve",
-        {
-            "target_inflight": 4,
-            "sglang_context_length": 20480,
-            "sglang_mem_fraction_static": 0.35,
-            "sglang_max_total_tokens": 20480,
-            "sglang_chunked_prefill_size": 8192,
-            "sglang_kv_cache_dtype": "fp8_e4m3",
-            "sglang_speculative_algorithm": "NEXTN",
-            "sglang_speculative_draft_model": "google/gemma-4-26B-A4B-it-assistant",
-            "sglang_speculative_num_steps": 5,
-            "sglang_speculative_num_draft_tokens": 6,
-            "sglang_speculative_eagle_topk": 1,
-        },
-    ),
+    ("trtllm_serve", TRTLLM_BODY),
+    ("sglang_serve", SGLANG_BODY),
     ("sglang_serve", {"sglang_speculative_num_steps": 3, "sglang_speculative_num_draft_tokens": 4}),
     (
         "sglang_serve",
@@ -341,16 +150,7 @@ ACCEPTED_BODIES = [
         },
     ),
     ("sglang_serve", {"sglang_chunked_prefill_size": -1, "sglang_speculative_algorithm": None}),
-    (
-        "llama_server",
-        {
-            "llama_server_n_ctx": 4096,
-            "llama_server_image_max_tokens": 512,
-            "llama_server_spec_type": "draft-mtp",
-            "llama_server_spec_draft_n_max": 4,
-            "llama_server_spec_draft_p_min": 0.25,
-        },
-    ),
+    ("llama_server", LLAMA_SERVER_BODY),
     ("llama_server", {"llama_server_spec_type": None}),
     ("openai_remote", {"target_inflight": 16}),
 ]
