@@ -139,6 +139,21 @@ def _postgres_admin(statement: str) -> None:
         connection.execute(statement)
 
 
+def model_entry(http: httpx.Client, name: str) -> dict:
+    """One AdminModelEntry from GET /v1/admin/models."""
+    return next(m for m in http.get("/v1/admin/models").json()["models"] if m["name"] == name)
+
+
+def wait_until(predicate, timeout: float = 3.0):
+    """Poll ``predicate`` until it returns something truthy or ``timeout`` passes; return its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def service_mode() -> str:
     """The shape of services started by ``live_service`` (see DEFAULT_MODE)."""

@@ -26,8 +26,8 @@ from functools import partial
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta, resolve_model_path
-from runtime.backends.in_process import ChatTemplate, chat_messages, stream_from_thread, template_variables
-from runtime.errors import BackendError, LLMPoolError
+from runtime.backends.in_process import ChatTemplate, chat_messages, generate_in_thread, template_variables
+from runtime.errors import BackendError
 
 
 def _import_engine():
@@ -155,14 +155,9 @@ class Ct2Engine:
         )
         encoding = self._tokenizer.encode(prompt, add_special_tokens=False)
         produce = partial(self._produce, encoding.tokens, request)
-        try:
-            async with aclosing(stream_from_thread(produce, name="ct2-generate")) as events:
-                async for event in events:
-                    yield event
-        except LLMPoolError:
-            raise
-        except Exception as exc:
-            raise BackendError(f"CTranslate2 generation failed: {exc}") from exc
+        async with aclosing(generate_in_thread(produce, name="ct2-generate", engine="CTranslate2")) as events:
+            async for event in events:
+                yield event
 
     def _produce(self, prompt_tokens: list[str], request: GenerationRequest, emit, stop: threading.Event) -> None:
         decoder = IncrementalDecoder(self._tokenizer)

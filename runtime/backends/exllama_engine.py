@@ -39,8 +39,8 @@ from functools import partial
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta, resolve_model_path
-from runtime.backends.in_process import ChatTemplate, chat_messages, stream_from_thread, template_variables
-from runtime.errors import BackendError, LLMPoolError
+from runtime.backends.in_process import ChatTemplate, chat_messages, generate_in_thread, template_variables
+from runtime.errors import BackendError
 
 
 def _import_exllamav3():
@@ -143,14 +143,9 @@ class ExllamaEngine:
         )
         input_ids = self._tokenizer.encode(prompt, add_bos=False, encode_special_tokens=True)
         produce = partial(self._produce, input_ids, request)
-        try:
-            async with aclosing(stream_from_thread(produce, name="exllama-generate")) as events:
-                async for event in events:
-                    yield event
-        except LLMPoolError:
-            raise
-        except Exception as exc:
-            raise BackendError(f"ExLlamaV3 generation failed: {exc}") from exc
+        async with aclosing(generate_in_thread(produce, name="exllama-generate", engine="ExLlamaV3")) as events:
+            async for event in events:
+                yield event
 
     def _new_job(self, input_ids, request: GenerationRequest):
         exllamav3 = self._exllamav3

@@ -21,11 +21,12 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from runtime.backends.base import GenerationRequest
 from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
-from runtime.errors import BackendError, InvalidRequest, ModalityUnsupported
+from runtime.errors import BackendError, InvalidRequest, LLMPoolError, ModalityUnsupported
 
 TEXT_PARTS = ("input_text", "output_text", "text")
 # Responses API roles as chat templates know them.
@@ -166,3 +167,17 @@ async def stream_from_thread(produce: Produce, name: str = "engine-stream") -> A
     finally:
         stop.set()
         await asyncio.shield(finished)
+
+
+async def generate_in_thread(produce: Produce, *, name: str, engine: str) -> AsyncIterator:
+    """``stream_from_thread`` for an engine's ``generate``: the thread stops as soon as the
+    consumer leaves, and a failure that is not already a request error becomes ``backend_error``
+    naming the engine."""
+    try:
+        async with aclosing(stream_from_thread(produce, name=name)) as events:
+            async for event in events:
+                yield event
+    except LLMPoolError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"{engine} generation failed: {exc}") from exc

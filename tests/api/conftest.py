@@ -9,3 +9,10 @@ def api_shape(request):
     DEFAULT_MODE["mode"] = request.param
     yield request.param
     DEFAULT_MODE["mode"] = "embedded"
+
+
+@pytest.fixture
+def http(service):
+    """An HTTP client for the module's ``service``."""
+    with service.client() as client:
+        yield client

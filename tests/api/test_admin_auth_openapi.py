@@ -37,12 +37,6 @@ def service(tmp_path_factory, api_shape):
     assert live.stop() == 0
 
 
-@pytest.fixture
-def http(service):
-    with service.client(timeout=15) as client:
-        yield client
-
-
 def state(http: httpx.Client) -> str:
     return http.get("/v1/admin/models", headers=RIGHT).json()["models"][0]["runtime_state"]
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from tests.conftest import LiveService, write_settings
+from tests.conftest import LiveService, model_entry, write_settings
 
 STATES = {"unloaded", "loading", "loaded", "unloading", "failed"}
 STREAM_REPLY = "one two three four five six seven eight nine ten"
@@ -59,21 +59,10 @@ def service(tmp_path_factory, api_shape):
     assert live.stop() == 0
 
 
-@pytest.fixture
-def http(service):
-    with service.client(timeout=15) as client:
-        yield client
-
-
-def entry(http: httpx.Client, name: str) -> dict:
-    models = http.get("/v1/admin/models").json()["models"]
-    return next(model for model in models if model["name"] == name)
-
-
 def wait_for_state(http: httpx.Client, name: str, state: str, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        current = entry(http, name)
+        current = model_entry(http, name)
         if current["runtime_state"] == state:
             return current
         time.sleep(0.01)
@@ -83,14 +72,14 @@ def wait_for_state(http: httpx.Client, name: str, state: str, timeout: float = 1
 def observe_states(service: LiveService, name: str, action) -> tuple[list[str], httpx.Response]:
     """Run ``action(client)`` in a thread and record every distinct state seen meanwhile."""
     with service.client() as watcher, service.client(timeout=15) as actor, ThreadPoolExecutor(1) as pool:
-        seen = [entry(watcher, name)["runtime_state"]]
+        seen = [model_entry(watcher, name)["runtime_state"]]
         running = pool.submit(action, actor)
         while not running.done():
-            state = entry(watcher, name)["runtime_state"]
+            state = model_entry(watcher, name)["runtime_state"]
             if state != seen[-1]:
                 seen.append(state)
             time.sleep(0.01)
-        state = entry(watcher, name)["runtime_state"]
+        state = model_entry(watcher, name)["runtime_state"]
         if state != seen[-1]:
             seen.append(state)
         return seen, running.result()
@@ -140,7 +129,7 @@ def test_failed_load_answers_200_and_keeps_last_error_until_the_next_load(servic
     body = failed.json()
     assert (body["runtime_state"], body["is_loaded"], body["loaded_replicas"]) == ("failed", False, 0)
     assert "weights are corrupt" in body["last_error"]
-    assert entry(http, "failing")["last_error"] == body["last_error"]
+    assert model_entry(http, "failing")["last_error"] == body["last_error"]
 
     # Unloading a failed model is a 200 no-op that keeps the error for inspection.
     unloaded = http.post("/v1/admin/models/failing/unload")
@@ -153,7 +142,7 @@ def test_failed_load_answers_200_and_keeps_last_error_until_the_next_load(servic
         loading = wait_for_state(http, "failing", "loading")
         assert loading["last_error"] is None
         assert again.result().json()["runtime_state"] == "failed"
-    assert "weights are corrupt" in entry(http, "failing")["last_error"]
+    assert "weights are corrupt" in model_entry(http, "failing")["last_error"]
 
 
 def test_replicas_are_all_or_nothing(http):
@@ -183,17 +172,17 @@ def test_replicas_in_the_body_change_the_entry_not_the_definition(http):
 
 
 def test_replicas_above_replica_max_are_rejected(http):
-    before = entry(http, "scalable")
+    before = model_entry(http, "scalable")
     error = assert_error(post_load(http, "scalable", {"replicas": 4}), 400, "invalid_load_request")
     assert error["param"] == "replicas"
-    assert entry(http, "scalable") == before
+    assert model_entry(http, "scalable") == before
 
 
 def test_target_inflight_is_rejected_for_a_stub(http):
-    before = entry(http, "scalable")
+    before = model_entry(http, "scalable")
     error = assert_error(post_load(http, "scalable", {"target_inflight": 2}), 400, "invalid_load_request")
     assert error["param"] == "target_inflight"
-    assert entry(http, "scalable") == before
+    assert model_entry(http, "scalable") == before
 
 
 # ---- idempotent loads, state conflicts ----------------------------------------------------
@@ -219,10 +208,10 @@ def test_load_while_loaded_answers_at_once_and_rejects_new_overrides(http):
         assert again.json()["runtime_state"] == "loaded"
         # stub_load_seconds is 1.0: a new load could not answer this fast.
         assert again.elapsed.total_seconds() < 0.8
-    before = entry(http, "idempotent")
+    before = model_entry(http, "idempotent")
     error = assert_error(post_load(http, "idempotent", {"replicas": 2}), 400, "invalid_load_request")
     assert "unload" in error["message"]
-    assert entry(http, "idempotent") == before
+    assert model_entry(http, "idempotent") == before
     assert http.post("/v1/admin/models/idempotent/unload").json()["runtime_state"] == "unloaded"
 
 
@@ -306,7 +295,7 @@ def test_concurrent_loads_start_exactly_one_load(service, http):
     waited = [a for a in answers if a.elapsed.total_seconds() >= 1.2]
     assert len(waited) == 1
     assert waited[0].json()["runtime_state"] == "loaded"
-    final = entry(http, "herd")
+    final = model_entry(http, "herd")
     assert (final["runtime_state"], final["loaded_replicas"]) == ("loaded", 1)
     assert http.post("/v1/admin/models/herd/unload").json()["runtime_state"] == "unloaded"
 
@@ -334,7 +323,7 @@ def test_concurrent_load_and_unload_calls_end_in_a_legal_state(service, http, ro
             assert answer.json()["last_error"] is None
     # Once the last pending transition settles the model rests in a consistent state.
     deadline = time.monotonic() + 5
-    while (final := entry(http, "racer"))["runtime_state"] in ("loading", "unloading"):
+    while (final := model_entry(http, "racer"))["runtime_state"] in ("loading", "unloading"):
         assert time.monotonic() < deadline, "the model never settled"
         time.sleep(0.02)
     assert final["runtime_state"] in ("loaded", "unloaded")
@@ -369,7 +358,7 @@ def test_unload_waits_for_the_stream_in_flight_and_rejects_new_requests(service,
     with ThreadPoolExecutor(2) as pool, service.client(timeout=15) as actor:
         streaming = pool.submit(read_stream, service, first_delta)
         assert first_delta.wait(5)
-        busy = entry(http, "streamer")
+        busy = model_entry(http, "streamer")
         assert (busy["inflight_requests"], busy["runtime_inflight"]) == (1, 1)
 
         unloading = pool.submit(actor.post, "/v1/admin/models/streamer/unload")

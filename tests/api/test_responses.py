@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.conftest import LiveService, write_settings
+from tests.conftest import LiveService, model_entry, wait_until, write_settings
 
 FIXED_REPLY = "alpha beta gamma delta epsilon"
 SLOW_REPLY = " ".join(f"w{i}" for i in range(60))  # 60 tokens x 100 ms: far longer than any wait below
@@ -44,12 +44,6 @@ def service(tmp_path_factory, api_shape):
         live.stop()
 
 
-@pytest.fixture
-def http(service):
-    with service.client() as client:
-        yield client
-
-
 def sse_events(response) -> list[dict]:
     """Every SSE event of a streamed response, checking each ``event:`` line matches its data type."""
     events, event_type = [], None
@@ -61,19 +55,6 @@ def sse_events(response) -> list[dict]:
             assert data["type"] == event_type
             events.append(data)
     return events
-
-
-def model_entry(http, name: str) -> dict:
-    return next(m for m in http.get("/v1/admin/models").json()["models"] if m["name"] == name)
-
-
-def wait_until(predicate, timeout: float = 3.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 def fairness_key(http, model: str, key: str) -> dict | None:

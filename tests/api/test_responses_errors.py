@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from contextlib import ExitStack
 
 import httpx
 import pytest
 
-from tests.conftest import LiveService, write_settings
+from tests.conftest import LiveService, model_entry, wait_until, write_settings
 
 SLOW_REPLY = " ".join(f"w{i}" for i in range(60))  # 60 tokens x 100 ms: outlasts every test that holds one
 TEXT_FORMAT = {"type": "json_schema", "name": "answer", "schema": {"type": "object"}, "strict": True}
@@ -43,25 +42,6 @@ def service(tmp_path_factory, api_shape):
         yield live
     finally:
         live.stop()
-
-
-@pytest.fixture
-def http(service):
-    with service.client() as client:
-        yield client
-
-
-def model_entry(http, name: str) -> dict:
-    return next(m for m in http.get("/v1/admin/models").json()["models"] if m["name"] == name)
-
-
-def wait_until(predicate, timeout: float = 3.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
 
 
 def respond(http, model: str, input="hello", **fields) -> httpx.Response:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from tests.conftest import LiveService, write_settings
+from tests.conftest import LiveService, model_entry, write_settings
 from tests.spec_examples import (
     EXLLAMA_BODIES,
     GGUF_BODIES,
@@ -62,23 +62,13 @@ def service(tmp_path_factory, api_shape):
     assert live.stop() == 0
 
 
-@pytest.fixture
-def http(service):
-    with service.client(timeout=15) as client:
-        yield client
-
-
-def entry(http: httpx.Client, name: str) -> dict:
-    return next(m for m in http.get("/v1/admin/models").json()["models"] if m["name"] == name)
-
-
 def load(http: httpx.Client, name: str, body) -> httpx.Response:
     return http.post(f"/v1/admin/models/{name}/load", json=body)
 
 
 def assert_rejected(http: httpx.Client, name: str, body, status: int, code: str) -> dict:
     """Send ``body``; check the status, code and envelope, and that the entry did not change."""
-    before = entry(http, name)
+    before = model_entry(http, name)
     answer = load(http, name, body)
     assert answer.status_code == status, answer.text
     assert set(answer.json()) == {"error"}
@@ -86,7 +76,7 @@ def assert_rejected(http: httpx.Client, name: str, body, status: int, code: str)
     assert set(error) == {"code", "message", "param"}
     assert error["code"] == code
     assert error["message"]
-    assert entry(http, name) == before
+    assert model_entry(http, name) == before
     return error
 
 
@@ -154,7 +144,7 @@ def test_spec_example_loading_while_unloading_is_409(service, http):
     with ThreadPoolExecutor(1) as pool, service.client(timeout=15) as actor:
         unloading = pool.submit(actor.post, "/v1/admin/models/slow-unload/unload")
         deadline = time.monotonic() + 5
-        while entry(http, "slow-unload")["runtime_state"] != "unloading":
+        while model_entry(http, "slow-unload")["runtime_state"] != "unloading":
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert_rejected(http, "slow-unload", None, 409, "model_state_conflict")
