@@ -33,7 +33,8 @@ async def direct(clients: int, per_client: int) -> tuple[list[float], float]:
         path = Path(folder) / "settings.json"
         path.write_text(json.dumps(SETTINGS))
         service = RuntimeService(str(path))
-        await service.start()
+        # Load explicitly: a load call made while the start-up load runs would return at once.
+        await service.start(load_enabled=False)
         await service.pool.controller("bench").load({}, None)
         payload = {"model": "bench", "messages": [{"role": "user", "content": [{"type": "input_text", "text": BODY["input"]}]}]}
 
