@@ -9,10 +9,6 @@ from models_app.runtime_client import RuntimeClient
 MIB = 1024 * 1024
 
 
-def catalog_list() -> list[CatalogModel]:
-    return list(CatalogModel.objects.all())
-
-
 def catalog_get(name: str) -> CatalogModel | None:
     return CatalogModel.objects.filter(name=name).first()
 

@@ -144,9 +144,6 @@ class Scheduler:
     def inflight(self) -> int:
         return sum(len(tickets) for tickets in self.active.values())
 
-    def idle(self) -> bool:
-        return self.queue_depth == 0 and self.inflight == 0
-
     def key_report(self) -> list[dict]:
         """The busiest keys (pending + active, then rejections), at most ``reported_keys``.
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+import pytest
+
 from runtime.backends.base import GenerationRequest
 from runtime.service import RuntimeService
+from tests.runtime.helpers import moves
 
 _request_ids = itertools.count()
 
@@ -48,3 +51,14 @@ async def wait_for_state(service: RuntimeService, model: str, state: str, timeou
         if entry["runtime_state"] == state or asyncio.get_running_loop().time() > deadline:
             return entry
         await asyncio.sleep(0.01)
+
+
+async def assert_refused_unchanged(service: RuntimeService, events: list, body: dict, error, param, fake) -> None:
+    """A bad load body raises ``error`` (naming ``param``) and changes nothing: no state, no engine call."""
+    with pytest.raises(error) as refused:
+        await load(service, "m", body)
+    if param is not None:
+        assert refused.value.param == param
+    entry = await service.handle("get_model", {"name": "m"}, None)
+    assert (entry["runtime_state"], entry["load_override"], moves(events, "m")) == ("unloaded", {}, [])
+    assert fake.calls == []

@@ -9,7 +9,8 @@ import pytest
 
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
 from tests.engines.engine_fakes import QWEN3_STYLE_TEMPLATE
-from tests.engines.runtime_driver import generate, generation_request, load, unload
+from tests.engines.runtime_driver import assert_refused_unchanged, generate, generation_request, load, unload
+from tests.runtime.helpers import moves
 
 # The spec's four ExLlamaV3 example load bodies and the cache each must build.
 SPEC_EXAMPLES = [
@@ -51,10 +52,6 @@ def model_folder(tmp_path):
 
 def exllama(folder, **fields) -> dict:
     return {"backend": "exllamav3", "model_path": str(folder), "prompt_format": "qwen3_template", **fields}
-
-
-def moves(events, model="m"):
-    return [(e.old.value, e.new.value) for e in events if e.model == model]
 
 
 def cache_calls(recorder) -> list[dict]:
@@ -124,13 +121,7 @@ async def test_bad_load_bodies_are_refused_without_a_state_change(
     fake_exllamav3, runtime_service, model_folder, body, error, param
 ):
     service, events = await runtime_service({"m": exllama(model_folder)})
-    with pytest.raises(error) as refused:
-        await load(service, "m", body)
-    if param is not None:
-        assert refused.value.param == param
-    entry = await service.handle("get_model", {"name": "m"}, None)
-    assert (entry["runtime_state"], entry["load_override"], moves(events)) == ("unloaded", {}, [])
-    assert fake_exllamav3.calls == []
+    await assert_refused_unchanged(service, events, body, error, param, fake_exllamav3)
 
 
 async def test_lifecycle_generation_and_release(fake_exllamav3, runtime_service, model_folder):
@@ -151,7 +142,7 @@ async def test_lifecycle_generation_and_release(fake_exllamav3, runtime_service,
 
     await unload(service, "m")
     assert fake_exllamav3.names()[-1] == "Model.unload"
-    assert moves(events) == LOAD_CYCLE + UNLOAD_CYCLE
+    assert moves(events, "m") == LOAD_CYCLE + UNLOAD_CYCLE
 
 
 async def test_thinking_modes_render_the_template_switch(fake_exllamav3, runtime_service, model_folder):

@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
-from tests.engines.runtime_driver import generate, load, unload, wait_for_state
+from tests.engines.runtime_driver import assert_refused_unchanged, generate, load, unload, wait_for_state
+from tests.runtime.helpers import moves
 from tests.spec_examples import VLLM_BODY
 
 GEMMA = "google/gemma-4-26B-A4B-it"
@@ -18,10 +19,6 @@ UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]
 
 def gemma(**fields) -> dict:
     return {"backend": "vllm", "model_path": GEMMA, "prompt_format": "gemma4_template", **fields}
-
-
-def moves(events, model="m"):
-    return [(e.old.value, e.new.value) for e in events if e.model == model]
 
 
 async def test_the_spec_example_body_becomes_exact_engine_arguments(fake_vllm, runtime_service):
@@ -128,13 +125,7 @@ async def test_a_local_model_folder_resolves_against_the_settings_file(fake_vllm
 )
 async def test_bad_load_bodies_are_refused_without_a_state_change(fake_vllm, runtime_service, body, error, param):
     service, events = await runtime_service({"m": gemma()})
-    with pytest.raises(error) as refused:
-        await load(service, "m", body)
-    if param is not None:
-        assert refused.value.param == param
-    entry = await service.handle("get_model", {"name": "m"}, None)
-    assert (entry["runtime_state"], entry["load_override"], moves(events)) == ("unloaded", {}, [])
-    assert fake_vllm.calls == []
+    await assert_refused_unchanged(service, events, body, error, param, fake_vllm)
 
 
 async def test_overrides_on_a_loaded_model_are_refused(fake_vllm, runtime_service):
@@ -196,7 +187,7 @@ async def test_lifecycle_through_the_pool(fake_vllm, runtime_service):
 
     await unload(service, "m")
     assert fake_vllm.names()[-3:] == ["shutdown", "shutdown", "cleanup_dist_env_and_memory"]
-    assert moves(events) == LOAD_CYCLE + UNLOAD_CYCLE
+    assert moves(events, "m") == LOAD_CYCLE + UNLOAD_CYCLE
 
 
 async def test_a_dead_engine_fails_the_model(fake_vllm, runtime_service):
@@ -210,7 +201,7 @@ async def test_a_dead_engine_fails_the_model(fake_vllm, runtime_service):
     entry = await wait_for_state(service, "m", "failed")
     assert entry["runtime_state"] == "failed"
     assert entry["last_error"] == "the vLLM engine died: EngineCore encountered an issue"
-    assert moves(events) == LOAD_CYCLE + [("loaded", "failed")]
+    assert moves(events, "m") == LOAD_CYCLE + [("loaded", "failed")]
     for _ in range(100):  # the dead engine is released in the background
         if "cleanup_dist_env_and_memory" in fake_vllm.names():
             break
@@ -225,7 +216,7 @@ async def test_an_engine_that_fails_to_start_fails_the_load(fake_vllm, runtime_s
     assert (entry["runtime_state"], entry["last_error"]) == (
         "failed", "replica 1 of 1 failed to load: CUDA out of memory"
     )
-    assert moves(events) == [("unloaded", "loading"), ("loading", "failed")]
+    assert moves(events, "m") == [("unloaded", "loading"), ("loading", "failed")]
 
 
 async def test_a_tokenizer_without_chat_template_fails_the_load(fake_vllm, runtime_service):

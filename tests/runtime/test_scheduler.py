@@ -61,7 +61,7 @@ def test_close_rejects_everything_queued_and_cancel_withdraws():
     assert effects.log == [("start", "run", 0), ("reject", "wait", "model_unloading")]
     assert scheduler.queue_depth == 0 and scheduler.inflight == 1
     scheduler.on_done(running)
-    assert scheduler.idle()
+    assert (scheduler.queue_depth, scheduler.inflight) == (0, 0)
 
 
 def served_order(scheduler, effects, tokens_of):
