@@ -1,9 +1,11 @@
 """ASGI wiring: HTTP goes to Django, the admin WebSocket to its consumer; the ``llmpool-runtime``
 channel goes to the runtime consumer.
 
-The machine API (/v1/*, /healthz) runs through a Django handler without the session, auth,
-CSRF and messages middleware the browser admin needs: each of those hops to a thread per
-request, which would dominate the latency of a request to a fast model.
+POST /v1/responses, the hot path, is served by a plain ASGI app
+(``models_app.responses_endpoint``): Django's request handling costs several thread hops per
+request, which dominated the latency of a request to a fast model.  The rest of the machine API
+(/v1/*, /healthz) runs through a Django handler without the session, auth, CSRF and messages
+middleware the browser admin needs, each of which hops to a thread per request too.
 """
 import os
 
@@ -21,6 +23,7 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer  # noqa: E402
+from models_app.responses_endpoint import responses_app  # noqa: E402
 from models_app.ws_consumers import AdminEventsConsumer  # noqa: E402
 
 
@@ -41,6 +44,9 @@ api_http = ApiHandler()
 
 async def http_router(scope, receive, send):
     path = scope["path"]
+    if path == "/v1/responses":
+        await responses_app(scope, receive, send)
+        return
     handler = api_http if path.startswith("/v1/") and path != "/v1/openapi.json" or path == "/healthz" else browser_http
     await handler(scope, receive, send)
 

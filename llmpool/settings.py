@@ -81,7 +81,7 @@ LLMPOOL_NODE_ID = os.environ.get("LLMPOOL_NODE_ID") or socket.gethostname()
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "models_app.channel_layer.RedisChannelLayer",
             "CONFIG": {
                 # redis-py 8 reads with a 5 s socket timeout, exactly channels-redis's blocking pop
                 # time: give reads room or an idle worker dies of a timeout.
@@ -98,7 +98,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "BACKEND": "models_app.channel_layer.InMemoryChannelLayer",
             "CONFIG": {"capacity": 1000, "expiry": 60},
         }
     }

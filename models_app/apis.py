@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from models_app import events, selectors, services
 from models_app.auth import AdminTokenPermission
 from models_app.errors import error_response
-from models_app.responses_api import ResponseBuilder, parse_responses_body
+from models_app.responses_endpoint import FAIRNESS_HEADER, create_response
 from models_app.runtime_client import RuntimeClient
 from runtime.errors import LLMPoolError
 
@@ -27,7 +27,6 @@ ERROR = inline_serializer(
         )
     },
 )
-FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
 
 
 class AdminModelEntrySerializer(serializers.Serializer):
@@ -209,51 +208,19 @@ class ResponseCreateApi(APIView):
             "final error event). The fairness key is the X-LLMPool-Fairness-Key header, else the user field."
         ),
         request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 403: ERROR, 404: ERROR, 409: ERROR, 429: ERROR, 503: ERROR},
+        responses={
+            200: OpenApiTypes.OBJECT, 400: ERROR, 403: ERROR, 404: ERROR, 405: ERROR, 409: ERROR, 413: ERROR,
+            429: ERROR, 502: ERROR, 503: ERROR,
+        },
     )
     async def post(self, request):
-        payload = parse_responses_body(request.data, request.headers.get(FAIRNESS_HEADER))
-        builder = ResponseBuilder(payload)
-        exchange = RuntimeClient().exchange("generate", payload)
-        try:
-            await _until_admitted(exchange)
-        except BaseException:
-            await exchange.aclose()
-            raise
-        if payload["stream"]:
-            response = StreamingHttpResponse(_sse(builder, exchange), content_type="text/event-stream")
-            response["Cache-Control"] = "no-cache"
-            response["X-Accel-Buffering"] = "no"
-            return response
-        try:
-            async for message in exchange:
-                if message["kind"] == "result":
-                    return Response(builder.final(message["data"]))
-        finally:
-            await exchange.aclose()
-
-
-async def _until_admitted(exchange) -> None:
-    """Consume the exchange until the runtime has admitted the request (errors raise here)."""
-    async for message in exchange:
-        if message["kind"] == "chunk" and message["data"].get("event") == "admitted":
-            return
-
-
-async def _sse(builder: ResponseBuilder, exchange):
-    try:
-        for event in builder.opening_events():
-            yield event
-        async for message in exchange:
-            if message["kind"] == "chunk":
-                yield builder.delta_event(message["data"]["text"])
-            elif message["kind"] == "result":
-                for event in builder.closing_events(message["data"]):
-                    yield event
-    except LLMPoolError as exc:
-        yield builder.error_event(exc.envelope())
-    finally:
-        await exchange.aclose()
+        answer = await create_response(request.data, request.headers.get(FAIRNESS_HEADER))
+        if isinstance(answer, dict):
+            return Response(answer)
+        response = StreamingHttpResponse(answer, content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
 
 
 class HealthApi(APIView):

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 
-from channels.consumer import AsyncConsumer
+from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import ChannelFull
 
 from models_app import runtime_host
@@ -25,6 +25,15 @@ _running: dict[str, asyncio.Task] = {}
 
 
 class RuntimeConsumer(AsyncConsumer):
+    async def dispatch(self, message: dict) -> None:
+        """Channels' dispatch closes stale database connections first, through a thread hop per
+        message; the runtime's handlers touch no connection of this task (the catalog mirror
+        writes through ``database_sync_to_async``, which manages its own), so call them directly."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def runtime_request(self, message: dict) -> None:
         if message.get("expires_at", float("inf")) < time.time():
             logger.warning("dropping expired request %s (%s)", message.get("request_id"), message.get("op"))
@@ -60,7 +69,8 @@ async def _serve(message: dict) -> None:
 
     beat = _Heartbeat(send, runtime_host.heartbeat_interval())
     try:
-        await send("ack")
+        if op != "generate":  # a generate answers at once (admitted, result or error): no ack needed
+            await send("ack")
         service = await runtime_host.ensure_runtime()
         beat.start()
         payload = dict(message.get("payload") or {}, request_id=request_id)

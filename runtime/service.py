@@ -130,11 +130,12 @@ class RuntimeService:
         pieces: list[str] = []
         finished: Finished | None = None
         dispatched = await controller.admit(ticket)
+        stream = payload.get("stream", False)
         try:
-            await emit({"event": "admitted"})
+            if stream:  # the API answers a stream's headers only now: errors before this get their status
+                await emit({"event": "admitted"})
             replica = await dispatched
             engine = controller.engines[replica]
-            stream = payload.get("stream", False)
             async for event in engine.generate(request):
                 if isinstance(event, TextDelta):
                     pieces.append(event.text)

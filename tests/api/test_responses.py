@@ -300,3 +300,40 @@ def test_a_client_that_accepts_only_event_streams_still_gets_answers(service):
     missing = httpx.post(service.url + "/v1/responses", headers=headers, json={"model": "nope", "input": "x"})
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "unknown_model"
+
+
+def test_client_disconnect_while_waiting_for_a_non_streamed_answer_frees_the_slot(http, service):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(service.url + "/v1/responses", json={"model": "slow", "input": "x"}, timeout=0.5)
+    freed = wait_until(
+        lambda: (entry := model_entry(http, "slow"))["runtime_inflight"] == 0 and entry["inflight_requests"] == 0,
+        timeout=2.0,
+    )
+    assert freed
+
+
+# ---- the HTTP edge ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE"])
+def test_other_methods_are_405_method_not_allowed(http, method):
+    answer = http.request(method, "/v1/responses")
+    assert answer.status_code == 405
+    assert answer.headers["Allow"] == "POST"
+    assert answer.json()["error"] == {"code": "method_not_allowed", "message": f'Method "{method}" not allowed.',
+                                      "param": None}
+
+
+def test_a_body_over_64_mib_is_413_request_too_large(http):
+    before = model_entry(http, "echo")["fairness"]
+    answer = http.post("/v1/responses", content=b" " * (64 * 1024 * 1024 + 1), headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "request_too_large"
+    assert model_entry(http, "echo")["fairness"] == before
+
+
+def test_an_empty_body_is_400_naming_the_missing_model(http):
+    answer = http.post("/v1/responses", content=b"")
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert answer.json()["error"]["param"] == "model"

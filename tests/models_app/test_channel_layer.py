@@ -1,0 +1,89 @@
+"""The channel layers (models_app.channel_layer): the embedded layer copies messages as the Redis
+layer serializes them; the split's layer, against a real Redis, keeps channels-redis's semantics
+(capacity, expiry, process-local channels) with its one-round-trip send."""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+import redis.asyncio as redis
+from channels.exceptions import ChannelFull
+
+from models_app.channel_layer import InMemoryChannelLayer, RedisChannelLayer
+
+REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+async def test_in_memory_messages_are_copies_shaped_as_redis_carries_them():
+    layer = InMemoryChannelLayer(capacity=2)
+    message = {"type": "reply", "data": {"pair": (1, 2), "text": "hi", "raw": b"\x00"}}
+    await layer.send("work", message)
+    message["data"]["text"] = "changed after sending"
+    assert await layer.receive("work") == {"type": "reply", "data": {"pair": [1, 2], "text": "hi", "raw": b"\x00"}}
+
+
+async def test_in_memory_refuses_what_redis_could_not_carry():
+    layer = InMemoryChannelLayer()
+    with pytest.raises(TypeError):
+        await layer.send("work", {"type": "reply", "data": {1, 2}})
+
+
+async def test_in_memory_full_channel_raises_channel_full():
+    layer = InMemoryChannelLayer(capacity=2)
+    await layer.send("work", {"type": "job"})
+    await layer.send("work", {"type": "job"})
+    with pytest.raises(ChannelFull):
+        await layer.send("work", {"type": "job"})
+
+
+@pytest.fixture
+async def layer():
+    prefix = f"llmpooltest-{uuid.uuid4().hex[:8]}"
+    layer = RedisChannelLayer(hosts=[REDIS_URL], prefix=prefix, expiry=30, capacity=3,
+                              channel_capacity={"roomy": 5})
+    client = redis.from_url(REDIS_URL)
+    try:
+        yield layer, client, prefix
+    finally:
+        await layer.flush()
+        await client.aclose()
+        await layer.close_pools()
+
+
+async def test_messages_arrive_in_order_on_a_general_channel(layer):
+    layer, _, _ = layer
+    for number in range(3):
+        await layer.send("work", {"type": "job", "number": number})
+    assert [(await layer.receive("work"))["number"] for _ in range(3)] == [0, 1, 2]
+
+
+async def test_a_process_local_channel_gets_its_message(layer):
+    layer, _, _ = layer
+    channel = await layer.new_channel()
+    await layer.send(channel, {"type": "reply", "text": "hi"})
+    assert await layer.receive(channel) == {"type": "reply", "text": "hi"}
+
+
+async def test_a_full_channel_raises_channel_full_and_keeps_what_it_holds(layer):
+    layer, client, prefix = layer
+    for number in range(3):
+        await layer.send("work", {"type": "job", "number": number})
+    with pytest.raises(ChannelFull):
+        await layer.send("work", {"type": "job", "number": 3})
+    assert await client.zcard(f"{prefix}work") == 3
+    for number in range(5):  # a per-channel capacity applies too
+        await layer.send("roomy", {"type": "job", "number": number})
+    with pytest.raises(ChannelFull):
+        await layer.send("roomy", {"type": "job", "number": 5})
+
+
+async def test_the_channel_key_expires_and_expired_messages_are_dropped(layer):
+    layer, client, prefix = layer
+    key = f"{prefix}work"
+    await client.zadd(key, {b"stale": time.time() - 60})  # older than the 30 s expiry
+    await layer.send("work", {"type": "job", "number": 1})
+    assert 0 < await client.ttl(key) <= 30
+    assert await client.zcard(key) == 1
+    assert (await layer.receive("work"))["number"] == 1
