@@ -1,19 +1,26 @@
 """What llm-pool adds on top of the llama-server it manages, measured side by side in one run.
 
 Starts llm-pool with one llama_server model (the cached llama-server build of
-scripts/build_llama_server.sh serving SmolLM2), finds that server's port from
-its pidfile, and calls the same server both directly (``/v1/chat/completions``)
-and through llm-pool (``/v1/responses``), alternating so both see the same load:
+scripts/build_llama_server.sh serving SmolLM2) and a zero-delay stub model, finds
+the server's port from its pidfile, and calls the same server both directly
+(``/v1/chat/completions``) and through llm-pool (``/v1/responses``), alternating so
+both see the same load:
 
 - added latency, non-streamed short outputs: p50 / p99 of each path and their
-  difference (target: at most 1 ms added at p50); the ``engine`` path is the
-  managed-server engine's own client code (``stream_chat``) called in this
-  process, which separates what the engine adds from what the service around
-  it (HTTP, the channel layer, the runtime's scheduling) adds;
+  difference (target: at most 1 ms added at p50), with the paths taking turns every
+  request (``interleaved``) and every 20 requests (``in_a_row``); the ``engine`` path
+  is the managed-server engine's own client code (``stream_chat``) called in this
+  process, which separates what the engine adds from what the service around it
+  (HTTP, the channel layer, the runtime's scheduling) adds;
+- ``idle_wakeup``: llm-pool's p50 on the stub model back to back and after 20 ms
+  idle, the machine's wake-up latency that the interleaved figures include;
 - streamed tokens/s at 1 and at 16 concurrent streams, and the ratio llm-pool /
   direct (targets: at least 0.99 and 0.95).
 
-Prints one JSON object.  Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 64]
+llama-server decodes on ``--server-threads`` threads (default 1: on a two-core
+machine a server on both cores slows down whenever anything else runs, the
+benchmark's own client included).  Prints one JSON object.
+Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 128] [--server-threads 1]
 """
 from __future__ import annotations
 
@@ -136,7 +143,14 @@ def retried_once(name: str, call):
 # ---- the two measurements --------------------------------------------------------------------
 
 
-async def added_latency(http: httpx.AsyncClient, direct: str, pool: str, requests: int) -> dict:
+async def added_latency(http: httpx.AsyncClient, direct: str, pool: str, requests: int, block: int) -> dict:
+    """p50/p99 of each path; the paths take turns every ``block`` requests.
+
+    With ``block`` 1 every request of a path follows two requests of the other paths, so each
+    process on the path has been idle for ~20 ms and pays the machine's wake-up latency on
+    every hop (on this VM about 0.4 ms a process: see ``idle_wakeup``); with a larger block
+    a path's requests follow one another, as a busy service's do.
+    """
     paths = (
         ("direct", retried_once("direct", direct_once), direct),
         ("engine", retried_once("engine", engine_once), direct),
@@ -146,20 +160,39 @@ async def added_latency(http: httpx.AsyncClient, direct: str, pool: str, request
     for _, call, url in paths:
         for _ in range(5):  # warm the connections and the prompt cache
             await call(http, url, LATENCY_PROMPT, 1, False)
-    for _ in range(requests):
+    for _ in range(max(1, requests // block)):
         for name, call, url in paths:
-            began = time.perf_counter()
-            await call(http, url, LATENCY_PROMPT, 1, False)
-            samples[name].append(time.perf_counter() - began)
+            for _ in range(block):
+                began = time.perf_counter()
+                await call(http, url, LATENCY_PROMPT, 1, False)
+                samples[name].append(time.perf_counter() - began)
     stats = {name: percentiles(values) for name, values in samples.items()}
     return {
         "max_output_tokens": 1,
+        "requests_in_a_row": block,
         **stats,
         "added_p50_ms": round(stats["llm_pool"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
         "added_p99_ms": round(stats["llm_pool"]["p99_ms"] - stats["direct"]["p99_ms"], 3),
         "engine_added_p50_ms": round(stats["engine"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
         "target_added_p50_ms": 1.0,
     }
+
+
+async def idle_wakeup(http: httpx.AsyncClient, pool: str, requests: int) -> dict:
+    """The platform effect behind the interleaved figure: llm-pool's own p50 on a zero-delay stub
+    model, back to back and after 20 ms of idleness before each request."""
+    body = {"model": "stub", "input": "one two three", "stream": False}
+    figures = {}
+    for label, pause in (("back_to_back", 0.0), ("after_20ms_idle", 0.02)):
+        samples = []
+        for _ in range(requests):
+            if pause:
+                await asyncio.sleep(pause)
+            began = time.perf_counter()
+            (await http.post(pool + "/v1/responses", json=body)).raise_for_status()
+            samples.append(time.perf_counter() - began)
+        figures[label] = percentiles(samples)
+    return {"stub_model_p50_ms": {label: stats["p50_ms"] for label, stats in figures.items()}}
 
 
 async def stream_rate(http, call, url: str, streams: int, tokens: int) -> tuple[int, float]:
@@ -203,7 +236,9 @@ async def measure(direct: str, pool: str, args) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
         return {
-            "non_streamed_latency": await added_latency(http, direct, pool, args.requests),
+            "non_streamed_latency_interleaved": await added_latency(http, direct, pool, args.requests, 1),
+            "non_streamed_latency_in_a_row": await added_latency(http, direct, pool, args.requests, 20),
+            "idle_wakeup": await idle_wakeup(http, pool, args.requests),
             "streamed_1": await streamed_ratio(http, direct, pool, 1, args.tokens, args.rounds, 0.99),
             "streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95),
             "retried_requests": dict(RETRIED),
@@ -215,6 +250,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=200, help="non-streamed requests per path")
     parser.add_argument("--tokens", type=int, default=128, help="max output tokens per streamed request")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per stream count")
+    parser.add_argument("--server-threads", type=int, default=1,
+                        help="llama-server decode threads (-t); 0 leaves llama-server's own default")
     args = parser.parse_args()
     binary, model = llama_server_binary(), smollm2_gguf()
     with tempfile.TemporaryDirectory() as state:
@@ -223,10 +260,14 @@ def main() -> None:
             "backend": "llama_server", "enabled": True, "model_path": model, "llama_server_binary": binary,
             "target_inflight": 16, "llama_server_n_ctx": 16 * 512,
         }
-        with running_service({"models": {"smol": definition}}) as pool:
+        if args.server_threads:
+            definition["llama_server_extra_args"] = ["--threads", str(args.server_threads)]
+        models = {"smol": definition, "stub": {"backend": "stub", "enabled": True}}
+        with running_service({"models": models}) as pool:
             direct = f"http://127.0.0.1:{server_port(Path(state))}"
             results = asyncio.run(measure(direct, pool, args))
     summary = {"model": Path(model).name, "llama_server": binary, "cpus": os.cpu_count(),
+               "server_threads": args.server_threads or "llama-server default",
                "load_average_1m": round(os.getloadavg()[0], 2)}
     print(json.dumps({**summary, **results}, indent=2))
 

@@ -4,8 +4,8 @@ channel goes to the runtime consumer.
 POST /v1/responses, the hot path, is served by a plain ASGI app
 (``models_app.responses_endpoint``): Django's request handling costs several thread hops per
 request, which dominated the latency of a request to a fast model.  The rest of the machine API
-(/v1/*, /healthz) runs through a Django handler without the session, auth, CSRF and messages
-middleware the browser admin needs, each of which hops to a thread per request too.
+(/v1/*, /healthz) runs through ``llmpool.api_handler.ApiHandler``: Django without the browser's
+middleware and without most of those thread hops.
 """
 import os
 
@@ -17,26 +17,13 @@ django_http = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from llmpool.api_handler import ApiHandler  # noqa: E402
 from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer  # noqa: E402
 from models_app.responses_endpoint import responses_app  # noqa: E402
 from models_app.ws_consumers import AdminEventsConsumer  # noqa: E402
-
-
-class ApiHandler(ASGIHandler):
-    """Django for the machine API: the same URLs and views, with settings.API_MIDDLEWARE only."""
-
-    def load_middleware(self, is_async=False):
-        browser_middleware = settings.MIDDLEWARE
-        settings.MIDDLEWARE = settings.API_MIDDLEWARE
-        try:
-            super().load_middleware(is_async)
-        finally:
-            settings.MIDDLEWARE = browser_middleware
 
 
 api_http = ApiHandler()

@@ -61,15 +61,14 @@ async def _until_admitted(exchange) -> None:
 
 
 async def _sse(builder: ResponseBuilder, exchange) -> AsyncIterator[bytes]:
+    # Events that are ready together go out as one body chunk: one write, one read for the client.
     try:
-        for event in builder.opening_events():
-            yield event
+        yield b"".join(builder.opening_events())
         async for message in exchange:
             if message["kind"] == "chunk":
                 yield builder.delta_event(message["data"]["text"])
             elif message["kind"] == "result":
-                for event in builder.closing_events(message["data"]):
-                    yield event
+                yield b"".join(builder.closing_events(message["data"]))
     except LLMPoolError as exc:
         yield builder.error_event(exc.envelope())
     finally:

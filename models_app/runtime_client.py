@@ -86,9 +86,12 @@ class RuntimeClient:
         if give_up_at is not None:
             timeout = min(timeout, max(0.0, give_up_at - time.monotonic()))
         try:
-            async with asyncio.timeout(timeout):  # no extra task per message, unlike wait_for
-                return await self.layer.receive(channel)
-        except TimeoutError:
+            # wait_for, not asyncio.timeout: on Python 3.11 a cancel thrown straight down into
+            # channels-redis's blocking pop (itself inside redis-py's read timeout) was seen to be
+            # lost until the pop returned, so a client that went away kept its slot for seconds.
+            # wait_for receives in a task of its own and cancels that task instead.
+            return await asyncio.wait_for(self.layer.receive(channel), timeout)
+        except asyncio.TimeoutError:
             if give_up_at is not None and time.monotonic() >= give_up_at:
                 raise RuntimeUnavailable("the runtime did not finish within the call's time limit") from None
             raise RuntimeUnavailable(

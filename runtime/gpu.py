@@ -14,6 +14,7 @@ on the event loop run them with ``asyncio.to_thread``.
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
 
 NVIDIA_SMI_QUERY = [
@@ -73,9 +74,15 @@ def probe_nvml() -> tuple[list[dict], str | None]:
 
 
 def probe_nvidia_smi() -> tuple[list[dict], str | None]:
+    # Looked up first: a failed spawn forks the whole process, which in a serving process with
+    # a model loaded costs more than everything else a model load adds to the engine's own time.
+    binary = shutil.which(NVIDIA_SMI_QUERY[0])
+    if binary is None:
+        return [], "nvidia-smi is not on PATH"
     try:
         completed = subprocess.run(
-            NVIDIA_SMI_QUERY, capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_SECONDS, check=False
+            [binary, *NVIDIA_SMI_QUERY[1:]], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_SECONDS,
+            check=False,
         )
     except FileNotFoundError:
         return [], "nvidia-smi is not on PATH"
