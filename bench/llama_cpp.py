@@ -11,7 +11,7 @@ Measures, alternating the two paths run by run and keeping medians:
 Greedy decoding and a prompt that outlasts ``--tokens`` make both paths produce the same
 tokens; after each load one 1-token request touches the freshly mapped weights first, so TTFT
 is the steady-state figure.  Prints one JSON object.
-Run: .venv/bin/python bench/llama_cpp.py [--runs 5] [--tokens 64] [--threads 1]
+Run: .venv/bin/python bench/llama_cpp.py [--runs 11] [--tokens 64] [--threads 1]
 """
 from __future__ import annotations
 
@@ -201,7 +201,7 @@ async def run(runs: int, tokens: int, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()

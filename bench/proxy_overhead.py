@@ -9,7 +9,7 @@ both see the same load:
 - added latency, non-streamed short outputs: p50 / p99 of each path and their
   difference (target: at most 1 ms added at p50), with the paths taking turns every
   request (``interleaved``) and every 20 requests (``in_a_row``); the ``engine`` path
-  is the managed-server engine's own client code (``stream_chat``) called in this
+  is the managed-server engine's own client code (``chat_completion``) called in this
   process, which separates what the engine adds from what the service around it
   (HTTP, the channel layer, the runtime's scheduling) adds;
 - ``idle_wakeup``: llm-pool's p50 on the stub model back to back and after 20 ms
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, percentiles, running_service  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
-from runtime.backends.managed import chat_request, stream_chat  # noqa: E402
+from runtime.backends.managed import chat_completion, chat_request  # noqa: E402
 from runtime.errors import BackendError  # noqa: E402
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."  # SmolLM2 runs past 128 tokens
@@ -70,18 +70,17 @@ def server_port(state_dir: Path) -> int:
 # ---- one request per path -------------------------------------------------------------------
 
 
-def engine_body(prompt: str, tokens: int) -> dict:
+def engine_body(prompt: str, tokens: int, stream: bool) -> dict:
     """The exact chat completions body llm-pool's engine sends for this request (temperature 0)."""
     message = {"role": "user", "content": [{"type": "input_text", "text": prompt}]}
-    return chat_request(GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0), "smol")
+    request = GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0, stream=stream)
+    return chat_request(request, "smol")
 
 
 async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
-    """The same body as the engine's, sent as a plain client would: not streamed unless asked."""
-    body = engine_body(prompt, tokens)
+    """The same body as the engine's, sent as a plain client would."""
+    body = engine_body(prompt, tokens, stream)
     if not stream:
-        body["stream"] = False
-        del body["stream_options"]
         response = await http.post(url + "/v1/chat/completions", json=body)
         response.raise_for_status()
         return response.json()["usage"]["completion_tokens"]
@@ -96,9 +95,10 @@ async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: in
 
 
 async def engine_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
-    """The engine's client code (streamed upstream, translated to deltas) in this process."""
-    used, body = 0, engine_body(prompt, tokens)
-    async for event in stream_chat(http, url + "/v1/chat/completions", body, "bench", BackendError):
+    """The engine's client code (the upstream call, translated to deltas) in this process."""
+    used = 0
+    async for event in chat_completion(http, url + "/v1/chat/completions", engine_body(prompt, tokens, stream), "bench",
+                                       BackendError):
         used = event.output_tokens if isinstance(event, Finished) else used
     return used
 

@@ -173,6 +173,7 @@ class RuntimeService:
             metadata=payload.get("metadata") or {},
             fairness_key=payload.get("fairness_key"),
             extra=payload.get("extra") or {},
+            stream=bool(payload.get("stream")),
         )
 
 

@@ -70,6 +70,7 @@ class GenerationRequest:
     metadata: dict = field(default_factory=dict)
     fairness_key: str | None = None
     extra: dict = field(default_factory=dict)  # backend-specific request fields (TranslateGemma codes)
+    stream: bool = False  # the client reads deltas as they come (engines that proxy an upstream ask it alike)
 
     def last_user_text(self) -> str:
         for message in reversed(self.messages):

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.backends.managed import chat_request, stream_chat, upstream_error
+from runtime.backends.managed import chat_completion, chat_request, upstream_error
 from runtime.errors import InvalidRequest, UpstreamError
 
 
@@ -73,7 +73,7 @@ class OpenaiRemoteEngine:
                 configured_thinking=self.config.get("enable_thinking"),
                 file_part=lambda part: _file_part(part, uploads.get(id(part))),
             )
-            async for event in stream_chat(self._client, "chat/completions", body, self.label, UpstreamError):
+            async for event in chat_completion(self._client, "chat/completions", body, self.label, UpstreamError):
                 yield event
         except httpx.TimeoutException:
             raise UpstreamError(

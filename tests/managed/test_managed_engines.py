@@ -121,15 +121,20 @@ async def test_requests_are_forwarded_as_chat_completions_and_streamed_back(fake
     controller = pool.controller("m")
     await controller.load({}, None)
     engine = controller.engines[0]
+    streamed = ask("hello there friend", instructions="be brief", thinking="enabled", stream=True)
+    text, finished = await collect(engine, streamed)
+    assert text == "echo: hello there friend"
+    assert finished == Finished(input_tokens=5, output_tokens=4, finish_reason="stop")
+    for stream in (True, False):
+        text, finished = await collect(engine, ask("one two three four", max_output_tokens=2, stream=stream))
+        assert (text, finished.finish_reason, finished.output_tokens) == ("echo: one", "length", 2)
     text, finished = await collect(engine, ask("hello there friend", instructions="be brief", thinking="enabled"))
     assert text == "echo: hello there friend"
     assert finished == Finished(input_tokens=5, output_tokens=4, finish_reason="stop")
-    text, finished = await collect(engine, ask("one two three four", max_output_tokens=2))
-    assert (text, finished.finish_reason, finished.output_tokens) == ("echo: one", "length", 2)
     schema = {"type": "json_schema", "name": "echo", "schema": {"type": "object"}, "strict": True}
     text, _ = await collect(engine, ask("structured", response_format=schema))
     assert text == '{"echo": "structured"}'
-    first, _, third = requests_logged(tmp_path / "requests.jsonl")
+    first, _, _, fourth, fifth = requests_logged(tmp_path / "requests.jsonl")
     assert first == {
         "model": TARGET,
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there friend"}],
@@ -140,7 +145,9 @@ async def test_requests_are_forwarded_as_chat_completions_and_streamed_back(fake
         "top_p": 1.0,
         "chat_template_kwargs": {"enable_thinking": True},
     }
-    assert third["response_format"] == {
+    # A client that does not stream gets one upstream answer: no chunk per token on either side.
+    assert fourth == {**{k: v for k, v in first.items() if k != "stream_options"}, "stream": False}
+    assert fifth["response_format"] == {
         "type": "json_schema", "json_schema": {"name": "echo", "schema": {"type": "object"}, "strict": True}
     }
     await pool.shutdown()
@@ -161,8 +168,9 @@ async def test_upstream_refusals_keep_their_message(fake_bin, state_dir, tmp_pat
     await pool.shutdown()
 
 
+@pytest.mark.parametrize("stream", [True, False])
 async def test_a_server_that_dies_while_loaded_fails_the_model_and_its_requests_at_once(
-    fake_bin, state_dir, tmp_path
+    fake_bin, state_dir, tmp_path, stream
 ):
     fields = definition("vllm_serve", fake_bin, tmp_path, env={"FAKE_TOKEN_DELAY_MS": "300"})
     pool, events = await start_pool(tmp_path, {"m": fields})
@@ -170,7 +178,7 @@ async def test_a_server_that_dies_while_loaded_fails_the_model_and_its_requests_
     await controller.load({}, None)
     engine = controller.engines[0]
     pid = engine.process.pid
-    in_flight = asyncio.create_task(collect(engine, ask(" ".join(["word"] * 50))))
+    in_flight = asyncio.create_task(collect(engine, ask(" ".join(["word"] * 50), stream=stream)))
     await asyncio.sleep(0.5)
     os.kill(pid, signal.SIGKILL)
     began = time.monotonic()

@@ -12,7 +12,7 @@ Knobs, all from the environment (the model definition's ``*_env``):
 - ``FAKE_REQUEST_LOG``: a file to append every chat request body to;
 - ``FAKE_READY_AFTER``: seconds /health answers 503 first (a loading model);
 - ``FAKE_EXIT_AT_START``: print a fatal line and exit with this code before serving;
-- ``FAKE_TOKEN_DELAY_MS``: delay before each streamed token;
+- ``FAKE_TOKEN_DELAY_MS``: delay before each streamed token (a non-streamed answer waits for all of them);
 - ``FAKE_DROP_REQUESTS``: close the connection of this many first chat requests without answering;
 - ``FAKE_IGNORE_SIGTERM``: ignore SIGTERM (a server that hangs on shutdown);
 - ``FAKE_CHILD``: start a worker process in the same process group (it outlives
@@ -287,6 +287,8 @@ class _Handler(BaseHTTPRequestHandler):
             include_usage = (request.get("stream_options") or {}).get("include_usage")
             self._stream(tokens, finish, usage if include_usage else None)
         else:
+            if self.state["token_delay"]:  # the same compute time as a streamed answer, all before the answer
+                time.sleep(self.state["token_delay"] * len(tokens))
             message = {"role": "assistant", "content": "".join(tokens)}
             self._json(200, {
                 "id": "chatcmpl-fake", "object": "chat.completion", "model": request["model"],
