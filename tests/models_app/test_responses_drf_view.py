@@ -1,0 +1,65 @@
+"""The DRF view of POST /v1/responses (``apis.ResponseCreateApi``): it serves the endpoint where the
+ASGI router of llmpool.asgi is not in front, as here through Django's own test client, and answers
+what the plain-ASGI front answers, because both call ``responses_endpoint.create_response``."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from channels.layers import get_channel_layer
+from channels.routing import ChannelNameRouter
+from channels.worker import Worker
+from django.test import AsyncClient
+
+from models_app import runtime_host
+from models_app.conf import service_settings
+from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+async def runtime(tmp_path, settings):
+    path = tmp_path / "settings.json"
+    path.write_text(json.dumps({"models": {"echo": {"backend": "stub", "stub_reply": "one two three"}}}))
+    settings.LLMPOOL_SETTINGS = str(path)
+    service_settings.cache_clear()
+    service = await runtime_host.ensure_runtime()
+    worker = Worker(ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}), [RUNTIME_CHANNEL], get_channel_layer())
+    serving = asyncio.create_task(worker.handle())
+    try:
+        loaded = await service.handle("load", {"name": "echo", "body": {}}, None)
+        assert loaded["runtime_state"] == "loaded"
+        yield
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        await runtime_host.shutdown_runtime()
+        service_settings.cache_clear()
+
+
+async def test_a_non_streamed_answer(runtime):
+    answer = await AsyncClient().post("/v1/responses", {"model": "echo", "input": "hi"}, content_type="application/json")
+    assert answer.status_code == 200
+    body = answer.json()
+    assert (body["object"], body["status"]) == ("response", "completed")
+    assert body["output"][0]["content"][0]["text"] == "one two three"
+
+
+async def test_a_streamed_answer(runtime):
+    answer = await AsyncClient().post(
+        "/v1/responses", {"model": "echo", "input": "hi", "stream": True}, content_type="application/json"
+    )
+    assert answer.status_code == 200
+    assert answer["Content-Type"] == "text/event-stream"
+    text = b"".join([chunk async for chunk in answer.streaming_content]).decode()
+    events = [line.removeprefix("event: ") for line in text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "response.created" and events[-1] == "response.completed"
+    assert events.count("response.output_text.delta") == 3
+
+
+async def test_errors_have_the_same_envelope(runtime):
+    answer = await AsyncClient().post("/v1/responses", {"model": "nope", "input": "hi"}, content_type="application/json")
+    assert answer.status_code == 404
+    assert answer.json()["error"]["code"] == "unknown_model"
