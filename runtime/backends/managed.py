@@ -199,7 +199,8 @@ class ManagedServerEngine:
         for attempt in (1, 2):
             answered = False
             try:
-                async for event in chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError):
+                upstream = chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
+                async for event in upstream:
                     answered = True
                     yield event
                 return

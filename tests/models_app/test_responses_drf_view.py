@@ -22,7 +22,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 async def runtime(tmp_path, settings):
     path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"models": {"echo": {"backend": "stub", "stub_reply": "one two three"}}}))
+    models = {"echo": {"backend": "stub", "stub_reply": "one two three"}}
+    path.write_text(json.dumps({"models": models}))
     settings.LLMPOOL_SETTINGS = str(path)
     service_settings.cache_clear()
     service = await runtime_host.ensure_runtime()
