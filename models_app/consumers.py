@@ -69,7 +69,8 @@ async def _serve(message: dict) -> None:
 
     beat = _Heartbeat(send, runtime_host.heartbeat_interval())
     try:
-        if op != "generate":  # a generate answers at once (admitted, result or error): no ack needed
+        # A generate gets no ack: its heartbeat starts at once instead (one message fewer per request).
+        if op != "generate":
             await send("ack")
         service = await runtime_host.ensure_runtime()
         beat.start()
