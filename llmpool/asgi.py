@@ -11,6 +11,9 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from llmpool import diagnostics
+
+diagnostics.install()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmpool.settings")
 django_http = get_asgi_application()
 

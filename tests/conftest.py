@@ -110,11 +110,19 @@ class LiveService:
 
     def stop(self) -> int | None:
         """SIGTERM every process; returns the exit code of serve (or of the runtime when split)."""
-        codes = [_terminate(process) for process in (self.runtime_process, self.process)]
+        codes, hung = [], []
+        for process in (self.runtime_process, self.process):
+            try:
+                codes.append(_terminate(process))
+            except AssertionError as exc:
+                codes.append(None)
+                hung.append(str(exc))
         if self.mode == "split":
             _postgres_admin(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-            return codes[0]
-        return codes[1]
+        if hung:  # with the stacks the hung process wrote to the log (llmpool.diagnostics)
+            tail = "\n".join(self.log().splitlines()[-200:])
+            raise AssertionError("\n".join(hung) + f"\n--- the service log, last 200 lines ---\n{tail}")
+        return codes[0] if self.mode == "split" else codes[1]
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 30), **kwargs)
@@ -128,9 +136,11 @@ def _terminate(process: subprocess.Popen | None) -> int | None:
         # Managed servers get 10 s between SIGTERM and SIGKILL: leave room for that and the rest.
         return process.wait(timeout=30)
     except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGUSR1)  # llmpool.diagnostics: its stacks into the log
+        time.sleep(1)
         process.kill()
         process.wait(timeout=5)
-        raise AssertionError("a service process did not stop on SIGTERM within 30 s") from None
+        raise AssertionError(f"a service process did not stop on SIGTERM within 30 s: {process.args}") from None
 
 
 def _postgres_admin(statement: str) -> None:

@@ -15,3 +15,22 @@ def test_load_respond_unload(live_service):
         unloaded = http.post("/v1/admin/models/echo/unload")
         assert unloaded.json()["runtime_state"] == "unloaded"
     assert service.stop() == 0
+
+
+def test_sigusr1_writes_every_stack_to_the_log(live_service):
+    import signal
+
+    from tests.conftest import wait_until
+
+    service = live_service({"echo": {"backend": "stub"}})
+    processes = [p for p in (service.runtime_process, service.process) if p is not None]
+    for process in processes:
+        process.send_signal(signal.SIGUSR1)
+    dumped = wait_until(lambda: service.log().count("--- end of the stacks ---") == len(processes), timeout=5)
+    assert dumped, service.log()[-3000:]
+    log = service.log()
+    assert "--- SIGUSR1: the stacks of process" in log
+    assert "Current thread" in log or "Thread 0x" in log  # faulthandler's thread stacks
+    assert "task " in log and " at /" in log  # at least one asyncio task's await chain
+    assert all(process.poll() is None for process in processes)  # the dump changes nothing
+    assert service.stop() == 0
