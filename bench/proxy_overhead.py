@@ -11,9 +11,12 @@ both see the same load:
   request (``interleaved``) and every 20 requests (``in_a_row``); the ``engine`` path
   is the managed-server engine's own client code (``chat_completion``) called in this
   process, which separates what the engine adds from what the service around it
-  (HTTP, the channel layer, the runtime's scheduling) adds;
-- ``idle_wakeup``: llm-pool's p50 on the stub model back to back and after 20 ms
-  idle, the machine's wake-up latency that the interleaved figures include;
+  (HTTP, the channel layer, the runtime's scheduling) adds; the ``tcp_relay`` path
+  goes through a bare asyncio TCP relay process (bench/tcp_relay.py), the floor of
+  what one more Python process on the path costs on this machine;
+- ``after_idle``: llm-pool's p50 and its CPU time per request on the stub model, back
+  to back and after 20 ms idle: on this machine the same work takes several times the
+  CPU time after idling, and a proxied request always idles while the upstream computes;
 - streamed tokens/s at 1 and at 16 concurrent streams, and the ratio llm-pool /
   direct (targets: at least 0.99 and 0.95).
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -36,10 +40,11 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, percentiles, running_service  # noqa: E402
+from bench.common import ROOT, free_port, percentiles, running_service  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
 from runtime.backends.managed import chat_completion, chat_request  # noqa: E402
 from runtime.errors import BackendError  # noqa: E402
@@ -65,6 +70,20 @@ def server_port(state_dir: Path) -> int:
     [pidfile] = (state_dir / "managed").glob("*.json")
     argv = json.loads(pidfile.read_text())["argv"]
     return int(argv[argv.index("--port") + 1])
+
+
+@contextlib.contextmanager
+def tcp_relay(target_port: int):
+    """The base URL of a bare TCP relay process (bench/tcp_relay.py) in front of ``target_port``."""
+    port = free_port()
+    relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), str(port), str(target_port)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert relay.stdout.readline().strip() == "ready"
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        relay.terminate()
+        relay.wait(timeout=10)
 
 
 # ---- one request per path -------------------------------------------------------------------
@@ -143,17 +162,19 @@ def retried_once(name: str, call):
 # ---- the two measurements --------------------------------------------------------------------
 
 
-async def added_latency(http: httpx.AsyncClient, direct: str, pool: str, requests: int, block: int) -> dict:
+async def added_latency(http: httpx.AsyncClient, direct: str, relay: str, pool: str, requests: int, block: int) -> dict:
     """p50/p99 of each path; the paths take turns every ``block`` requests.
 
-    With ``block`` 1 every request of a path follows two requests of the other paths, so each
-    process on the path has been idle for ~20 ms and pays the machine's wake-up latency on
-    every hop (on this VM about 0.4 ms a process: see ``idle_wakeup``); with a larger block
-    a path's requests follow one another, as a busy service's do.
+    With ``block`` 1 every request of a path follows requests of the other paths, so each
+    process on the path has been idle for ~30 ms; with a larger block a path's requests follow
+    one another, as a busy service's do.  Either way llm-pool idles while llama-server computes,
+    and on this machine a process's first work after idling runs several times slower (see
+    ``after_idle``).
     """
     paths = (
         ("direct", retried_once("direct", direct_once), direct),
         ("engine", retried_once("engine", engine_once), direct),
+        ("tcp_relay", retried_once("tcp_relay", direct_once), relay),
         ("llm_pool", retried_once("llm_pool", pool_once), pool),
     )
     samples: dict[str, list[float]] = {name: [] for name, _, _ in paths}
@@ -174,25 +195,30 @@ async def added_latency(http: httpx.AsyncClient, direct: str, pool: str, request
         "added_p50_ms": round(stats["llm_pool"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
         "added_p99_ms": round(stats["llm_pool"]["p99_ms"] - stats["direct"]["p99_ms"], 3),
         "engine_added_p50_ms": round(stats["engine"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
+        "tcp_relay_added_p50_ms": round(stats["tcp_relay"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
         "target_added_p50_ms": 1.0,
     }
 
 
-async def idle_wakeup(http: httpx.AsyncClient, pool: str, requests: int) -> dict:
-    """The platform effect behind the interleaved figure: llm-pool's own p50 on a zero-delay stub
-    model, back to back and after 20 ms of idleness before each request."""
+async def after_idle(http: httpx.AsyncClient, pool: str, requests: int) -> dict:
+    """What idleness does to llm-pool's own work: a zero-delay stub model's p50 latency and the
+    serving process's CPU time per request, back to back and after 20 ms idle before each."""
+    server = next(p for p in psutil.Process().children(recursive=True) if "serve" in " ".join(p.cmdline()))
     body = {"model": "stub", "input": "one two three", "stream": False}
     figures = {}
     for label, pause in (("back_to_back", 0.0), ("after_20ms_idle", 0.02)):
         samples = []
+        used = server.cpu_times()
         for _ in range(requests):
             if pause:
                 await asyncio.sleep(pause)
             began = time.perf_counter()
             (await http.post(pool + "/v1/responses", json=body)).raise_for_status()
             samples.append(time.perf_counter() - began)
-        figures[label] = percentiles(samples)
-    return {"stub_model_p50_ms": {label: stats["p50_ms"] for label, stats in figures.items()}}
+        now = server.cpu_times()
+        cpu_ms = (now.user + now.system - used.user - used.system) / requests * 1000
+        figures[label] = {"p50_ms": percentiles(samples)["p50_ms"], "server_cpu_ms_per_request": round(cpu_ms, 3)}
+    return {"stub_model": figures}
 
 
 async def stream_rate(http, call, url: str, streams: int, tokens: int) -> tuple[int, float]:
@@ -232,13 +258,13 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
     }
 
 
-async def measure(direct: str, pool: str, args) -> dict:
+async def measure(direct: str, relay: str, pool: str, args) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
         return {
-            "non_streamed_latency_interleaved": await added_latency(http, direct, pool, args.requests, 1),
-            "non_streamed_latency_in_a_row": await added_latency(http, direct, pool, args.requests, 20),
-            "idle_wakeup": await idle_wakeup(http, pool, args.requests),
+            "non_streamed_latency_interleaved": await added_latency(http, direct, relay, pool, args.requests, 1),
+            "non_streamed_latency_in_a_row": await added_latency(http, direct, relay, pool, args.requests, 20),
+            "after_idle": await after_idle(http, pool, args.requests),
             "streamed_1": await streamed_ratio(http, direct, pool, 1, args.tokens, args.rounds, 0.99),
             "streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95),
             "retried_requests": dict(RETRIED),
@@ -264,8 +290,10 @@ def main() -> None:
             definition["llama_server_extra_args"] = ["--threads", str(args.server_threads)]
         models = {"smol": definition, "stub": {"backend": "stub", "enabled": True}}
         with running_service({"models": models}) as pool:
-            direct = f"http://127.0.0.1:{server_port(Path(state))}"
-            results = asyncio.run(measure(direct, pool, args))
+            port = server_port(Path(state))
+            direct = f"http://127.0.0.1:{port}"
+            with tcp_relay(port) as relay:
+                results = asyncio.run(measure(direct, relay, pool, args))
     summary = {"model": Path(model).name, "llama_server": binary, "cpus": os.cpu_count(),
                "server_threads": args.server_threads or "llama-server default",
                "load_average_1m": round(os.getloadavg()[0], 2)}
