@@ -55,6 +55,13 @@ def running_service(settings: dict, mode: str = "embedded"):
                 process.wait(timeout=30)
 
 
+def serving_process():
+    """The ``manage.py serve`` process that ``running_service`` started from this process."""
+    import psutil
+
+    return next(p for p in psutil.Process().children(recursive=True) if "serve" in " ".join(p.cmdline()))
+
+
 def wait_until_loaded(url: str, names: list[str], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

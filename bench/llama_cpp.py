@@ -30,7 +30,7 @@ import psutil
 # would otherwise shadow the llama_cpp package.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.common import running_service  # noqa: E402
+from bench.common import running_service, serving_process  # noqa: E402
 from runtime.backends import BACKENDS  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest, TextDelta  # noqa: E402
 
@@ -127,11 +127,6 @@ def api_stream(http: httpx.Client, tokens: int) -> dict:
                 raise RuntimeError(event)
     ended = time.perf_counter()
     return stream_figures(began, first, ended, final["usage"]["output_tokens"])
-
-
-def serving_process() -> psutil.Process:
-    children = [p for p in psutil.Process().children(recursive=True) if "serve" in " ".join(p.cmdline())]
-    return children[0]
 
 
 # ---- the run ----------------------------------------------------------------------------------

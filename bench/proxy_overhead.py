@@ -40,11 +40,10 @@ import time
 from pathlib import Path
 
 import httpx
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, free_port, percentiles, running_service  # noqa: E402
+from bench.common import ROOT, free_port, percentiles, running_service, serving_process  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
 from runtime.backends.managed import chat_completion, chat_request  # noqa: E402
 from runtime.errors import BackendError  # noqa: E402
@@ -203,7 +202,7 @@ async def added_latency(http: httpx.AsyncClient, direct: str, relay: str, pool: 
 async def after_idle(http: httpx.AsyncClient, pool: str, requests: int) -> dict:
     """What idleness does to llm-pool's own work: a zero-delay stub model's p50 latency and the
     serving process's CPU time per request, back to back and after 20 ms idle before each."""
-    server = next(p for p in psutil.Process().children(recursive=True) if "serve" in " ".join(p.cmdline()))
+    server = serving_process()
     body = {"model": "stub", "input": "one two three", "stream": False}
     figures = {}
     for label, pause in (("back_to_back", 0.0), ("after_20ms_idle", 0.02)):

@@ -22,13 +22,18 @@ _DRF_CODES = {
 }
 
 
-def error_response(exc: LLMPoolError) -> Response:
+def error_headers(exc: LLMPoolError) -> dict[str, str]:
+    """The HTTP headers an error answer carries: Retry-After, and the Bearer challenge of a 401."""
     headers = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
     if exc.http_status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="llm-pool admin"'
-    return Response(exc.envelope(), status=exc.http_status, headers=headers)
+    return headers
+
+
+def error_response(exc: LLMPoolError) -> Response:
+    return Response(exc.envelope(), status=exc.http_status, headers=error_headers(exc))
 
 
 def exception_handler(exc, context):

@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
+from models_app.errors import error_headers
 from models_app.responses_api import ResponseBuilder, parse_responses_body
 from models_app.runtime_client import RuntimeClient
 from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
@@ -23,6 +24,7 @@ from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
 logger = logging.getLogger("llmpool.api")
 
 FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
+_FAIRNESS_HEADER_ASGI = FAIRNESS_HEADER.lower().encode("latin-1")  # ASGI header names are lower-case bytes
 MAX_BODY_BYTES = 64 * 1024 * 1024
 STREAM_HEADERS = [
     (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
@@ -82,15 +84,6 @@ def json_bytes(data) -> bytes:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def error_headers(exc: LLMPoolError) -> list[tuple[bytes, bytes]]:
-    headers = []
-    if exc.retry_after is not None:
-        headers.append((b"retry-after", str(exc.retry_after).encode()))
-    if exc.http_status == 401:
-        headers.append((b"www-authenticate", b'Bearer realm="llm-pool admin"'))
-    return headers
-
-
 class _Disconnected(Exception):
     pass
 
@@ -103,22 +96,21 @@ async def responses_app(scope, receive, send) -> None:
     """
     if scope["method"] != "POST":
         error = {"code": "method_not_allowed", "message": f'Method "{scope["method"]}" not allowed.', "param": None}
-        await _send_json(send, 405, {"error": error}, [(b"allow", b"POST")])
+        await _send_json(send, 405, {"error": error}, {"Allow": "POST"})
         return
     try:
         body = await _read_body(receive)
     except _Disconnected:
         return
     except LLMPoolError as exc:
-        await _send_json(send, exc.http_status, exc.envelope(), error_headers(exc))
+        await _send_error(send, exc)
         return
     task = asyncio.current_task()
-    gone = asyncio.Event()
-    watcher = asyncio.create_task(_watch_disconnect(receive, task, gone))
+    watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
     try:
         await _serve(scope, body, send)
     except asyncio.CancelledError:
-        if not gone.is_set():
+        if not watcher.done():
             raise
         task.uncancel()
     finally:
@@ -128,7 +120,7 @@ async def responses_app(scope, receive, send) -> None:
 async def _serve(scope, body: bytes, send) -> None:
     fairness_key = None
     for name, value in scope["headers"]:
-        if name == b"x-llmpool-fairness-key":
+        if name == _FAIRNESS_HEADER_ASGI:
             fairness_key = value.decode("latin-1")
     try:
         try:
@@ -137,11 +129,11 @@ async def _serve(scope, body: bytes, send) -> None:
             raise InvalidRequest(f"JSON parse error - {exc}") from None
         answer = await create_response(data, fairness_key)
     except LLMPoolError as exc:
-        await _send_json(send, exc.http_status, exc.envelope(), error_headers(exc))
+        await _send_error(send, exc)
         return
     except Exception as exc:
         logger.exception("unhandled error in POST /v1/responses")
-        await _send_json(send, 500, {"error": {"code": "internal_error", "message": str(exc), "param": None}})
+        await _send_error(send, LLMPoolError(str(exc)))  # 500 internal_error
         return
     if isinstance(answer, dict):
         await _send_json(send, 200, answer)
@@ -170,20 +162,24 @@ async def _read_body(receive) -> bytes:
             return b"".join(chunks)
 
 
-async def _watch_disconnect(receive, task: asyncio.Task, gone: asyncio.Event) -> None:
+async def _watch_disconnect(receive, task: asyncio.Task) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            gone.set()
             task.cancel()
             return
 
 
-async def _send_json(send, status: int, data, headers=()) -> None:
+async def _send_error(send, exc: LLMPoolError) -> None:
+    await _send_json(send, exc.http_status, exc.envelope(), error_headers(exc))
+
+
+async def _send_json(send, status: int, data, headers: dict[str, str] | None = None) -> None:
     body = json_bytes(data)
+    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
     await send({
         "type": "http.response.start",
         "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
     })
     await send({"type": "http.response.body", "body": body})

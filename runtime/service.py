@@ -130,16 +130,15 @@ class RuntimeService:
         pieces: list[str] = []
         finished: Finished | None = None
         dispatched = await controller.admit(ticket)
-        stream = payload.get("stream", False)
         try:
-            if stream:  # the API answers a stream's headers only now: errors before this get their status
+            if request.stream:  # the API answers a stream's headers only now: errors before this get their status
                 await emit({"event": "admitted"})
             replica = await dispatched
             engine = controller.engines[replica]
             async for event in engine.generate(request):
                 if isinstance(event, TextDelta):
                     pieces.append(event.text)
-                    if stream:
+                    if request.stream:
                         await emit({"event": "delta", "text": event.text})
                 else:
                     finished = event

@@ -1,4 +1,7 @@
-"""The embedded default end to end: list, load, respond, unload over real HTTP."""
+"""The embedded default end to end: list, load, respond, unload over real HTTP; the stack dump."""
+import signal
+
+from tests.conftest import wait_until
 
 
 def test_load_respond_unload(live_service):
@@ -18,10 +21,6 @@ def test_load_respond_unload(live_service):
 
 
 def test_sigusr1_writes_every_stack_to_the_log(live_service):
-    import signal
-
-    from tests.conftest import wait_until
-
     service = live_service({"echo": {"backend": "stub"}})
     processes = [p for p in (service.runtime_process, service.process) if p is not None]
     for process in processes:
