@@ -82,21 +82,32 @@ class RuntimeClient:
                 await self._cancel(request_id)
 
     async def _receive(self, channel: str, give_up_at: float | None) -> dict:
+        """The next message on ``channel``, or RuntimeUnavailable once the timeout passes.
+
+        The layer's receive runs in a task of its own, waited on with ``asyncio.wait``; a cancel of
+        the caller always raises here and cancels that task without waiting for it.  Neither
+        simpler form is safe on Python 3.11:
+
+        - ``asyncio.wait_for`` returns a message that arrived together with the cancel and drops
+          the cancel, so a client that went away just as a heartbeat came kept its slot until the
+          generation ended;
+        - ``asyncio.timeout`` throws the cancel down into channels-redis's blocking pop, where it
+          was seen to be lost until the pop returned, up to 5 s.
+        """
         timeout = self.reply_timeout
         if give_up_at is not None:
             timeout = min(timeout, max(0.0, give_up_at - time.monotonic()))
+        receiving = asyncio.ensure_future(self.layer.receive(channel))
         try:
-            # wait_for, not asyncio.timeout: on Python 3.11 a cancel thrown straight down into
-            # channels-redis's blocking pop (itself inside redis-py's read timeout) was seen to be
-            # lost until the pop returned, so a client that went away kept its slot for seconds.
-            # wait_for receives in a task of its own and cancels that task instead.
-            return await asyncio.wait_for(self.layer.receive(channel), timeout)
-        except asyncio.TimeoutError:
+            done, _ = await asyncio.wait((receiving,), timeout=timeout)
+        finally:
+            if not receiving.done():
+                receiving.cancel()
+        if not done:  # the timeout passed first
             if give_up_at is not None and time.monotonic() >= give_up_at:
-                raise RuntimeUnavailable("the runtime did not finish within the call's time limit") from None
-            raise RuntimeUnavailable(
-                f"the runtime did not answer within {self.reply_timeout:g} s"
-            ) from None
+                raise RuntimeUnavailable("the runtime did not finish within the call's time limit")
+            raise RuntimeUnavailable(f"the runtime did not answer within {self.reply_timeout:g} s")
+        return receiving.result()
 
     async def _cancel(self, request_id: str) -> None:
         cancel = {"type": "runtime.cancel", "request_id": request_id}
