@@ -141,4 +141,7 @@ LLAMA_SERVER = ServerProfile(
     prefix="llama_server",
     build=_launch,
     served_model=lambda config, base_dir: os.path.basename(config["model_path"]),
+    # llama-server checks for a closed connection only between the chunks of a stream: a
+    # non-streamed completion whose client went away runs to its end, holding its slot.
+    stream_always=True,
 )

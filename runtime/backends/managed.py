@@ -4,8 +4,8 @@ One replica is one server process (``runtime.supervisor``): ``load`` picks the
 port, builds the exact command line from the effective config (a
 ``ServerProfile`` per backend), starts the server and polls its health endpoint
 until it answers 200.  Requests go to the server's ``/v1/chat/completions`` over
-a pooled ``httpx`` client, always streamed, and come back as ``TextDelta`` /
-``Finished``.
+a pooled ``httpx`` client (streamed when the client streams, or always where the
+profile says so) and come back as ``TextDelta`` / ``Finished``.
 
 A server that exits while loaded reports to ``context["on_engine_failure"]``
 (the model moves to failed, its queue gets backend_error); requests in flight
@@ -79,6 +79,9 @@ class ServerProfile:
     served_model: Callable[[dict[str, Any], str], str]
     json_schema: bool = False
     health_path: str = "/health"
+    # Stream every upstream call, even for a client that does not stream: for a server that
+    # notices a closed connection only while it streams, so a cancelled request stops there too.
+    stream_always: bool = False
 
 
 class ManagedServerEngine:
@@ -152,16 +155,7 @@ class ManagedServerEngine:
         except BaseException:
             await self._release()
             raise
-        self._client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=self._auth,
-            timeout=httpx.Timeout(None, connect=10.0),
-            # Idle connections are dropped before llama-server's (cpp-httplib's) 5 s keep-alive ends.
-            limits=httpx.Limits(
-                max_connections=None, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_SECONDS
-            ),
-            trust_env=False,
-        )
+        self._client = server_client(self.base_url, self._auth)
         self._loaded = True
 
     async def unload(self) -> None:
@@ -195,6 +189,7 @@ class ManagedServerEngine:
             self._served_model,
             configured_thinking=self.config.get("enable_thinking"),
             json_schema=self.profile.json_schema,
+            stream=request.stream or self.profile.stream_always,
         )
         for attempt in (1, 2):
             answered = False
@@ -215,6 +210,18 @@ class ManagedServerEngine:
             await self.process.output_settled()
             return BackendError(self.process.exit_report("while generating"))
         return BackendError(f"lost the connection to {self.label}: {exc!r}")
+
+
+def server_client(base_url: str, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
+    """The pooled client an engine talks to its server with."""
+    return httpx.AsyncClient(
+        base_url=base_url,
+        headers=headers or {},
+        timeout=httpx.Timeout(None, connect=10.0),
+        # Idle connections are dropped before llama-server's (cpp-httplib's) 5 s keep-alive ends.
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_SECONDS),
+        trust_env=False,
+    )
 
 
 def model_target(path: str, base_dir: str) -> str:
@@ -242,14 +249,17 @@ def chat_request(
     configured_thinking: bool | None = None,
     json_schema: bool = False,
     file_part: Callable[[dict], dict] | None = None,
+    stream: bool | None = None,
 ) -> dict:
-    """The ``/v1/chat/completions`` body for ``request``: streamed (with usage) when the client
-    streams, else one answer, which spares the upstream and us a chunk per token."""
+    """The ``/v1/chat/completions`` body for ``request``: streamed (with usage) when ``stream``
+    (by default: when the client streams), else one answer, which spares the upstream and us a
+    chunk per token."""
+    stream = request.stream if stream is None else stream
     body = {
         "model": model,
         "messages": chat_messages(request, file_part),
-        "stream": request.stream,
-        **({"stream_options": {"include_usage": True}} if request.stream else {}),
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
         "max_tokens": request.max_output_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,

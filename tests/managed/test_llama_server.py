@@ -81,6 +81,34 @@ def test_load_with_overrides_serves_concurrent_and_streamed_requests_then_unload
     assert service.stop() == 0
 
 
+def test_a_client_leaving_a_non_streamed_request_stops_llama_servers_generation(
+    live_service, llama_model, tmp_path, service_env
+):
+    # llama-server notices a closed connection only while it streams: the engine streams every
+    # upstream call, so a non-streamed request whose client left stops there as well, at once,
+    # instead of holding the server's slot until its 2,000 tokens are written.
+    service = live_service({"smol": {**llama_model, "llama_server_n_ctx": 4096}}, env=service_env)
+    with service.client(timeout=120) as http:
+        assert http.post("/v1/admin/models/smol/load", json={}).json()["runtime_state"] == "loaded"
+        slots_url = server_url(pidfiles(tmp_path / "state")[0]) + "/slots"
+
+        def busy() -> bool:
+            return any(slot["is_processing"] for slot in httpx.get(slots_url, timeout=10).json())
+
+        long_request = {"model": "smol", "input": "Write a long story about a dragon who learns to bake bread.",
+                        "max_output_tokens": 2000, "temperature": 0.0}
+        with ThreadPoolExecutor(1) as pool, service.client(timeout=httpx.Timeout(120, read=2.0)) as leaving:
+            # The client gives up after 2 s and closes its connection; the server is generating by then.
+            leaving_request = pool.submit(leaving.post, "/v1/responses", json=long_request)
+            wait_until(busy, timeout=2, message="llama-server generating")
+            with pytest.raises(httpx.ReadTimeout):
+                leaving_request.result()
+        wait_until(lambda: not busy(), timeout=5, message="llama-server's slot freed after the client left")
+        answer = respond(http, "smol", "Say yes.")
+        assert answer.status_code == 200 and output_text(answer.json())
+    assert service.stop() == 0
+
+
 def test_crash_fails_with_the_log_tail_and_kill_9_of_the_runtime_leaves_no_survivor(
     live_service, llama_model, tmp_path, service_env
 ):
