@@ -13,7 +13,11 @@ both see the same load:
   process, which separates what the engine adds from what the service around it
   (HTTP, the channel layer, the runtime's scheduling) adds; the ``tcp_relay`` path
   goes through a bare asyncio TCP relay process (bench/tcp_relay.py), the floor of
-  what one more Python process on the path costs on this machine;
+  what one more Python process on the path costs on this machine; the ``daphne_relay``
+  path goes through a minimal proxy on llm-pool's own stack (bench/daphne_relay.py:
+  daphne in front, the engines' httpx client behind, nothing between), the floor of
+  any proxy built on them; the ``aiohttp_relay`` path is the same proxy with aiohttp's
+  HTTP server in front (bench/aiohttp_relay.py), what that floor would be without daphne;
 - ``after_idle``: llm-pool's p50 and its CPU time per request on the stub model, back
   to back and after 20 ms idle: on this machine the same work takes several times the
   CPU time after idling, and a proxied request always idles while the upstream computes;
@@ -45,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, free_port, percentiles, running_service, serving_process  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
+from runtime.backends.llama_server import LLAMA_SERVER  # noqa: E402
 from runtime.backends.managed import chat_completion, chat_request  # noqa: E402
 from runtime.errors import BackendError  # noqa: E402
 
@@ -72,10 +77,10 @@ def server_port(state_dir: Path) -> int:
 
 
 @contextlib.contextmanager
-def tcp_relay(target_port: int):
-    """The base URL of a bare TCP relay process (bench/tcp_relay.py) in front of ``target_port``."""
+def relay_process(script: str, target_port: int):
+    """The base URL of a relay process in front of ``target_port`` (a script in bench/: LISTEN_PORT TARGET_PORT)."""
     port = free_port()
-    relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / "tcp_relay.py"), str(port), str(target_port)],
+    relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / script), str(port), str(target_port)],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert relay.stdout.readline().strip() == "ready"
@@ -88,16 +93,17 @@ def tcp_relay(target_port: int):
 # ---- one request per path -------------------------------------------------------------------
 
 
-def engine_body(prompt: str, tokens: int, stream: bool) -> dict:
-    """The exact chat completions body llm-pool's engine sends for this request (temperature 0)."""
+def chat_body(prompt: str, tokens: int, stream: bool, upstream: bool = False) -> dict:
+    """The chat completions body for this request (temperature 0): as a plain client sends it, or
+    (``upstream``) as llm-pool's llama_server engine sends it, streamed even when the client is not."""
     message = {"role": "user", "content": [{"type": "input_text", "text": prompt}]}
     request = GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0, stream=stream)
-    return chat_request(request, "smol")
+    return chat_request(request, "smol", stream=stream or (upstream and LLAMA_SERVER.stream_always))
 
 
 async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
-    """The same body as the engine's, sent as a plain client would."""
-    body = engine_body(prompt, tokens, stream)
+    """The request sent as a plain client would."""
+    body = chat_body(prompt, tokens, stream)
     if not stream:
         response = await http.post(url + "/v1/chat/completions", json=body)
         response.raise_for_status()
@@ -115,8 +121,8 @@ async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: in
 async def engine_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
     """The engine's client code (the upstream call, translated to deltas) in this process."""
     used = 0
-    async for event in chat_completion(http, url + "/v1/chat/completions", engine_body(prompt, tokens, stream), "bench",
-                                       BackendError):
+    body = chat_body(prompt, tokens, stream, upstream=True)
+    async for event in chat_completion(http, url + "/v1/chat/completions", body, "bench", BackendError):
         used = event.output_tokens if isinstance(event, Finished) else used
     return used
 
@@ -161,7 +167,8 @@ def retried_once(name: str, call):
 # ---- the two measurements --------------------------------------------------------------------
 
 
-async def added_latency(http: httpx.AsyncClient, direct: str, relay: str, pool: str, requests: int, block: int) -> dict:
+async def added_latency(http: httpx.AsyncClient, direct: str, relays: dict[str, str], pool: str, requests: int,
+                        block: int) -> dict:
     """p50/p99 of each path; the paths take turns every ``block`` requests.
 
     With ``block`` 1 every request of a path follows requests of the other paths, so each
@@ -173,7 +180,9 @@ async def added_latency(http: httpx.AsyncClient, direct: str, relay: str, pool: 
     paths = (
         ("direct", retried_once("direct", direct_once), direct),
         ("engine", retried_once("engine", engine_once), direct),
-        ("tcp_relay", retried_once("tcp_relay", direct_once), relay),
+        ("tcp_relay", retried_once("tcp_relay", direct_once), relays["tcp_relay"]),
+        ("daphne_relay", retried_once("daphne_relay", direct_once), relays["daphne_relay"]),
+        ("aiohttp_relay", retried_once("aiohttp_relay", direct_once), relays["aiohttp_relay"]),
         ("llm_pool", retried_once("llm_pool", pool_once), pool),
     )
     samples: dict[str, list[float]] = {name: [] for name, _, _ in paths}
@@ -195,6 +204,8 @@ async def added_latency(http: httpx.AsyncClient, direct: str, relay: str, pool: 
         "added_p99_ms": round(stats["llm_pool"]["p99_ms"] - stats["direct"]["p99_ms"], 3),
         "engine_added_p50_ms": round(stats["engine"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
         "tcp_relay_added_p50_ms": round(stats["tcp_relay"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
+        "daphne_relay_added_p50_ms": round(stats["daphne_relay"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
+        "aiohttp_relay_added_p50_ms": round(stats["aiohttp_relay"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
         "target_added_p50_ms": 1.0,
     }
 
@@ -257,12 +268,12 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
     }
 
 
-async def measure(direct: str, relay: str, pool: str, args) -> dict:
+async def measure(direct: str, relays: dict[str, str], pool: str, args) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
         return {
-            "non_streamed_latency_interleaved": await added_latency(http, direct, relay, pool, args.requests, 1),
-            "non_streamed_latency_in_a_row": await added_latency(http, direct, relay, pool, args.requests, 20),
+            "non_streamed_latency_interleaved": await added_latency(http, direct, relays, pool, args.requests, 1),
+            "non_streamed_latency_in_a_row": await added_latency(http, direct, relays, pool, args.requests, 20),
             "after_idle": await after_idle(http, pool, args.requests),
             "streamed_1": await streamed_ratio(http, direct, pool, 1, args.tokens, args.rounds, 0.99),
             "streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95),
@@ -291,8 +302,10 @@ def main() -> None:
         with running_service({"models": models}) as pool:
             port = server_port(Path(state))
             direct = f"http://127.0.0.1:{port}"
-            with tcp_relay(port) as relay:
-                results = asyncio.run(measure(direct, relay, pool, args))
+            with contextlib.ExitStack() as stack:
+                relays = {name: stack.enter_context(relay_process(f"{name}.py", port))
+                          for name in ("tcp_relay", "daphne_relay", "aiohttp_relay")}
+                results = asyncio.run(measure(direct, relays, pool, args))
     summary = {"model": Path(model).name, "llama_server": binary, "cpus": os.cpu_count(),
                "server_threads": args.server_threads or "llama-server default",
                "load_average_1m": round(os.getloadavg()[0], 2)}
