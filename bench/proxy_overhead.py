@@ -9,9 +9,10 @@ both see the same load:
 - added latency, non-streamed short outputs: p50 / p99 of each path and their
   difference (target: at most 1 ms added at p50), with the paths taking turns every
   request (``interleaved``) and every 20 requests (``in_a_row``); the ``engine`` path
-  is the managed-server engine's own client code (``chat_completion``) called in this
-  process, which separates what the engine adds from what the service around it
-  (HTTP, the channel layer, the runtime's scheduling) adds; the ``tcp_relay`` path
+  is the managed-server engine's own client code (``chat_completion``, with the body
+  the engine sends: llama-server gets every call streamed) called in this process,
+  which separates what the engine adds from what the service around it (HTTP, the
+  channel layer, the runtime's scheduling) adds; the ``tcp_relay`` path
   goes through a bare asyncio TCP relay process (bench/tcp_relay.py), the floor of
   what one more Python process on the path costs on this machine; the ``daphne_relay``
   path goes through a minimal proxy on llm-pool's own stack (bench/daphne_relay.py:
