@@ -6,12 +6,18 @@ import asyncio
 from models_app.consumers import _Heartbeat
 
 
-async def test_beats_every_interval_until_stopped():
+def recorder():
+    """A ``send`` that records what it sends, and the list it records into."""
     sent = []
 
     async def send(kind):
         sent.append(kind)
 
+    return sent, send
+
+
+async def test_beats_every_interval_until_stopped():
+    sent, send = recorder()
     beat = _Heartbeat(send, 0.02)
     beat.start()
     await asyncio.sleep(0.11)
@@ -45,11 +51,7 @@ async def test_stop_waits_for_a_beat_being_sent_and_none_follows():
 
 
 async def test_a_request_shorter_than_the_interval_sends_nothing():
-    sent = []
-
-    async def send(kind):
-        sent.append(kind)
-
+    sent, send = recorder()
     beat = _Heartbeat(send, 0.05)
     beat.start()
     await beat.stop()
