@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from runtime import supervisor
 from runtime.supervisor import (
     ManagedProcess,
     ServerCommand,
@@ -22,6 +21,8 @@ from runtime.supervisor import (
     server_env,
     sweep_stale_processes,
 )
+from runtime.supervisor import output as supervisor_output
+from runtime.supervisor import process as supervisor_process
 from tests.conftest import free_port
 from tests.managed.helpers import ROOT, alive, eventually, pidfiles, process_state, records, wait_until
 
@@ -114,7 +115,7 @@ def test_the_library_path_goes_first_on_ld_library_path(monkeypatch):
 
 
 async def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period(fake_bin, state_dir, monkeypatch):
-    monkeypatch.setattr(supervisor, "STOP_GRACE_SECONDS", 0.3)
+    monkeypatch.setattr(supervisor_process, "STOP_GRACE_SECONDS", 0.3)
     process = await started(fake_bin, state_dir, {"FAKE_IGNORE_SIGTERM": "1"})
     began = time.monotonic()
     assert await process.stop() == -signal.SIGKILL
@@ -150,7 +151,7 @@ async def test_output_goes_to_a_bounded_ring_and_a_log_file_that_keeps_the_previ
     assert process.returncode == 5
     await process.output_settled()
     assert process.tail(3) == "line 997\nline 998\nline 999"
-    assert len(process._output.lines) == supervisor.RING_LINES
+    assert len(process._output.lines) == supervisor_output.RING_LINES
     assert log.read_text().count("\n") == 1000
     assert log.with_name("m.r0.log.1").read_text().count("\n") == 1000
 

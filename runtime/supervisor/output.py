@@ -1,0 +1,49 @@
+"""The output of a managed process: a bounded ring of lines and a size-capped log file."""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from pathlib import Path
+
+RING_LINES = 200
+TAIL_LINES = 25
+MAX_LINE_BYTES = 8192
+LOG_ROTATE_BYTES = 32 * 1024 * 1024
+
+
+class OutputLog:
+    """The process output: a bounded ring of lines and a size-capped log file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines: deque[str] = deque(maxlen=RING_LINES)
+        self.done = threading.Event()  # set once every writer has closed the pipe
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._rotate()
+
+    def _rotate(self) -> None:
+        if self.path.exists() and self.path.stat().st_size:
+            self.path.replace(self.path.with_name(self.path.name + ".1"))
+        self._file = open(self.path, "wb")  # noqa: SIM115 - owned by the pump thread
+
+    def pump(self, pipe) -> None:
+        """Copy ``pipe`` until every writer closed it (runs on its own thread)."""
+        try:
+            with pipe:
+                for raw in iter(lambda: pipe.readline(MAX_LINE_BYTES), b""):
+                    self._file.write(raw)
+                    self._file.flush()
+                    with self._lock:
+                        self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                    if self._file.tell() > LOG_ROTATE_BYTES:
+                        self._file.close()
+                        self._rotate()
+        finally:
+            self._file.close()
+            self.done.set()
+
+    def tail(self, count: int = TAIL_LINES) -> str:
+        with self._lock:
+            lines = list(self.lines)[-count:]
+        return "\n".join(lines) if lines else "(no output)"

@@ -1,0 +1,173 @@
+"""One managed server process group: start, health-check, watch and stop."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from runtime.supervisor.command import ServerCommand, ServerStartError
+from runtime.supervisor.output import TAIL_LINES, OutputLog
+from runtime.supervisor.pidfiles import GROUP_GONE_SECONDS, group_members, signal_group, sweep_once
+from runtime.supervisor.spawner import SPAWNER, kill_unclaimed, spawn
+
+logger = logging.getLogger("llmpool.runtime")
+
+STOP_GRACE_SECONDS = 10.0
+KILL_WAIT_SECONDS = 10.0
+
+
+def describe_exit(returncode: int | None) -> str:
+    if returncode is None:
+        return "is still running"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"exited with code {returncode} ({name})"
+    return f"exited with code {returncode}"
+
+
+class ManagedProcess:
+    """One server process group, owned by the event loop that started it."""
+
+    def __init__(self, command: ServerCommand, state_dir: Path):
+        self.command = command
+        self.state_dir = Path(state_dir)
+        self.process: subprocess.Popen | None = None
+        self.returncode: int | None = None
+        self._output: OutputLog | None = None
+        self._pidfd: int | None = None
+        self._pidfile: Path | None = None
+        self._exited = asyncio.Event()
+        self._exit_callbacks: list[Callable[[ManagedProcess], None]] = []
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and not self._exited.is_set()
+
+    def on_exit(self, callback: Callable[[ManagedProcess], None]) -> None:
+        """Call ``callback(process)`` on the event loop once the leader has exited."""
+        self._exit_callbacks.append(callback)
+
+    def tail(self, count: int = TAIL_LINES) -> str:
+        return self._output.tail(count) if self._output else "(no output)"
+
+    async def output_settled(self, timeout: float = 1.0) -> None:
+        """Wait (briefly) until the output of an exited group has been read to its end."""
+        if self._output is not None:
+            await asyncio.to_thread(self._output.done.wait, timeout)
+
+    def exit_report(self, when: str) -> str:
+        """``"<label> exited with code 1 <when>; last output:\\n..."``."""
+        return f"{self.command.label} {describe_exit(self.returncode)} {when}; last output:\n{self.tail()}"
+
+    async def start(self) -> None:
+        """Start the process (raise ServerStartError when it cannot be executed)."""
+        await asyncio.to_thread(sweep_once, self.state_dir)
+        spawned = SPAWNER.submit(spawn, self.command, self.state_dir)
+        try:
+            self.process, self._pidfd, self._pidfile = await asyncio.shield(asyncio.wrap_future(spawned))
+        except asyncio.CancelledError:
+            spawned.add_done_callback(kill_unclaimed)
+            raise
+        except OSError as exc:
+            raise ServerStartError(
+                f"cannot start {self.command.argv[0]} ({self.command.label}): {exc.strerror or exc}"
+            ) from None
+        self._output = OutputLog(self.command.log_path)
+        threading.Thread(
+            target=self._output.pump, args=(self.process.stdout,), name=f"output:{self.pid}", daemon=True
+        ).start()
+        asyncio.get_running_loop().add_reader(self._pidfd, self._leader_exited)
+
+    def _leader_exited(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._pidfd)
+        os.close(self._pidfd)
+        self._pidfd = None
+        # The leader is a zombie until polled, so its group id cannot have been reused yet.
+        signal_group(self.process.pid, signal.SIGKILL)
+        self.returncode = self.process.poll()
+        if self.returncode is None:  # pragma: no cover - pidfd said it exited
+            self.returncode = self.process.wait()
+        self._exited.set()
+        for callback in self._exit_callbacks:
+            try:
+                callback(self)
+            except Exception:
+                logger.exception("exit callback of %s failed", self.command.label)
+
+    async def wait_exit(self, timeout: float | None = None) -> bool:
+        """True once the leader has exited, False after ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._exited.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_ready(self, url: str, timeout: float, headers: dict | None = None) -> None:
+        """Poll ``url`` until it answers 200; raise ServerStartError on exit or timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = 0.05
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False, headers=headers) as client:
+            while True:
+                if self._exited.is_set():
+                    await self.output_settled()
+                    raise ServerStartError(self.exit_report("before it was ready"))
+                try:
+                    if (await client.get(url)).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise ServerStartError(
+                        f"{self.command.label} was not ready within {timeout:g} s ({url} never answered 200); "
+                        f"last output:\n{self.tail()}"
+                    )
+                await self.wait_exit(min(delay, remaining))
+                delay = min(delay * 2, 0.5)
+
+    async def stop(self, grace: float | None = None) -> int | None:
+        """SIGTERM to the group, SIGKILL after ``grace`` (STOP_GRACE_SECONDS); wait until the group is gone."""
+        grace = STOP_GRACE_SECONDS if grace is None else grace
+        try:
+            if self.process is not None:
+                if not self._exited.is_set():
+                    signal_group(self.process.pid, signal.SIGTERM)
+                    if not await self.wait_exit(grace):
+                        logger.warning("%s ignored SIGTERM for %g s; killing it", self.command.label, grace)
+                        signal_group(self.process.pid, signal.SIGKILL)
+                        if not await self.wait_exit(KILL_WAIT_SECONDS):
+                            raise RuntimeError(f"{self.command.label} (pid {self.pid}) did not exit after SIGKILL")
+                if await self._wait_group_gone():
+                    if self._pidfile is not None:
+                        self._pidfile.unlink(missing_ok=True)
+                else:
+                    raise RuntimeError(f"processes of {self.command.label} outlived SIGKILL; its pidfile stays")
+            return self.returncode
+        finally:
+            for path in self.command.temp_files:
+                path.unlink(missing_ok=True)
+
+    async def _wait_group_gone(self) -> bool:
+        deadline = time.monotonic() + GROUP_GONE_SECONDS
+        while await asyncio.to_thread(group_members, self.process.pid):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
