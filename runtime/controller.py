@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from runtime import gpu
@@ -30,11 +31,48 @@ from runtime.errors import (
 )
 from runtime.paths import state_dir
 from runtime.scheduler import Scheduler, Ticket
-from runtime.state import RuntimeState, StateMachine, TransitionEvent
+from runtime.state import ACTIVE_STATES, RuntimeState, StateMachine, TransitionEvent
 
 logger = logging.getLogger("llmpool.runtime")
 
 S = RuntimeState
+
+
+@dataclass(eq=False)
+class Lease:
+    """A dispatched request's hold on one replica, valid until the request finishes.
+
+    The writer hands it out when the scheduler starts the request and keeps it
+    valid: the engine stays referenced even after the model's engines are
+    released, and ``failure`` is set when that engine dies, so the caller never
+    reads the controller's live ``engines`` list (which the writer may empty).
+    """
+
+    replica: int
+    engine: Engine
+    failure: LLMPoolError | None = None
+
+    def check(self) -> None:
+        """Raise the engine's failure, if it failed while this request held it."""
+        if self.failure is not None:
+            raise self.failure
+
+
+@dataclass(frozen=True)
+class ReloadVote:
+    """A controller's answer to a planned settings reload, given by its writer.
+
+    ``change`` is "removed", "updated" or "unchanged"; ``conflict`` the reason the
+    reload must be refused for this model, or None.
+    """
+
+    change: str
+    active: bool
+    conflict: str | None
+
+
+# Changing only these definition fields never conflicts with an active model.
+RELOAD_SAFE_FIELDS = frozenset({"enabled"})
 
 
 class ModelController:
@@ -52,9 +90,14 @@ class ModelController:
         self.engines: list[Engine] = []
         self.scheduler = Scheduler(fairness, effects=self)
         self._dispatch: dict[Ticket, asyncio.Future] = {}
+        self._leases: dict[Ticket, Lease] = {}
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._load_waiters: list[asyncio.Future] = []
         self._unload_waiters: list[asyncio.Future] = []
+        # While a settings reload holds this model, loads wait here (a load would make it active
+        # after its writer voted on the reload); the reload's commit or release replays them.
+        self._reload_held = False
+        self._held_loads: list[tuple] = []
         self._work: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._stopped = False
@@ -78,17 +121,17 @@ class ModelController:
 
     async def load(self, overrides: dict[str, Any], replicas: int | None) -> None:
         """Start a load (or join/ignore per the state rules); returns once it has settled."""
-        await self._call("load", overrides, replicas)
+        await self._post("load", overrides, replicas)
 
     def begin_load(self) -> asyncio.Future:
         """Start a load with the configured definition without waiting (start-up loading)."""
         return self._post("load", {}, None)
 
     async def unload(self) -> None:
-        await self._call("unload")
+        await self._post("unload")
 
     async def admit(self, ticket: Ticket) -> asyncio.Future:
-        """Queue a request; returns a future resolving to the replica index it runs on."""
+        """Queue a request; returns a future resolving to the ``Lease`` of the replica it runs on."""
         admitted = self._post("admit", ticket)
         try:
             return await asyncio.shield(admitted)
@@ -121,18 +164,24 @@ class ModelController:
         pending: list[asyncio.Future] = []
         while not self._inbox.empty():
             pending.append(self._inbox.get_nowait()[2])
-        for future in [*pending, *self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
+        held = [waiter for _, _, waiter in self._held_loads]
+        for future in [*pending, *held, *self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
             if not future.done():
                 future.set_exception(gone)
                 future.exception()  # callers that await still get it; nobody else is told it was lost
 
-    def replace_entry(self, entry: CatalogEntry) -> None:
-        """Called by the pool's atomic reload step; the caller checked the state allows it."""
-        if not self.entry.same_definition(entry):
-            self.observed_vram = None  # measured for a definition that no longer exists
-        self.entry = entry
-        if self.state not in (S.LOADING, S.LOADED, S.UNLOADING):
-            self.replicas = entry.definition.replicas
+    def hold_for_reload(self, entry: CatalogEntry | None) -> asyncio.Future:
+        """Vote on a reload that would give this model ``entry`` (None: remove it) and hold it:
+        loads wait until ``commit_reload`` or ``release_reload``.  Resolves to a ``ReloadVote``."""
+        return self._post("hold_for_reload", entry)
+
+    def commit_reload(self, entry: CatalogEntry, fairness: FairnessSettings) -> asyncio.Future:
+        """Take the reloaded entry and fairness settings, then release the hold."""
+        return self._post("commit_reload", entry, fairness)
+
+    def release_reload(self) -> asyncio.Future:
+        """The reload was refused: release the hold, changing nothing."""
+        return self._post("release_reload")
 
     # ---- the writer --------------------------------------------------------------------
     def _post(self, command: str, *args) -> asyncio.Future:
@@ -142,9 +191,6 @@ class ModelController:
         else:
             self._inbox.put_nowait((command, args, future))
         return future
-
-    async def _call(self, command: str, *args):
-        return await self._post(command, *args)
 
     async def _run(self) -> None:
         while True:
@@ -160,6 +206,9 @@ class ModelController:
                     future.set_exception(exc)
 
     def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None) -> None:
+        if self._reload_held:
+            self._held_loads.append((overrides, replicas, future))
+            return
         state = self.state
         if state in (S.LOADED, S.LOADING):
             if (overrides and overrides != self.load_override) or (replicas is not None and replicas != self.replicas):
@@ -278,7 +327,10 @@ class ModelController:
             future.set_result(None)
             return
         self.last_error = message
-        self.scheduler.close(BackendError(f"model {self.name} failed: {message}"))
+        failure = BackendError(f"model {self.name} failed: {message}")
+        self.scheduler.close(failure)
+        for lease in self._leases.values():
+            lease.failure = failure
         self.scheduler.reset()
         engines, self.engines = self.engines, []
         self.load_override = {}
@@ -294,6 +346,39 @@ class ModelController:
     def _on_failed_released(self, future) -> None:
         if self._work is not None and self._work.done():  # a new load may already be running
             self._work = None
+        future.set_result(None)
+
+    def _on_hold_for_reload(self, future, entry: CatalogEntry | None) -> None:
+        state = self.state
+        active = state in ACTIVE_STATES
+        conflict = None
+        if entry is None:
+            change = "removed"
+            if active:
+                conflict = f"{self.name} would be removed while {state.value}"
+        elif self.entry.same_definition(entry):
+            change = "unchanged"
+        else:
+            change = "updated"
+            if active and not self.entry.same_definition(entry, ignore=RELOAD_SAFE_FIELDS):
+                conflict = f"{self.name} would change while {state.value}; unload it first"
+        self._reload_held = True
+        future.set_result(ReloadVote(change, active, conflict))
+
+    def _on_commit_reload(self, future, entry: CatalogEntry, fairness: FairnessSettings) -> None:
+        if not self.entry.same_definition(entry):
+            self.observed_vram = None  # measured for a definition that no longer exists
+        self.entry = entry
+        if self.state not in ACTIVE_STATES:
+            self.replicas = entry.definition.replicas
+        self.scheduler.fairness = fairness
+        self._on_release_reload(future)
+
+    def _on_release_reload(self, future) -> None:
+        self._reload_held = False
+        for overrides, replicas, waiter in self._held_loads:
+            self._inbox.put_nowait(("load", (overrides, replicas), waiter))
+        self._held_loads.clear()
         future.set_result(None)
 
     def _on_admit(self, future: asyncio.Future, ticket: Ticket) -> None:
@@ -313,6 +398,7 @@ class ModelController:
         if not self.scheduler.on_cancel(ticket):
             self.scheduler.on_done(ticket, tokens)
         self._dispatch.pop(ticket, None)
+        self._leases.pop(ticket, None)
         self._release_when_idle()
         future.set_result(None)
 
@@ -320,7 +406,9 @@ class ModelController:
     def start(self, ticket: Ticket, replica: int) -> None:
         dispatched = self._dispatch.get(ticket)
         if dispatched is not None and not dispatched.done():
-            dispatched.set_result(replica)
+            lease = Lease(replica, self.engines[replica])
+            self._leases[ticket] = lease
+            dispatched.set_result(lease)
 
     def reject(self, ticket: Ticket, error: LLMPoolError) -> None:
         dispatched = self._dispatch.pop(ticket, None)

@@ -1,8 +1,9 @@
 """The pool: every configured model's controller, the settings they came from, and reload.
 
 Reads (snapshots) go straight to the controllers.  A settings reload reads and
-validates the files first, then checks conflicts and swaps the catalog in one
-synchronous step on the event loop, so no controller step interleaves with it.
+validates the files first, then asks every model's writer to vote on the change
+(holding its loads until the reload ends), and swaps the catalog only when no
+vote is a conflict: all or nothing.
 """
 from __future__ import annotations
 
@@ -14,13 +15,9 @@ from runtime.catalog import CatalogEntry, build_catalog
 from runtime.config import LoadedSettings, load_settings
 from runtime.controller import ModelController
 from runtime.errors import SettingsReloadConflict, UnknownModel
-from runtime.state import ACTIVE_STATES, TransitionEvent
+from runtime.state import TransitionEvent
 
 logger = logging.getLogger("llmpool.runtime")
-
-# Changing only these definition fields never conflicts with an active model.
-RELOAD_SAFE_FIELDS = frozenset({"enabled"})
-
 
 class ModelPool:
     def __init__(self, settings_path: str, listeners: list[Callable[[TransitionEvent], None]] | None = None):
@@ -29,6 +26,7 @@ class ModelPool:
         self.loaded: LoadedSettings | None = None
         self.startup_service = None
         self.controllers: dict[str, ModelController] = {}
+        self._reload_lock = asyncio.Lock()
 
     @property
     def settings(self):
@@ -61,44 +59,53 @@ class ModelPool:
         self.controllers[entry.name] = controller
 
     async def reload(self) -> dict:
-        """Reread the files and apply them atomically, or change nothing (400 / 409)."""
-        loaded = await asyncio.to_thread(load_settings, self.settings_path)
-        new_catalog = build_catalog(loaded)
-        diff = self._plan_reload(loaded, new_catalog)
-        # -- from here on nothing awaits until the swap is complete --
-        removed = [self.controllers.pop(name) for name in diff["removed_models"]]
-        self.loaded = loaded
-        for name in diff["updated_models"] + diff["unchanged_models"]:
-            controller = self.controllers[name]
-            controller.replace_entry(new_catalog[name])
-            controller.scheduler.fairness = loaded.settings.engine.fairness
-        for name in diff["added_models"]:
-            self._add(new_catalog[name])
-        # -- swap complete --
-        await asyncio.gather(*(controller.stop() for controller in removed))
+        """Reread the files and apply them atomically, or change nothing (400 / 409).
+
+        Each model's writer votes on the change (and holds its loads meanwhile), so no
+        decision rests on a state read from outside the writer; the swap happens only
+        when every vote is free of conflict.  One reload runs at a time.
+        """
+        async with self._reload_lock:
+            loaded = await asyncio.to_thread(load_settings, self.settings_path)
+            new_catalog = build_catalog(loaded)
+            held = dict(self.controllers)
+            answers = await asyncio.gather(
+                *(controller.hold_for_reload(new_catalog.get(name)) for name, controller in held.items()),
+                return_exceptions=True,
+            )
+            try:
+                for answer in answers:
+                    if isinstance(answer, BaseException):
+                        raise answer
+                diff = self._plan_reload(loaded, new_catalog, dict(zip(held, answers)))
+            except BaseException:
+                await asyncio.gather(
+                    *(controller.release_reload() for controller in held.values()), return_exceptions=True
+                )
+                raise
+            removed = [self.controllers.pop(name) for name in diff["removed_models"]]
+            self.loaded = loaded
+            fairness = loaded.settings.engine.fairness
+            await asyncio.gather(*(
+                self.controllers[name].commit_reload(new_catalog[name], fairness)
+                for name in diff["updated_models"] + diff["unchanged_models"]
+            ))
+            for name in diff["added_models"]:
+                self._add(new_catalog[name])
+            await asyncio.gather(*(controller.stop() for controller in removed))
         diff["service_restart_required"] = loaded.settings.service.model_dump() != self.startup_service
         return diff
 
-    def _plan_reload(self, loaded: LoadedSettings, new_catalog: dict[str, CatalogEntry]) -> dict:
-        added, removed, updated, unchanged, conflicts = [], [], [], [], []
-        for name, controller in self.controllers.items():
-            active = controller.state in ACTIVE_STATES
-            if name not in new_catalog:
-                removed.append(name)
-                if active:
-                    conflicts.append(f"{name} would be removed while {controller.state.value}")
-                continue
-            new_entry = new_catalog[name]
-            if controller.entry.same_definition(new_entry):
-                unchanged.append(name)
-                continue
-            updated.append(name)
-            if active and not controller.entry.same_definition(new_entry, ignore=RELOAD_SAFE_FIELDS):
-                conflicts.append(f"{name} would change while {controller.state.value}; unload it first")
-        added = [name for name in new_catalog if name not in self.controllers]
-        engine_changed = loaded.settings.engine != self.settings.engine
-        active_names = [n for n, c in self.controllers.items() if c.state in ACTIVE_STATES]
-        if engine_changed and active_names:
+    def _plan_reload(self, loaded: LoadedSettings, new_catalog: dict[str, CatalogEntry], votes: dict) -> dict:
+        changes: dict[str, list[str]] = {"removed": [], "updated": [], "unchanged": []}
+        conflicts = []
+        for name, vote in votes.items():
+            changes[vote.change].append(name)
+            if vote.conflict:
+                conflicts.append(vote.conflict)
+        added = [name for name in new_catalog if name not in votes]
+        active_names = [name for name, vote in votes.items() if vote.active]
+        if loaded.settings.engine != self.settings.engine and active_names:
             conflicts.append(
                 "engine.decoding / engine.fairness would change while models are active: "
                 + ", ".join(sorted(active_names))
@@ -107,7 +114,7 @@ class ModelPool:
             raise SettingsReloadConflict("settings reload rejected: " + "; ".join(conflicts), details=conflicts)
         return {
             "added_models": sorted(added),
-            "removed_models": sorted(removed),
-            "updated_models": sorted(updated),
-            "unchanged_models": sorted(unchanged),
+            "removed_models": sorted(changes["removed"]),
+            "updated_models": sorted(changes["updated"]),
+            "unchanged_models": sorted(changes["unchanged"]),
         }

@@ -133,9 +133,10 @@ class RuntimeService:
         try:
             if request.stream:  # the API answers a stream's headers only now: errors before this get their status
                 await emit({"event": "admitted"})
-            replica = await dispatched
-            engine = controller.engines[replica]
-            async for event in engine.generate(request):
+            lease = await dispatched
+            lease.check()
+            async for event in lease.engine.generate(request):
+                lease.check()
                 if isinstance(event, TextDelta):
                     pieces.append(event.text)
                     if request.stream:

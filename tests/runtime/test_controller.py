@@ -142,7 +142,7 @@ async def test_graceful_unload_rejects_queued_and_waits_for_active(tmp_path):
     await controller.load({}, None)
     active = Ticket("active", None)
     queued = Ticket("queued", "k")
-    assert await (await controller.admit(active)) == 0
+    assert (await (await controller.admit(active))).replica == 0
     queued_dispatch = await controller.admit(queued)
     unloading = asyncio.create_task(controller.unload())
     await asyncio.sleep(0.05)

@@ -114,3 +114,44 @@ async def test_removing_a_model_fails_its_pending_commands(tmp_path):
     with pytest.raises(UnknownModel):
         await asyncio.wait_for(controller.load({}, None), 1)
     await pool.shutdown()
+
+
+async def test_a_load_that_lands_during_a_reload_waits_and_uses_the_new_definition(tmp_path, monkeypatch):
+    """The writer voted "updated" on an unloaded model; a load posted after that vote waits for
+    the swap, so the model never loads the definition the reload replaced."""
+    pool, _ = await start_pool(tmp_path, {"m": {"backend": "stub", "stub_reply": "old"}})
+    controller = pool.controller("m")
+    rewrite(pool, {"m": {"backend": "stub", "stub_reply": "new"}})
+    landed = []
+    plan = pool._plan_reload
+
+    def plan_with_a_load_in_between(*args):
+        landed.append(controller.begin_load())  # posted after every vote, before the commit
+        return plan(*args)
+
+    monkeypatch.setattr(pool, "_plan_reload", plan_with_a_load_in_between)
+    diff = await pool.reload()
+    assert diff["updated_models"] == ["m"]
+    await asyncio.wait_for(landed[0], 2)
+    assert controller.state is RuntimeState.LOADED
+    assert [engine.config["stub_reply"] for engine in controller.engines] == ["new"]
+    await pool.shutdown()
+
+
+async def test_a_load_held_by_a_refused_reload_runs_once_the_reload_is_refused(tmp_path, monkeypatch):
+    pool, _ = await start_pool(tmp_path, {"busy": {"backend": "stub"}, "m": {"backend": "stub"}})
+    await pool.controller("busy").load({}, None)
+    rewrite(pool, {"busy": {"backend": "stub", "stub_reply": "x"}, "m": {"backend": "stub"}})
+    landed = []
+    plan = pool._plan_reload
+
+    def plan_with_a_load_in_between(*args):
+        landed.append(pool.controller("m").begin_load())
+        return plan(*args)
+
+    monkeypatch.setattr(pool, "_plan_reload", plan_with_a_load_in_between)
+    with pytest.raises(SettingsReloadConflict, match="busy"):
+        await pool.reload()
+    await asyncio.wait_for(landed[0], 2)
+    assert pool.controller("m").state is RuntimeState.LOADED
+    await pool.shutdown()
