@@ -32,6 +32,7 @@ from runtime.errors import (
 from runtime.paths import state_dir
 from runtime.scheduler import Scheduler, Ticket
 from runtime.state import ACTIVE_STATES, RuntimeState, StateMachine, TransitionEvent
+from runtime.vram import VramFigure
 
 logger = logging.getLogger("llmpool.runtime")
 
@@ -101,11 +102,7 @@ class ModelController:
         self._work: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._stopped = False
-        self._estimate_entry: CatalogEntry | None = None
-        self._estimate_key: tuple | None = None
-        self._estimate: tuple[int | None, int, str] = (None, self.replicas, "unavailable")
-        # (MiB, replica count) the last successful load took on the GPUs; kept across unloads.
-        self.observed_vram: tuple[int, int] | None = None
+        self.vram = VramFigure()
 
     @property
     def name(self) -> str:
@@ -272,8 +269,7 @@ class ModelController:
         self._work = None
         if engines is not None:
             self.engines = engines
-            if observed_mib is not None:
-                self.observed_vram = (observed_mib, len(engines))
+            self.vram.observe(observed_mib, len(engines))
             self.scheduler.open(len(engines), self.effective_target_inflight)
             self.machine.transition(S.LOADING, S.LOADED)
         else:
@@ -367,7 +363,7 @@ class ModelController:
 
     def _on_commit_reload(self, future, entry: CatalogEntry, fairness: FairnessSettings) -> None:
         if not self.entry.same_definition(entry):
-            self.observed_vram = None  # measured for a definition that no longer exists
+            self.vram.forget()  # measured for a definition that no longer exists
         self.entry = entry
         if self.state not in ACTIVE_STATES:
             self.replicas = entry.definition.replicas
@@ -417,19 +413,8 @@ class ModelController:
 
     # ---- views -----------------------------------------------------------------------
     def vram_estimate(self) -> tuple[int | None, int, str]:
-        """(MiB, replica count it is for, source): the last observed load delta when there is one,
-        else the backend's estimate, cached per definition, override and count."""
-        if self.observed_vram is not None:
-            mib, replicas = self.observed_vram
-            return mib, replicas, "observed_load_delta"
-        key = (repr(sorted(self.load_override.items())), self.replicas)
-        if self._estimate_entry is not self.entry or self._estimate_key != key:
-            spec, definition = self.entry.spec, self.entry.definition
-            config = spec.effective_config(definition, self.load_override)
-            mib, source = spec.vram_estimate(definition, config, self.replicas, self.entry.base_dir)
-            self._estimate_entry, self._estimate_key = self.entry, key
-            self._estimate = (mib, self.replicas, source)
-        return self._estimate
+        """(MiB, replica count it is for, source); see ``runtime.vram.VramFigure``."""
+        return self.vram.value(self.entry, self.load_override, self.replicas)
 
     @property
     def configured_target_inflight(self) -> int:

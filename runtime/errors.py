@@ -61,6 +61,8 @@ FairnessKeyQueueFull = _error("FairnessKeyQueueFull", "fairness_key_queue_full",
 ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retry_after=1)
 # A backend that broke while generating; the model moves to failed when the engine is dead.
 BackendError = _error("BackendError", "backend_error", 502)
+# The model's request_timeout_seconds ran out while the engine held the request (slot freed).
+RequestTimeout = _error("RequestTimeout", "request_timeout", 504)
 ContextLengthExceeded = _error("ContextLengthExceeded", "context_length_exceeded", 400)
 # A remote OpenAI-compatible API (openai_remote) failed or timed out.
 UpstreamError = _error("UpstreamError", "upstream_error", 502)

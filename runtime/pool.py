@@ -23,20 +23,20 @@ class ModelPool:
     def __init__(self, settings_path: str, listeners: list[Callable[[TransitionEvent], None]] | None = None):
         self.settings_path = settings_path
         self.listeners = listeners if listeners is not None else []
-        self.loaded: LoadedSettings | None = None
+        self.current: LoadedSettings | None = None  # the settings files as last read and applied
         self.startup_service = None
         self.controllers: dict[str, ModelController] = {}
         self._reload_lock = asyncio.Lock()
 
     @property
     def settings(self):
-        return self.loaded.settings
+        return self.current.settings
 
     async def start(self, *, load_enabled: bool = True) -> None:
         """Read the settings (raises InvalidSettings) and start loading enabled models in the background."""
-        self.loaded = load_settings(self.settings_path)
-        self.startup_service = self.loaded.settings.service.model_dump()
-        for name, entry in build_catalog(self.loaded).items():
+        self.current = load_settings(self.settings_path)
+        self.startup_service = self.current.settings.service.model_dump()
+        for name, entry in build_catalog(self.current).items():
             self._add(entry)
         if load_enabled:
             for controller in self.controllers.values():
@@ -84,7 +84,7 @@ class ModelPool:
                 )
                 raise
             removed = [self.controllers.pop(name) for name in diff["removed_models"]]
-            self.loaded = loaded
+            self.current = loaded
             fairness = loaded.settings.engine.fairness
             await asyncio.gather(*(
                 self.controllers[name].commit_reload(new_catalog[name], fairness)

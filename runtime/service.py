@@ -20,6 +20,7 @@ from runtime.errors import (
     ModalityUnsupported,
     MultiTurnUnsupported,
     RemoteExecutionDisallowed,
+    RequestTimeout,
     ResponseFormatUnsupported,
     ThinkingUnsupported,
     UnknownOperation,
@@ -106,12 +107,6 @@ class RuntimeService:
             "service": self.pool.settings.service.model_dump(),
         }
 
-    async def op_cancel(self, payload, emit) -> dict:
-        task = self._requests.get(payload["request_id"])
-        if task is not None:
-            task.cancel()
-        return {"cancelled": task is not None}
-
     # ---- generation ------------------------------------------------------------------
     async def op_generate(self, payload, emit) -> dict:
         task = asyncio.current_task()
@@ -135,14 +130,27 @@ class RuntimeService:
                 await emit({"event": "admitted"})
             lease = await dispatched
             lease.check()
-            async for event in lease.engine.generate(request):
-                lease.check()
-                if isinstance(event, TextDelta):
-                    pieces.append(event.text)
-                    if request.stream:
-                        await emit({"event": "delta", "text": event.text})
-                else:
-                    finished = event
+            limit = controller.entry.definition.request_timeout_seconds
+            deadline = asyncio.timeout(limit)
+            try:
+                async with deadline:
+                    async for event in lease.engine.generate(request):
+                        lease.check()
+                        if isinstance(event, TextDelta):
+                            pieces.append(event.text)
+                            if request.stream:
+                                await emit({"event": "delta", "text": event.text})
+                        else:
+                            finished = event
+            except TimeoutError:
+                if not deadline.expired():
+                    raise  # the engine's own timeout, not the model's limit
+                # The deadline cancelled the engine's generate (its cancel path ran); the finally
+                # below frees the slot.
+                raise RequestTimeout(
+                    f"model {controller.name} did not finish the request within "
+                    f"request_timeout_seconds={limit:g}"
+                ) from None
         finally:
             used = finished.input_tokens + finished.output_tokens if finished else ticket.cost_estimate + len(pieces)
             controller.finish(ticket, used)

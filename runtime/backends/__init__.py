@@ -28,7 +28,3 @@ BACKENDS: dict[str, BackendSpec] = {
         StubSpec(),
     )
 }
-
-
-def backend_for(name: str) -> BackendSpec:
-    return BACKENDS[name]

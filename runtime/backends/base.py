@@ -2,8 +2,9 @@
 
 A ``BackendSpec`` is pure description and validation (constraints, overrides,
 capabilities, VRAM estimate); ``create_engine`` builds the object that really
-loads weights and generates.  A backend whose engine has not landed yet raises
-``EngineUnavailable`` there, which ends the load in ``failed`` with that message.
+loads weights and generates.  An engine whose library is missing from this
+process (vllm, exllamav3, ctranslate2 not installed) raises ``EngineUnavailable``
+from its load, which ends the load in ``failed`` with that message.
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ class CommonDefinition(BaseModel):
     replica_max: int | None = Field(None, ge=1, le=64)
     target_inflight: int = Field(1, ge=1, le=4096)
     modalities: list[Modality] = Field(default_factory=lambda: ["text"])
+    # The most seconds one request may hold a replica, from dispatch to its last token; when it
+    # runs out the request ends with 504 request_timeout and the engine is cancelled.
+    request_timeout_seconds: float | None = Field(None, gt=0, le=86400)
 
     @model_validator(mode="after")
     def _replicas_within_max(self):
@@ -190,10 +194,8 @@ class BackendSpec:
         return merged
 
     def create_engine(self, model_name: str, config: dict[str, Any], replica_index: int, context: dict) -> Engine:
-        raise EngineUnavailable(
-            f"the {self.name} engine is not available in this build of llm-pool yet; "
-            "the definition validates but cannot be loaded"
-        )
+        """One replica's engine, not loaded yet; every backend builds its own."""
+        raise NotImplementedError
 
     def vram_estimate(
         self, definition: CommonDefinition, config: dict[str, Any], replicas: int, base_dir: str

@@ -1,6 +1,7 @@
 """Every POST /v1/responses error code: its HTTP status, the envelope, Retry-After, and no state change."""
 from __future__ import annotations
 
+import json
 import threading
 from contextlib import ExitStack
 
@@ -24,6 +25,8 @@ MODELS = {
     "slowload": {"backend": "stub", "stub_load_seconds": 2},
     "draining": {"backend": "stub", "stub_reply": SLOW_REPLY, "stub_token_delay_ms": 100},
     "flaky": {"backend": "stub", "stub_reply": "a b c d", "stub_fail_after_tokens": 2},
+    # Wedged: 60 tokens x 100 ms against a 0.5 s limit.
+    "wedged": {"backend": "stub", "stub_reply": SLOW_REPLY, "stub_token_delay_ms": 100, "request_timeout_seconds": 0.5},
 }
 LOADED_AT_START = [name for name in MODELS if name not in ("cold", "slowload")]
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}
@@ -270,6 +273,24 @@ def test_two_user_turns_on_a_single_turn_model_is_400(http):
 def test_backend_failure_without_stream_is_502_backend_error(http):
     assert_error(respond(http, "flaky"), 502, "backend_error")
     assert model_entry(http, "flaky")["runtime_inflight"] == 0
+
+
+def test_request_timeout_without_stream_is_504_and_frees_the_slot(http):
+    error = assert_error(respond(http, "wedged"), 504, "request_timeout")
+    assert "request_timeout_seconds=0.5" in error["message"]
+    assert model_entry(http, "wedged")["runtime_inflight"] == 0
+    assert model_entry(http, "wedged")["runtime_state"] == "loaded"
+
+
+def test_request_timeout_mid_stream_ends_with_a_request_timeout_error_event(http):
+    body = {"model": "wedged", "input": "x", "stream": True}
+    with http.stream("POST", "/v1/responses", json=body) as stream:
+        assert stream.status_code == 200
+        lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    last = json.loads(lines[-1].removeprefix("data: "))
+    assert (last["type"], last["code"], last["error"]["code"]) == ("error", "request_timeout", "request_timeout")
+    assert sum('"response.output_text.delta"' in line for line in lines) >= 2  # it did stream before
+    assert wait_until(lambda: model_entry(http, "wedged")["runtime_inflight"] == 0)
 
 
 # ---- remote execution ----------------------------------------------------------------

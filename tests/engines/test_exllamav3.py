@@ -10,7 +10,7 @@ import pytest
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
 from tests.engines.engine_fakes import QWEN3_STYLE_TEMPLATE
 from tests.engines.runtime_driver import assert_refused_unchanged, generate, generation_request, load, unload
-from tests.runtime.helpers import moves
+from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves
 
 # The spec's four ExLlamaV3 example load bodies and the cache each must build.
 SPEC_EXAMPLES = [
@@ -36,8 +36,6 @@ SPEC_EXAMPLES = [
         {"max_num_tokens": 32768, "layer_type": "CacheLayer_quant", "k_bits": 8, "v_bits": 4},
     ),
 ]
-LOAD_CYCLE = [("unloaded", "loading"), ("loading", "loaded")]
-UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]
 
 
 @pytest.fixture

@@ -8,13 +8,11 @@ import pytest
 
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
 from tests.engines.runtime_driver import assert_refused_unchanged, generate, load, unload, wait_for_state
-from tests.runtime.helpers import moves
+from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves
 from tests.spec_examples import VLLM_BODY
 
 GEMMA = "google/gemma-4-26B-A4B-it"
 BASE_ARGS = {"model": GEMMA, "tensor_parallel_size": 1, "dtype": "auto", "enforce_eager": False, "trust_remote_code": False}
-LOAD_CYCLE = [("unloaded", "loading"), ("loading", "loaded")]
-UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]
 
 
 def gemma(**fields) -> dict:

@@ -24,11 +24,8 @@ from tests.managed.helpers import (
     records,
     requests_logged,
 )
-from tests.runtime.helpers import moves, start_pool
+from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves, start_pool
 from tests.spec_examples import REPLICAS_BODY, SGLANG_BODY, TRTLLM_BODY, VLLM_BODY
-
-LOAD_CYCLE = [("unloaded", "loading"), ("loading", "loaded")]
-UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]
 
 
 def definition(backend: str, fake_bin, tmp_path, **fields) -> dict:

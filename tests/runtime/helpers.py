@@ -1,18 +1,15 @@
 """Helpers for driving the runtime in-process."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from runtime.pool import ModelPool
 from runtime.state import TransitionEvent
+from tests.conftest import write_settings
 
-
-def write_settings(folder: Path, models: dict, **sections) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "settings.json"
-    path.write_text(json.dumps({"models": models, **sections}))
-    return path
+# The exact transitions of a load and of an unload that succeed.
+LOAD_CYCLE = [("unloaded", "loading"), ("loading", "loaded")]
+UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]
 
 
 async def start_pool(folder: Path, models: dict, **sections) -> tuple[ModelPool, list[TransitionEvent]]:

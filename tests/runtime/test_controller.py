@@ -16,10 +16,7 @@ from runtime.errors import (
 )
 from runtime.scheduler import Ticket
 from runtime.state import TRANSITIONS, RuntimeState
-from tests.runtime.helpers import moves, start_pool
-
-LOAD_CYCLE = [("unloaded", "loading"), ("loading", "loaded")]
-UNLOAD_CYCLE = [("loaded", "unloading"), ("unloading", "unloaded")]
+from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves, start_pool
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ def rewrite(pool, models, **sections):
 
 
 def snapshot(pool):
-    return {name: c.entry for name, c in pool.controllers.items()}, pool.loaded
+    return {name: c.entry for name, c in pool.controllers.items()}, pool.current
 
 
 async def test_reload_reports_added_removed_updated_unchanged(tmp_path):

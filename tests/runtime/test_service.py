@@ -3,12 +3,14 @@ import asyncio
 
 import pytest
 
-from runtime.errors import BackendError
+from runtime.backends.stub import StubEngine
+from runtime.errors import BackendError, RequestTimeout
 from runtime.scheduler import Ticket
 from runtime.service import RuntimeService
 from runtime.state import RuntimeState
 from tests.engines.runtime_driver import user_input
-from tests.runtime.helpers import moves, write_settings
+from tests.conftest import write_settings
+from tests.runtime.helpers import moves
 
 
 @pytest.fixture
@@ -25,6 +27,11 @@ async def service(tmp_path):
 
 async def _ignore(event: dict) -> None:
     pass
+
+
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
 
 
 def _payload(request_id: str, **fields) -> dict:
@@ -65,3 +72,34 @@ async def test_engine_failed_while_a_stream_is_admitted_is_a_backend_error(servi
     with pytest.raises(BackendError, match="code 134"):
         await service.handle("generate", _payload("streamed", stream=True), fail_on_admission)
 
+
+
+async def test_request_timeout_cancels_the_engine_and_frees_the_slot(tmp_path, monkeypatch):
+    models = {"m": {"backend": "stub", "stub_reply": "a " * 50, "stub_token_delay_ms": 50,
+                    "request_timeout_seconds": 0.2}}
+    service = RuntimeService(str(write_settings(tmp_path, models)))
+    await service.start(load_enabled=False)
+    await service.handle("load", {"name": "m", "body": None}, None)
+    ended: list[str] = []
+    generate = StubEngine.generate
+
+    async def recording_generate(self, request):
+        try:
+            async for event in generate(self, request):
+                yield event
+        except (asyncio.CancelledError, GeneratorExit) as exc:
+            ended.append(type(exc).__name__)
+            raise
+
+    monkeypatch.setattr(StubEngine, "generate", recording_generate)
+    try:
+        with pytest.raises(RequestTimeout, match="request_timeout_seconds=0.2"):
+            await service.handle("generate", _payload("slow"), _ignore)
+        assert ended == ["CancelledError"]  # the engine saw the cancel, not a silent abandon
+        controller = service.pool.controller("m")
+        await asyncio.wait_for(_until(lambda: controller.scheduler.inflight == 0), 2)  # finish is a command
+        assert controller.state is RuntimeState.LOADED
+        result = await service.handle("generate", _payload("next", max_output_tokens=1), _ignore)
+        assert result["text"] == "a"  # the freed slot serves the next request
+    finally:
+        await service.shutdown()
