@@ -7,7 +7,7 @@ forge a turn).  ``gguf_template`` renders the Jinja template carried in the
 GGUF file in the sandbox of ``runtime/chat_templates.py``; its output is one
 markup part, as llama.cpp's own server treats it.
 
-The conversation first becomes ``ChatMessage``s (``chat_messages``): the
+The conversation first becomes ``ChatMessage``s (``conversation_turns``): the
 request's ``instructions`` and every system/developer message join into one
 leading system message; user and assistant turns follow in order; the text
 parts of one message are joined with a newline.
@@ -63,7 +63,7 @@ class _Builder:
         return RenderedPrompt(tuple(self.parts), stop)
 
 
-def chat_messages(instructions: str | None, messages: list[dict]) -> list[ChatMessage]:
+def conversation_turns(instructions: str | None, messages: list[dict]) -> list[ChatMessage]:
     """The request's conversation as one optional leading system message plus user/assistant turns."""
     system = [instructions] if instructions else []
     turns: list[ChatMessage] = []

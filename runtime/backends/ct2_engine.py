@@ -26,7 +26,8 @@ from functools import partial
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta, resolve_model_path
-from runtime.backends.in_process import ChatTemplate, chat_messages, generate_in_thread, template_variables
+from runtime.backends.in_process import generate_in_thread
+from runtime.backends.prompts import ChatTemplate, template_messages, template_variables
 from runtime.errors import BackendError
 
 
@@ -151,7 +152,7 @@ class Ct2Engine:
         if self._generator is None:
             raise BackendError("the CTranslate2 engine is not loaded")
         prompt = self._template.render(
-            chat_messages(request), **template_variables(request, self.config["enable_thinking"])
+            template_messages(request), **template_variables(request, self.config["enable_thinking"])
         )
         encoding = self._tokenizer.encode(prompt, add_special_tokens=False)
         produce = partial(self._produce, encoding.tokens, request)

@@ -39,7 +39,8 @@ from functools import partial
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta, resolve_model_path
-from runtime.backends.in_process import ChatTemplate, chat_messages, generate_in_thread, template_variables
+from runtime.backends.in_process import generate_in_thread
+from runtime.backends.prompts import ChatTemplate, template_messages, template_variables
 from runtime.errors import BackendError
 
 
@@ -139,7 +140,7 @@ class ExllamaEngine:
         if self._generator is None:
             raise BackendError("the ExLlamaV3 engine is not loaded")
         prompt = self._template.render(
-            chat_messages(request), **template_variables(request, self.config["enable_thinking"])
+            template_messages(request), **template_variables(request, self.config["enable_thinking"])
         )
         input_ids = self._tokenizer.encode(prompt, add_bos=False, encode_special_tokens=True)
         produce = partial(self._produce, input_ids, request)

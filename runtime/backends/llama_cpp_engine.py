@@ -32,7 +32,7 @@ from runtime.prompt_formats import (
     GGUF_TEMPLATE,
     GgufChatTemplate,
     RenderedPrompt,
-    chat_messages,
+    conversation_turns,
     render_prompt,
     resolve_thinking,
 )
@@ -149,7 +149,7 @@ class LlamaCppEngine:
     # -- generation ------------------------------------------------------------------------
     def render(self, request: GenerationRequest) -> RenderedPrompt:
         """The prompt for ``request`` (raises the request's 400 errors before any work is queued)."""
-        messages = chat_messages(request.instructions, request.messages)
+        messages = conversation_turns(request.instructions, request.messages)
         thinking = resolve_thinking(request.thinking, self.config.get("enable_thinking"))
         return render_prompt(
             self.prompt_format, messages, thinking=thinking, extra=request.extra, gguf_template=self.gguf_template

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta, resolve_model_path
-from runtime.backends.in_process import template_variables
+from runtime.backends.prompts import template_variables
 from runtime.errors import BackendError, ContextLengthExceeded, FileInputUnsupported, InvalidRequest, LLMPoolError
 from runtime.supervisor import (
     ManagedProcess,

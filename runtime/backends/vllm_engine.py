@@ -43,7 +43,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta, resolve_model_path
-from runtime.backends.in_process import chat_messages, render_prompt, template_variables
+from runtime.backends.prompts import render_template_prompt, template_messages, template_variables
 from runtime.errors import BackendError, InvalidRequest, LLMPoolError
 
 # Engines loaded in this process; the distributed cleanup runs when the last one unloads.
@@ -170,9 +170,9 @@ class VllmEngine:
 
     def prompt_text(self, request: GenerationRequest) -> str:
         tokenizer = self._tokenizer
-        return render_prompt(
+        return render_template_prompt(
             tokenizer.chat_template,
-            chat_messages(request),
+            template_messages(request),
             bos_token=getattr(tokenizer, "bos_token", None) or "",
             eos_token=getattr(tokenizer, "eos_token", None) or "",
             **template_variables(request, self.config["enable_thinking"]),

@@ -8,7 +8,7 @@ from runtime.gguf_info import read_gguf_info
 from runtime.prompt_formats import (
     ChatMessage,
     GgufChatTemplate,
-    chat_messages,
+    conversation_turns,
     render_prompt,
     resolve_thinking,
 )
@@ -174,7 +174,7 @@ def test_gguf_template_gets_enable_thinking_only_when_set():
     assert render_prompt("gguf_template", CHAT, thinking=False, gguf_template=template).text == "True|False"
 
 
-def test_chat_messages_fold_instructions_and_system_messages_into_one_leading_system():
+def test_conversation_turns_fold_instructions_and_system_messages_into_one_leading_system():
     messages = [
         {"role": "developer", "content": [{"type": "input_text", "text": "Use French."}]},
         {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
@@ -182,13 +182,13 @@ def test_chat_messages_fold_instructions_and_system_messages_into_one_leading_sy
         {"role": "system", "content": [{"type": "input_text", "text": "Be kind."}]},
         {"role": "user", "content": [{"type": "input_text", "text": "d"}]},
     ]
-    assert chat_messages("Be brief.", messages) == [
+    assert conversation_turns("Be brief.", messages) == [
         ChatMessage("system", "Be brief.\n\nUse French.\n\nBe kind."),
         ChatMessage("user", "a\nb"),
         ChatMessage("assistant", "c"),
         ChatMessage("user", "d"),
     ]
-    assert chat_messages(None, messages[1:3]) == [ChatMessage("user", "a\nb"), ChatMessage("assistant", "c")]
+    assert conversation_turns(None, messages[1:3]) == [ChatMessage("user", "a\nb"), ChatMessage("assistant", "c")]
 
 
 @pytest.mark.parametrize(
