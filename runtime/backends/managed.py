@@ -1,11 +1,12 @@
-"""The engine shared by the managed-server backends, and the OpenAI-compatible client they speak.
+"""The engine shared by the managed-server backends.
 
 One replica is one server process (``runtime.supervisor``): ``load`` picks the
 port, builds the exact command line from the effective config (a
 ``ServerProfile`` per backend), starts the server and polls its health endpoint
 until it answers 200.  Requests go to the server's ``/v1/chat/completions`` over
-a pooled ``httpx`` client (streamed when the client streams, or always where the
-profile says so) and come back as ``TextDelta`` / ``Finished``.
+a pooled ``httpx`` client (``runtime.backends.openai_chat``; streamed when the
+client streams, or always where the profile says so) and come back as
+``TextDelta`` / ``Finished``.
 
 A server that exits while loaded reports to ``context["on_engine_failure"]``
 (the model moves to failed, its queue gets backend_error); requests in flight
@@ -15,9 +16,7 @@ exit code and the tail of the server's output.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,8 @@ from typing import Any
 import httpx
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta, resolve_model_path
-from runtime.backends.prompts import template_variables
-from runtime.errors import BackendError, ContextLengthExceeded, FileInputUnsupported, InvalidRequest, LLMPoolError
+from runtime.backends.openai_chat import chat_completion, chat_request
+from runtime.errors import BackendError
 from runtime.supervisor import (
     ManagedProcess,
     ServerCommand,
@@ -38,13 +37,7 @@ from runtime.supervisor import (
     server_env,
 )
 
-TEXT_PARTS = ("input_text", "output_text", "text")
-CHAT_ROLES = {"developer": "system"}
-# Upstream statuses that mean the request itself was refused (too long, malformed).
-REQUEST_REJECTED = (400, 413, 422)
 KEEPALIVE_SECONDS = 2.0
-# How llama-server, vLLM, SGLang and OpenAI word a prompt that does not fit the context.
-CONTEXT_OVERFLOW = re.compile(r"context (length|size|window)|exceeds? the available context", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -237,170 +230,3 @@ def flag_args(*pairs: tuple[str, Any]) -> list[str]:
         if value is not None:
             args += [flag, str(value)]
     return args
-
-
-# ---- the OpenAI-compatible client --------------------------------------------------------
-
-
-def chat_request(
-    request: GenerationRequest,
-    model: str,
-    *,
-    configured_thinking: bool | None = None,
-    json_schema: bool = False,
-    file_part: Callable[[dict], dict] | None = None,
-    stream: bool | None = None,
-) -> dict:
-    """The ``/v1/chat/completions`` body for ``request``: streamed (with usage) when ``stream``
-    (by default: when the client streams), else one answer, which spares the upstream and us a
-    chunk per token."""
-    stream = request.stream if stream is None else stream
-    body = {
-        "model": model,
-        "messages": chat_messages(request, file_part),
-        "stream": stream,
-        **({"stream_options": {"include_usage": True}} if stream else {}),
-        "max_tokens": request.max_output_tokens,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-    }
-    template_kwargs = template_variables(request, configured_thinking)
-    if template_kwargs:
-        body["chat_template_kwargs"] = template_kwargs
-    response_format = request.response_format
-    if json_schema and response_format and response_format.get("type") == "json_schema":
-        body["response_format"] = chat_response_format(response_format)
-    return body
-
-
-def chat_messages(request: GenerationRequest, file_part: Callable[[dict], dict] | None = None) -> list[dict]:
-    """Responses API messages as chat messages; instructions first, as the system message."""
-    messages = [{"role": "system", "content": request.instructions}] if request.instructions else []
-    for message in request.messages:
-        parts = [_chat_part(part, file_part) for part in message["content"]]
-        if all(part["type"] == "text" for part in parts):
-            content: str | list = "".join(part["text"] for part in parts)
-        else:
-            content = parts
-        messages.append({"role": CHAT_ROLES.get(message["role"], message["role"]), "content": content})
-    return messages
-
-
-def _chat_part(part: dict, file_part: Callable[[dict], dict] | None) -> dict:
-    kind = part.get("type")
-    if kind in TEXT_PARTS:
-        return {"type": "text", "text": part.get("text", "")}
-    if kind == "input_image":
-        if not part.get("image_url"):
-            raise InvalidRequest("input_image parts need an image_url for this model", param="input")
-        image = {"url": part["image_url"]}
-        if part.get("detail"):
-            image["detail"] = part["detail"]
-        return {"type": "image_url", "image_url": image}
-    if kind == "input_audio":
-        return {"type": "input_audio", "input_audio": part.get("input_audio") or {}}
-    if kind == "input_file" and file_part is not None:
-        return file_part(part)
-    raise FileInputUnsupported(f"this model does not accept {kind} content", param="input")
-
-
-def chat_response_format(response_format: dict) -> dict:
-    """A Responses API ``text.format`` json_schema as the chat completions ``response_format``."""
-    if "json_schema" in response_format:
-        return {"type": "json_schema", "json_schema": response_format["json_schema"]}
-    schema = {"name": response_format.get("name") or "response", "schema": response_format["schema"]}
-    if "strict" in response_format:
-        schema["strict"] = response_format["strict"]
-    return {"type": "json_schema", "json_schema": schema}
-
-
-async def chat_completion(
-    client: httpx.AsyncClient, url: str, body: dict, upstream: str, failure: type[LLMPoolError]
-) -> AsyncIterator[TextDelta | Finished]:
-    """POST ``body`` (streamed or not, as it says) and translate the answer into deltas and the end."""
-    if body.get("stream"):
-        async for event in stream_chat(client, url, body, upstream, failure):
-            yield event
-        return
-    response = await client.post(url, json=body)
-    if response.status_code != 200:
-        raise upstream_error(response.status_code, response.content, upstream, failure)
-    try:
-        answer = response.json()
-    except ValueError:
-        raise failure(f"{upstream} answered 200 with a body that is not JSON") from None
-    if not isinstance(answer, dict):
-        raise failure(f"{upstream} answered 200 with {type(answer).__name__}, not a chat completion")
-    if answer.get("error"):
-        raise failure(f"{upstream} failed while generating: {_error_text(answer)}")
-    choices = answer.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
-        raise failure(f"{upstream} answered without a choice")
-    text = (choices[0].get("message") or {}).get("content") or ""
-    if text:
-        yield TextDelta(text)
-    usage = answer.get("usage") or {}
-    yield Finished(
-        input_tokens=usage.get("prompt_tokens") or 0,
-        # An upstream that reports no usage: about four characters a token, as the scheduler estimates.
-        output_tokens=usage.get("completion_tokens") or (max(1, len(text) // 4) if text else 0),
-        finish_reason="length" if choices[0].get("finish_reason") == "length" else "stop",
-    )
-
-
-async def stream_chat(
-    client: httpx.AsyncClient, url: str, body: dict, upstream: str, failure: type[LLMPoolError]
-) -> AsyncIterator[TextDelta | Finished]:
-    """POST a streamed chat completion and translate its SSE events; ``failure`` is the error class."""
-    async with client.stream("POST", url, json=body) as response:
-        if response.status_code != 200:
-            raise upstream_error(response.status_code, await response.aread(), upstream, failure)
-        finish, usage, pieces, done = None, None, 0, False
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                done = True
-                break
-            chunk = json.loads(data)
-            if chunk.get("error"):
-                raise failure(f"{upstream} failed while generating: {_error_text(chunk)}")
-            for choice in chunk.get("choices") or ():
-                text = (choice.get("delta") or {}).get("content")
-                if text:
-                    pieces += 1
-                    yield TextDelta(text)
-                finish = choice.get("finish_reason") or finish
-            usage = chunk.get("usage") or usage
-        if finish is None and not done:
-            raise failure(f"{upstream} ended the stream without a finish reason")
-    yield Finished(
-        input_tokens=(usage or {}).get("prompt_tokens") or 0,
-        output_tokens=(usage or {}).get("completion_tokens") or pieces,
-        finish_reason="length" if finish == "length" else "stop",
-    )
-
-
-def upstream_error(status: int, body: bytes, upstream: str, failure: type[LLMPoolError]) -> LLMPoolError:
-    """An upstream error answer as our error: a refused request is 400, anything else ``failure``."""
-    try:
-        detail = _error_text(json.loads(body))
-    except ValueError:
-        detail = body.decode("utf-8", "replace").strip()[:500] or "(empty body)"
-    message = f"{upstream} answered {status}: {detail}"
-    if status in REQUEST_REJECTED:
-        if CONTEXT_OVERFLOW.search(detail):
-            return ContextLengthExceeded(message, param="input")
-        return InvalidRequest(message, param="input")
-    return failure(message)
-
-
-def _error_text(payload: Any) -> str:
-    """The message of an OpenAI-style ``{"error": {"message"}}`` body (or of a looser one)."""
-    if not isinstance(payload, dict):
-        return str(payload)
-    error = payload.get("error")
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return str(error or payload.get("message") or payload.get("detail") or payload)

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.backends.managed import chat_completion, chat_request, upstream_error
+from runtime.backends.openai_chat import chat_completion, chat_request, upstream_error
 from runtime.errors import InvalidRequest, UpstreamError
 
 

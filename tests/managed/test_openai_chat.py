@@ -1,4 +1,4 @@
-"""``managed.chat_completion`` against answers a real server could give, non-streamed (httpx MockTransport)."""
+"""``openai_chat.chat_completion`` against answers a real server could give, non-streamed (httpx MockTransport)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from runtime.backends.base import Finished, TextDelta
-from runtime.backends.managed import chat_completion
+from runtime.backends.openai_chat import chat_completion
 from runtime.errors import BackendError, ContextLengthExceeded
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False, "max_tokens": 8}
