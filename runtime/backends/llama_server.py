@@ -12,31 +12,24 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from runtime.backends.base import BackendSpec
-from runtime.backends.common_fields import (
-    FamilyDefinition,
-    NonEmptyStr,
-    Port,
-    artifact_estimate,
-    check_extra_args,
-    require_model_target,
-)
-from runtime.backends.managed import LaunchSite, ManagedServerEngine, ServerLaunch, ServerProfile, flag_args
+from runtime.backends import managed
+from runtime.backends.common_fields import FamilyDefinition
 from runtime.model_files import ModelFileError, locate_model_file, resolve_model_file
 
 
-class LlamaServerDefinition(FamilyDefinition):
-    backend: Literal["llama_server"]
-    llama_server_binary: NonEmptyStr = "llama-server"
-    llama_server_host: NonEmptyStr = "127.0.0.1"
-    llama_server_port: Port | None = None  # null: a free port per replica
-    llama_server_api_key: str | None = None
-    llama_server_library_path: str | None = None
-    llama_server_env: dict[str, str] = Field(default_factory=dict)
-    llama_server_extra_args: list[str] = Field(default_factory=list)
-    llama_server_startup_timeout_seconds: float = Field(300.0, gt=0)
+class LlamaServerDefinition(
+    managed.server_fields(
+        FamilyDefinition,
+        "llama_server",
+        binary="llama-server",
+        startup_timeout_seconds=300.0,
+        owned_flags={"target_inflight": ("--parallel", "-np")},
+        # No llama_server_model: model_path is the GGUF file.
+        fields=("binary", "host", "port", "api_key", "library_path", "env", "extra_args", "startup_timeout_seconds"),
+    )
+):
     llama_server_mmproj: str | None = None
     llama_server_draft_model: str | None = None
     # null leaves llama-server's default; an integer or "auto" / "all" is passed to --n-gpu-layers.
@@ -52,19 +45,59 @@ class LlamaServerDefinition(FamilyDefinition):
     llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=6)
     llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
 
-    @model_validator(mode="after")
-    def _server_rules(self):
-        require_model_target(self)
-        check_extra_args(
-            "llama_server_extra_args", self.llama_server_extra_args, ("--parallel", "-np"), "target_inflight"
-        )
-        return self
+
+def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
+    """The exact llama-server argv for one replica of ``config`` (the effective definition)."""
+
+    def local(field: str) -> str | None:
+        return locate_model_file(config[field], base_dir)
+
+    options = [
+        "--parallel", str(config["target_inflight"]),
+        "-c", str(config["llama_server_n_ctx"]),
+        "--flash-attn", config["llama_server_flash_attn"],
+        *managed.flag_args(
+            ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
+            ("--mmproj", local("llama_server_mmproj")),
+            ("--spec-draft-model", local("llama_server_draft_model")),
+            ("--reasoning-format", config["llama_server_reasoning_format"]),
+            ("--reasoning-budget", config["llama_server_reasoning_budget"]),
+            ("--image-max-tokens", config["llama_server_image_max_tokens"]),
+            ("--spec-type", config["llama_server_spec_type"]),
+            ("--spec-draft-n-max", config["llama_server_spec_draft_n_max"]),
+            ("--spec-draft-p-min", config["llama_server_spec_draft_p_min"]),
+            ("--api-key", config["llama_server_api_key"]),
+        ),
+    ]
+    return managed.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
 
 
-class LlamaServerSpec(BackendSpec):
-    name = "llama_server"
+def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerLaunch:
+    """The command, once the model files it names are known to be readable (ModelFileError otherwise)."""
+    resolve_model_file(config["model_path"], site.base_dir)
+    for field in ("llama_server_mmproj", "llama_server_draft_model"):
+        if config[field] is not None:
+            try:
+                resolve_model_file(config[field], site.base_dir)
+            except ModelFileError as exc:
+                raise ModelFileError(f"{field}: {exc}") from None
+    return managed.ServerLaunch(llama_server_command(config, site.host, site.port, site.base_dir))
+
+
+LLAMA_SERVER = managed.ServerProfile(
+    program="llama-server",
+    prefix="llama_server",
+    build=_launch,
+    served_model=lambda config, base_dir: os.path.basename(config["model_path"]),
+    # llama-server checks for a closed connection only between the chunks of a stream: a
+    # non-streamed completion whose client went away runs to its end, holding its slot.
+    stream_always=True,
+)
+
+
+class LlamaServerSpec(managed.ManagedServerSpec):
+    profile = LLAMA_SERVER
     definition_model = LlamaServerDefinition
-    concurrent = True
     override_fields = (
         "llama_server_n_ctx",
         "llama_server_image_max_tokens",
@@ -86,62 +119,3 @@ class LlamaServerSpec(BackendSpec):
             "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
             "llama_server_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
         }
-
-    def vram_estimate(self, definition, config, replicas, base_dir):
-        return artifact_estimate(base_dir, replicas, definition.model_path)
-
-    def create_engine(self, model_name, config, replica_index, context):
-        return ManagedServerEngine(LLAMA_SERVER, model_name, config, replica_index, context)
-
-
-def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
-    """The exact llama-server argv for one replica of ``config`` (the effective definition)."""
-
-    def local(field: str) -> str | None:
-        return locate_model_file(config[field], base_dir)
-
-    return [
-        config["llama_server_binary"],
-        "--model", local("model_path"),
-        "--host", host,
-        "--port", str(port),
-        "--parallel", str(config["target_inflight"]),
-        "-c", str(config["llama_server_n_ctx"]),
-        "--flash-attn", config["llama_server_flash_attn"],
-        *flag_args(
-            ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
-            ("--mmproj", local("llama_server_mmproj")),
-            ("--spec-draft-model", local("llama_server_draft_model")),
-            ("--reasoning-format", config["llama_server_reasoning_format"]),
-            ("--reasoning-budget", config["llama_server_reasoning_budget"]),
-            ("--image-max-tokens", config["llama_server_image_max_tokens"]),
-            ("--spec-type", config["llama_server_spec_type"]),
-            ("--spec-draft-n-max", config["llama_server_spec_draft_n_max"]),
-            ("--spec-draft-p-min", config["llama_server_spec_draft_p_min"]),
-            ("--api-key", config["llama_server_api_key"]),
-        ),
-        *config["llama_server_extra_args"],
-    ]
-
-
-def _launch(config: dict[str, Any], site: LaunchSite) -> ServerLaunch:
-    """The command, once the model files it names are known to be readable (ModelFileError otherwise)."""
-    resolve_model_file(config["model_path"], site.base_dir)
-    for field in ("llama_server_mmproj", "llama_server_draft_model"):
-        if config[field] is not None:
-            try:
-                resolve_model_file(config[field], site.base_dir)
-            except ModelFileError as exc:
-                raise ModelFileError(f"{field}: {exc}") from None
-    return ServerLaunch(llama_server_command(config, site.host, site.port, site.base_dir))
-
-
-LLAMA_SERVER = ServerProfile(
-    program="llama-server",
-    prefix="llama_server",
-    build=_launch,
-    served_model=lambda config, base_dir: os.path.basename(config["model_path"]),
-    # llama-server checks for a closed connection only between the chunks of a stream: a
-    # non-streamed completion whose client went away runs to its end, holding its slot.
-    stream_always=True,
-)

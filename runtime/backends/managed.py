@@ -1,12 +1,16 @@
-"""The engine shared by the managed-server backends.
+"""What the managed-server backends share: the spec, its definition fields, the engine.
+
+``ManagedServerSpec`` is the spec of a backend keyed by its ``ServerProfile``;
+``server_fields`` declares the ``<prefix>_*`` definition fields every such
+backend has, and ``server_argv`` the shape every server command has.
 
 One replica is one server process (``runtime.supervisor``): ``load`` picks the
-port, builds the exact command line from the effective config (a
-``ServerProfile`` per backend), starts the server and polls its health endpoint
-until it answers 200.  Requests go to the server's ``/v1/chat/completions`` over
-a pooled ``httpx`` client (``runtime.backends.openai_chat``; streamed when the
-client streams, or always where the profile says so) and come back as
-``TextDelta`` / ``Finished``.
+port, builds the exact command line from the effective config (the profile's
+``build``), starts the server and polls its health endpoint until it answers
+200.  Requests go to the server's ``/v1/chat/completions`` over a pooled
+``httpx`` client (``runtime.backends.openai_chat``; streamed when the client
+streams, or always where the profile says so) and come back as ``TextDelta`` /
+``Finished``.
 
 A server that exits while loaded reports to ``context["on_engine_failure"]``
 (the model moves to failed, its queue gets backend_error); requests in flight
@@ -20,11 +24,27 @@ import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import httpx
+from pydantic import Field, create_model, model_validator
 
-from runtime.backends.base import Finished, GenerationRequest, TextDelta, resolve_model_path
+from runtime.backends.base import (
+    BackendSpec,
+    CommonDefinition,
+    Finished,
+    GenerationRequest,
+    TextDelta,
+    resolve_model_path,
+)
+from runtime.backends.common_fields import (
+    NonEmptyStr,
+    Port,
+    artifact_estimate,
+    check_extra_args,
+    require_model_target,
+    thinking_for_families,
+)
 from runtime.backends.openai_chat import chat_completion, chat_request
 from runtime.errors import BackendError
 from runtime.supervisor import (
@@ -59,22 +79,28 @@ class ServerLaunch:
 
 @dataclass(frozen=True)
 class ServerProfile:
-    """How one managed backend starts its server.
+    """How one managed backend starts its server and talks to it.
 
-    ``prefix`` names the definition fields every managed backend has:
-    ``<prefix>_binary``, ``_host``, ``_port``, ``_api_key``, ``_env``,
-    ``_library_path``, ``_extra_args`` and ``_startup_timeout_seconds``.
+    ``prefix`` is the backend's name and the prefix of its ``server_fields``.
+    ``served_model`` gives what the server loads, which is also the model name
+    its API answers to; by default ``server_target``.
     """
 
     program: str
     prefix: str
     build: Callable[[dict[str, Any], LaunchSite], ServerLaunch]
-    served_model: Callable[[dict[str, Any], str], str]
+    served_model: Callable[[dict[str, Any], str], str] | None = None
+    # Forward a json_schema text.format as the chat response_format.
     json_schema: bool = False
     health_path: str = "/health"
     # Stream every upstream call, even for a client that does not stream: for a server that
     # notices a closed connection only while it streams, so a cancelled request stops there too.
     stream_always: bool = False
+
+    def model_name(self, config: dict[str, Any], base_dir: str) -> str:
+        if self.served_model is not None:
+            return self.served_model(config, base_dir)
+        return server_target(config, self.prefix, base_dir)
 
 
 class ManagedServerEngine:
@@ -96,7 +122,7 @@ class ManagedServerEngine:
         self.process: ManagedProcess | None = None
         self.base_url: str | None = None
         self._client: httpx.AsyncClient | None = None
-        self._served_model = profile.served_model(config, context["base_dir"])
+        self._served_model = profile.model_name(config, context["base_dir"])
         self._failure: str | None = None
         self._report: asyncio.Task | None = None  # the death report, kept referenced until it ran
         self._loaded = False
@@ -223,6 +249,11 @@ def model_target(path: str, base_dir: str) -> str:
     return resolved if os.path.exists(resolved) else path
 
 
+def server_target(config: dict[str, Any], prefix: str, base_dir: str) -> str:
+    """What a server with a ``<prefix>_model`` field loads: that field, else ``model_path``."""
+    return model_target(config[f"{prefix}_model"] or config["model_path"], base_dir)
+
+
 def flag_args(*pairs: tuple[str, Any]) -> list[str]:
     """``[flag, value, ...]`` for every pair whose value is not None."""
     args: list[str] = []
@@ -230,3 +261,106 @@ def flag_args(*pairs: tuple[str, Any]) -> list[str]:
         if value is not None:
             args += [flag, str(value)]
     return args
+
+
+def server_argv(
+    config: dict[str, Any], prefix: str, host: str, port: int, model_args: list[str], args: list[str]
+) -> list[str]:
+    """``<binary> <model_args> --host <host> --port <port> <args> <extra args>``, the shape of
+    every managed server's command; the operator's ``<prefix>_extra_args`` come last."""
+    return [
+        config[f"{prefix}_binary"],
+        *model_args,
+        "--host", host,
+        "--port", str(port),
+        *args,
+        *config[f"{prefix}_extra_args"],
+    ]
+
+
+# ---- the spec ----------------------------------------------------------------------------
+
+# The fields ``server_fields`` can declare, without their prefix, in their usual order.
+SERVER_FIELDS = (
+    "binary", "model", "host", "port", "api_key", "env", "library_path", "extra_args", "startup_timeout_seconds"
+)
+
+
+def server_fields(
+    base: type[CommonDefinition],
+    prefix: str,
+    *,
+    binary: str,
+    startup_timeout_seconds: float,
+    owned_flags: dict[str, tuple[str, ...]],
+    fields: tuple[str, ...] = SERVER_FIELDS,
+) -> type[CommonDefinition]:
+    """``base`` with ``backend: Literal[prefix]`` and the ``<prefix>_*`` fields of a managed server.
+
+    ``fields`` names which of them the definition has, in the order it declares them:
+    ``binary`` (default ``binary``), ``model`` (the hub id or local path the server loads;
+    null: model_path), ``host`` (127.0.0.1), ``port`` (null: a free port per replica),
+    ``api_key``, ``env``, ``library_path``, ``extra_args`` and ``startup_timeout_seconds``
+    (default ``startup_timeout_seconds``).  A definition is valid when model_path (or
+    ``<prefix>_model``) names the model and the extra args set none of the ``owned_flags``
+    (``{owner: flags}``: the field that sets those flags itself).
+    """
+    declarations = {
+        "binary": (NonEmptyStr, binary),
+        "model": (NonEmptyStr | None, None),
+        "host": (NonEmptyStr, "127.0.0.1"),
+        "port": (Port | None, None),
+        "api_key": (str | None, None),
+        "env": (dict[str, str], Field(default_factory=dict)),
+        "library_path": (str | None, None),
+        "extra_args": (list[str], Field(default_factory=list)),
+        "startup_timeout_seconds": (float, Field(startup_timeout_seconds, gt=0)),
+    }
+    target_field = f"{prefix}_model" if "model" in fields else None
+    extra_args_field = f"{prefix}_extra_args"
+
+    def server_rules(definition):
+        require_model_target(definition, target_field)
+        for owner, flags in owned_flags.items():
+            check_extra_args(extra_args_field, getattr(definition, extra_args_field), flags, owner)
+        return definition
+
+    return create_model(
+        "".join(word.capitalize() for word in prefix.split("_")) + "Fields",
+        __base__=base,
+        __validators__={"_server_rules": model_validator(mode="after")(server_rules)},
+        backend=(Literal[prefix], ...),
+        **{f"{prefix}_{name}": declarations[name] for name in fields},
+    )
+
+
+class ManagedServerSpec(BackendSpec):
+    """A backend whose every replica is one server process, keyed by its ``profile``.
+
+    It is named by the profile's prefix, runs many requests per replica
+    (``target_inflight``), takes json_schema where the profile forwards it, and
+    estimates VRAM from the first local model artifact: model_path, then
+    ``<prefix>_model``.
+    """
+
+    profile: ClassVar[ServerProfile]
+    concurrent = True
+    # prompt_format families whose thinking switch the server's chat template honours.
+    thinking_families: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.profile.prefix
+
+    def thinking_modes(self, definition):
+        return thinking_for_families(definition, self.thinking_families)
+
+    def response_formats(self, definition):
+        return ["text", "json_schema"] if self.profile.json_schema else ["text"]
+
+    def vram_estimate(self, definition, config, replicas, base_dir):
+        target = getattr(definition, f"{self.name}_model", None)
+        return artifact_estimate(base_dir, replicas, definition.model_path, target)
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return ManagedServerEngine(self.profile, model_name, config, replica_index, context)

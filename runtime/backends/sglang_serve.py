@@ -3,7 +3,7 @@
 ``target_inflight`` becomes ``--max-running-requests``, so the extra args may
 not set it.  With speculative top-k 1, llm-pool derives the draft-token count
 as the step count plus 1 and passes it explicitly; a conflicting explicit value
-is rejected.  The engine lands with the sglang_serve issue.
+is rejected.
 """
 from __future__ import annotations
 
@@ -11,18 +11,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from runtime.backends.base import BackendSpec
-from runtime.backends.common_fields import (
-    GEMMA4,
-    FamilyDefinition,
-    NonEmptyStr,
-    Port,
-    artifact_estimate,
-    check_extra_args,
-    require_model_target,
-    thinking_for_families,
-)
-from runtime.backends.managed import ManagedServerEngine, ServerLaunch, ServerProfile, flag_args, model_target
+from runtime.backends import managed
+from runtime.backends.common_fields import GEMMA4, FamilyDefinition
 from runtime.errors import InvalidLoadRequest
 
 SglangCacheDType = Literal[
@@ -41,18 +31,15 @@ def derived_draft_tokens(num_steps: int | None, eagle_topk: int | None) -> int |
     return (num_steps or DEFAULT_NUM_STEPS) + 1
 
 
-class SglangServeDefinition(FamilyDefinition):
-    backend: Literal["sglang_serve"]
-    sglang_serve_binary: NonEmptyStr = "sglang"
-    # Hub id or local path passed to `sglang serve --model-path`; model_path is used when this is null.
-    sglang_serve_model: NonEmptyStr | None = None
-    sglang_serve_host: NonEmptyStr = "127.0.0.1"
-    sglang_serve_port: Port | None = None  # null: a free port per replica
-    sglang_serve_api_key: str | None = None
-    sglang_serve_env: dict[str, str] = Field(default_factory=dict)
-    sglang_serve_library_path: str | None = None
-    sglang_serve_extra_args: list[str] = Field(default_factory=list)
-    sglang_serve_startup_timeout_seconds: float = Field(900.0, gt=0)
+class SglangServeDefinition(
+    managed.server_fields(
+        FamilyDefinition,
+        "sglang_serve",
+        binary="sglang",
+        startup_timeout_seconds=900.0,
+        owned_flags={"target_inflight": ("--max-running-requests",)},
+    )
+):
     sglang_quantization: str | None = None
     sglang_attention_backend: str | None = None
     sglang_reasoning_parser: str | None = None
@@ -70,11 +57,7 @@ class SglangServeDefinition(FamilyDefinition):
     sglang_speculative_eagle_topk: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
-    def _serve_rules(self):
-        require_model_target(self, "sglang_serve_model")
-        check_extra_args(
-            "sglang_serve_extra_args", self.sglang_serve_extra_args, ("--max-running-requests",), "target_inflight"
-        )
+    def _draft_tokens_follow_the_steps(self):
         derived = derived_draft_tokens(self.sglang_speculative_num_steps, self.sglang_speculative_eagle_topk)
         explicit = self.sglang_speculative_num_draft_tokens
         if derived is not None and explicit is not None and explicit != derived:
@@ -85,6 +68,47 @@ class SglangServeDefinition(FamilyDefinition):
         return self
 
 
+def _speculative_args(config: dict[str, Any]) -> list[str]:
+    if config["sglang_speculative_algorithm"] is None:
+        return []
+    return managed.flag_args(
+        ("--speculative-algorithm", config["sglang_speculative_algorithm"]),
+        ("--speculative-draft-model-path", config["sglang_speculative_draft_model"]),
+        ("--speculative-num-steps", config["sglang_speculative_num_steps"] or DEFAULT_NUM_STEPS),
+        ("--speculative-eagle-topk", config["sglang_speculative_eagle_topk"] or DEFAULT_EAGLE_TOPK),
+        ("--speculative-num-draft-tokens", config["sglang_speculative_num_draft_tokens"]),
+    )
+
+
+def sglang_serve_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
+    """The exact ``sglang serve`` argv for one replica of ``config`` (the effective config)."""
+    options = [
+        "--max-running-requests", str(config["target_inflight"]),
+        *managed.flag_args(
+            ("--context-length", config["sglang_context_length"]),
+            ("--mem-fraction-static", config["sglang_mem_fraction_static"]),
+            ("--max-total-tokens", config["sglang_max_total_tokens"]),
+            ("--chunked-prefill-size", config["sglang_chunked_prefill_size"]),
+            ("--kv-cache-dtype", config["sglang_kv_cache_dtype"]),
+            ("--quantization", config["sglang_quantization"]),
+            ("--attention-backend", config["sglang_attention_backend"]),
+            ("--reasoning-parser", config["sglang_reasoning_parser"]),
+            ("--tool-call-parser", config["sglang_tool_call_parser"]),
+        ),
+        *_speculative_args(config),
+        *managed.flag_args(("--api-key", config["sglang_serve_api_key"])),
+    ]
+    model_args = ["serve", "--model-path", managed.server_target(config, "sglang_serve", base_dir)]
+    return managed.server_argv(config, "sglang_serve", host, port, model_args, options)
+
+
+SGLANG_SERVE = managed.ServerProfile(
+    program="sglang serve",
+    prefix="sglang_serve",
+    build=lambda config, site: managed.ServerLaunch(sglang_serve_command(config, site.host, site.port, site.base_dir)),
+)
+
+
 def _effective(definition: SglangServeDefinition, overrides: dict[str, Any], key: str) -> Any:
     return overrides[key] if key in overrides else getattr(definition, key)
 
@@ -93,10 +117,10 @@ def _integer(minimum: int, step: int, **extra) -> dict:
     return {"kind": "integer", "minimum": minimum, "step": step, **extra}
 
 
-class SglangServeSpec(BackendSpec):
-    name = "sglang_serve"
+class SglangServeSpec(managed.ManagedServerSpec):
+    profile = SGLANG_SERVE
     definition_model = SglangServeDefinition
-    concurrent = True
+    thinking_families = (GEMMA4,)
     override_fields = (
         "sglang_context_length",
         "sglang_mem_fraction_static",
@@ -160,63 +184,3 @@ class SglangServeSpec(BackendSpec):
         if derived is not None:
             merged["sglang_speculative_num_draft_tokens"] = derived
         return merged
-
-    def thinking_modes(self, definition):
-        return thinking_for_families(definition, (GEMMA4,))
-
-    def vram_estimate(self, definition, config, replicas, base_dir):
-        return artifact_estimate(base_dir, replicas, definition.model_path, definition.sglang_serve_model)
-
-    def create_engine(self, model_name, config, replica_index, context):
-        return ManagedServerEngine(SGLANG_SERVE, model_name, config, replica_index, context)
-
-
-def sglang_serve_target(config: dict[str, Any], base_dir: str) -> str:
-    """What ``sglang serve`` loads (and the model name its API answers to)."""
-    return model_target(config["sglang_serve_model"] or config["model_path"], base_dir)
-
-
-def _speculative_args(config: dict[str, Any]) -> list[str]:
-    if config["sglang_speculative_algorithm"] is None:
-        return []
-    return flag_args(
-        ("--speculative-algorithm", config["sglang_speculative_algorithm"]),
-        ("--speculative-draft-model-path", config["sglang_speculative_draft_model"]),
-        ("--speculative-num-steps", config["sglang_speculative_num_steps"] or DEFAULT_NUM_STEPS),
-        ("--speculative-eagle-topk", config["sglang_speculative_eagle_topk"] or DEFAULT_EAGLE_TOPK),
-        ("--speculative-num-draft-tokens", config["sglang_speculative_num_draft_tokens"]),
-    )
-
-
-def sglang_serve_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
-    """The exact ``sglang serve`` argv for one replica of ``config`` (the effective config)."""
-    return [
-        config["sglang_serve_binary"],
-        "serve",
-        "--model-path", sglang_serve_target(config, base_dir),
-        "--host", host,
-        "--port", str(port),
-        "--max-running-requests", str(config["target_inflight"]),
-        *flag_args(
-            ("--context-length", config["sglang_context_length"]),
-            ("--mem-fraction-static", config["sglang_mem_fraction_static"]),
-            ("--max-total-tokens", config["sglang_max_total_tokens"]),
-            ("--chunked-prefill-size", config["sglang_chunked_prefill_size"]),
-            ("--kv-cache-dtype", config["sglang_kv_cache_dtype"]),
-            ("--quantization", config["sglang_quantization"]),
-            ("--attention-backend", config["sglang_attention_backend"]),
-            ("--reasoning-parser", config["sglang_reasoning_parser"]),
-            ("--tool-call-parser", config["sglang_tool_call_parser"]),
-        ),
-        *_speculative_args(config),
-        *flag_args(("--api-key", config["sglang_serve_api_key"])),
-        *config["sglang_serve_extra_args"],
-    ]
-
-
-SGLANG_SERVE = ServerProfile(
-    program="sglang serve",
-    prefix="sglang_serve",
-    build=lambda config, site: ServerLaunch(sglang_serve_command(config, site.host, site.port, site.base_dir)),
-    served_model=sglang_serve_target,
-)

@@ -7,8 +7,10 @@ may set neither the batch size nor the config file, and the base YAML may not
 set ``max_batch_size`` (a load that finds it there fails).  The temporary YAML
 lives under ``<state_dir>/tmp`` and is removed when the replica stops.
 
-trtllm-serve has no API-key flag: ``trtllm_serve_api_key`` is only sent as the
-bearer token of llm-pool's requests (for a wrapper or proxy that checks it).
+``trtllm_serve_model`` (else ``model_path``) is a hub id, a checkpoint or an
+engine folder.  trtllm-serve has no API-key flag: ``trtllm_serve_api_key`` is
+only sent as the bearer token of llm-pool's requests (for a wrapper or proxy
+that checks it).
 """
 from __future__ import annotations
 
@@ -18,43 +20,27 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from runtime.backends.base import BackendSpec, resolve_model_path
-from runtime.backends.common_fields import (
-    GEMMA4,
-    FamilyDefinition,
-    NonEmptyStr,
-    Port,
-    artifact_estimate,
-    check_extra_args,
-    require_model_target,
-    thinking_for_families,
-)
-from runtime.backends.managed import (
-    LaunchSite,
-    ManagedServerEngine,
-    ServerLaunch,
-    ServerProfile,
-    flag_args,
-    model_target,
-)
+from runtime.backends import managed
+from runtime.backends.base import resolve_model_path
+from runtime.backends.common_fields import GEMMA4, FamilyDefinition
 
 TRTLLM_CACHE_DTYPES = ["auto", "fp8", "nvfp4"]
 
 
-class TrtllmServeDefinition(FamilyDefinition):
-    backend: Literal["trtllm_serve"]
-    trtllm_serve_binary: NonEmptyStr = "trtllm-serve"
-    # Hub id, checkpoint or engine folder passed to trtllm-serve; model_path is used when this is null.
-    trtllm_serve_model: NonEmptyStr | None = None
-    trtllm_serve_host: NonEmptyStr = "127.0.0.1"
-    trtllm_serve_port: Port | None = None  # null: a free port per replica
-    trtllm_serve_api_key: str | None = None
-    trtllm_serve_env: dict[str, str] = Field(default_factory=dict)
-    trtllm_serve_library_path: str | None = None
-    trtllm_serve_extra_args: list[str] = Field(default_factory=list)
-    trtllm_serve_startup_timeout_seconds: float = Field(1800.0, gt=0)
+class TrtllmServeDefinition(
+    managed.server_fields(
+        FamilyDefinition,
+        "trtllm_serve",
+        binary="trtllm-serve",
+        startup_timeout_seconds=1800.0,
+        owned_flags={
+            "target_inflight": ("--max-batch-size",),
+            "trtllm_config_yaml": ("--config", "--extra-llm-api-options"),
+        },
+    )
+):
     # Base LLM API YAML; it is read, never written, and may not set max_batch_size.
     trtllm_config_yaml: str | None = None
     trtllm_reasoning_parser: str | None = None
@@ -67,67 +53,6 @@ class TrtllmServeDefinition(FamilyDefinition):
     trtllm_enable_chunked_prefill: bool = False
     # kv_cache_config.free_gpu_memory_fraction: a safety ceiling when the byte budget should decide.
     trtllm_free_gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
-
-    @model_validator(mode="after")
-    def _serve_rules(self):
-        require_model_target(self, "trtllm_serve_model")
-        check_extra_args(
-            "trtllm_serve_extra_args", self.trtllm_serve_extra_args, ("--max-batch-size",), "target_inflight"
-        )
-        check_extra_args(
-            "trtllm_serve_extra_args",
-            self.trtllm_serve_extra_args,
-            ("--config", "--extra-llm-api-options"),
-            "trtllm_config_yaml",
-        )
-        return self
-
-
-class TrtllmServeSpec(BackendSpec):
-    name = "trtllm_serve"
-    definition_model = TrtllmServeDefinition
-    concurrent = True
-    override_fields = (
-        "trtllm_max_seq_len",
-        "trtllm_kv_cache_memory_bytes",
-        "trtllm_max_num_tokens",
-        "trtllm_enable_chunked_prefill",
-        "trtllm_kv_cache_dtype",
-    )
-
-    def backend_constraints(self, definition):
-        return {
-            "trtllm_max_seq_len": {"kind": "integer", "minimum": 256, "step": 256},
-            "trtllm_kv_cache_memory_bytes": {
-                "kind": "integer",
-                "minimum": 268435456,
-                "step": 268435456,
-                "unit": "bytes",
-                "display_unit": "mib",
-            },
-            "trtllm_max_num_tokens": {"kind": "integer", "minimum": 256, "step": 256},
-            "trtllm_enable_chunked_prefill": {"kind": "boolean", "default": False},
-            "trtllm_kv_cache_dtype": {
-                "kind": "enum",
-                "default": "auto",
-                "allowed_values": list(TRTLLM_CACHE_DTYPES),
-                "examples": list(TRTLLM_CACHE_DTYPES),
-            },
-        }
-
-    def thinking_modes(self, definition):
-        return thinking_for_families(definition, (GEMMA4,))
-
-    def vram_estimate(self, definition, config, replicas, base_dir):
-        return artifact_estimate(base_dir, replicas, definition.model_path, definition.trtllm_serve_model)
-
-    def create_engine(self, model_name, config, replica_index, context):
-        return ManagedServerEngine(TRTLLM_SERVE, model_name, config, replica_index, context)
-
-
-def trtllm_serve_target(config: dict[str, Any], base_dir: str) -> str:
-    """What trtllm-serve loads (and the model name its API answers to)."""
-    return model_target(config["trtllm_serve_model"] or config["model_path"], base_dir)
 
 
 def trtllm_config(config: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
@@ -167,32 +92,61 @@ def read_base_yaml(config: dict[str, Any], base_dir: str) -> dict[str, Any]:
 
 def trtllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: str, yaml_path: Path) -> list[str]:
     """The exact trtllm-serve argv for one replica of ``config``, reading its LLM API YAML from ``yaml_path``."""
-    return [
-        config["trtllm_serve_binary"],
-        trtllm_serve_target(config, base_dir),
-        "--host", host,
-        "--port", str(port),
+    options = [
         "--config", str(yaml_path),
-        *flag_args(
+        *managed.flag_args(
             ("--reasoning_parser", config["trtllm_reasoning_parser"]),
             ("--tool_parser", config["trtllm_tool_parser"]),
         ),
-        *config["trtllm_serve_extra_args"],
     ]
+    model_args = [managed.server_target(config, "trtllm_serve", base_dir)]
+    return managed.server_argv(config, "trtllm_serve", host, port, model_args, options)
 
 
-def _launch(config: dict[str, Any], site: LaunchSite) -> ServerLaunch:
+def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerLaunch:
     merged = trtllm_config(config, read_base_yaml(config, site.base_dir))
     handle, name = tempfile.mkstemp(prefix=f"{site.stem}.", suffix=".yaml", dir=site.scratch_dir)
     with os.fdopen(handle, "w", encoding="utf-8") as target:
         yaml.safe_dump(merged, target, sort_keys=False)
     path = Path(name)
-    return ServerLaunch(trtllm_serve_command(config, site.host, site.port, site.base_dir, path), (path,))
+    return managed.ServerLaunch(trtllm_serve_command(config, site.host, site.port, site.base_dir, path), (path,))
 
 
-TRTLLM_SERVE = ServerProfile(
+TRTLLM_SERVE = managed.ServerProfile(
     program="trtllm-serve",
     prefix="trtllm_serve",
     build=_launch,
-    served_model=trtllm_serve_target,
 )
+
+
+class TrtllmServeSpec(managed.ManagedServerSpec):
+    profile = TRTLLM_SERVE
+    definition_model = TrtllmServeDefinition
+    thinking_families = (GEMMA4,)
+    override_fields = (
+        "trtllm_max_seq_len",
+        "trtllm_kv_cache_memory_bytes",
+        "trtllm_max_num_tokens",
+        "trtllm_enable_chunked_prefill",
+        "trtllm_kv_cache_dtype",
+    )
+
+    def backend_constraints(self, definition):
+        return {
+            "trtllm_max_seq_len": {"kind": "integer", "minimum": 256, "step": 256},
+            "trtllm_kv_cache_memory_bytes": {
+                "kind": "integer",
+                "minimum": 268435456,
+                "step": 268435456,
+                "unit": "bytes",
+                "display_unit": "mib",
+            },
+            "trtllm_max_num_tokens": {"kind": "integer", "minimum": 256, "step": 256},
+            "trtllm_enable_chunked_prefill": {"kind": "boolean", "default": False},
+            "trtllm_kv_cache_dtype": {
+                "kind": "enum",
+                "default": "auto",
+                "allowed_values": list(TRTLLM_CACHE_DTYPES),
+                "examples": list(TRTLLM_CACHE_DTYPES),
+            },
+        }
