@@ -18,6 +18,7 @@ from runtime import gpu
 from runtime.backends.base import Engine
 from runtime.catalog import CatalogEntry
 from runtime.config import FairnessSettings
+from runtime.engine_process.engine import ProcessEngine
 from runtime.errors import (
     BackendError,
     InvalidLoadRequest,
@@ -247,7 +248,10 @@ class ModelController:
         try:
             used_before = await asyncio.to_thread(gpu.used_memory_mib)
             for index in range(count):
-                engine = spec.create_engine(entry.name, config, index, context)
+                if config["isolation"] == "process":
+                    engine = ProcessEngine(entry.name, config, index, context)
+                else:
+                    engine = spec.create_engine(entry.name, config, index, context)
                 engines.append(engine)
                 try:
                     await engine.load()

@@ -44,6 +44,9 @@ class CommonDefinition(BaseModel):
     # The most seconds one request may hold a replica, from dispatch to its last token; when it
     # runs out the request ends with 504 request_timeout and the engine is cancelled.
     request_timeout_seconds: float | None = Field(None, gt=0, le=86400)
+    # "process": each replica's engine runs in an engine process of its own (runtime/engine_process),
+    # so a native fault kills that process, not the runtime; "none": in the runtime's own process.
+    isolation: Literal["process", "none"] = "none"
 
     @model_validator(mode="after")
     def _replicas_within_max(self):

@@ -8,10 +8,12 @@ without a real model.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from runtime.backends.base import (
     BackendSpec,
@@ -44,10 +46,23 @@ class StubDefinition(CommonDefinition):
     # Allocate this much GPU memory with torch while loaded (scripts/gpu_check.sh checks
     # observed_load_delta against it); needs torch with CUDA.
     stub_gpu_alloc_mib: int | None = Field(None, ge=1)
+    # Crash injection: the engine process really dies by stub_crash_signal when it loads or
+    # when a generation starts.  Refused with isolation "none" (it would kill the service).
+    stub_crash: Literal["on_load", "on_generate"] | None = None
+    stub_crash_signal: Literal["SIGSEGV", "SIGABRT", "SIGKILL"] = "SIGSEGV"
     thinking_modes: list[Literal["default", "enabled", "disabled"]] = Field(default_factory=lambda: ["default"])
     response_formats: list[Literal["text", "json_schema"]] = Field(default_factory=lambda: ["text"])
     multi_turn: bool = True
     file_inputs: bool = False
+
+    @model_validator(mode="after")
+    def _crash_only_in_an_engine_process(self):
+        if self.stub_crash is not None and self.isolation != "process":
+            raise ValueError(
+                f"stub_crash={self.stub_crash!r} needs isolation \"process\": with isolation "
+                f"{self.isolation!r} the crash would kill the service"
+            )
+        return self
 
 
 class StubEngine:
@@ -59,12 +74,18 @@ class StubEngine:
 
     async def load(self) -> None:
         await asyncio.sleep(self.config["stub_load_seconds"])
+        self._crash_if("on_load")
         failing_replica = self.config["stub_fail_replica"]
         if self.config["stub_fail_load"] and failing_replica in (None, self.replica_index):
             raise RuntimeError(self.config["stub_fail_load"])
         if self.config["stub_gpu_alloc_mib"]:
             self.gpu_block = await asyncio.to_thread(_allocate_gpu_mib, self.config["stub_gpu_alloc_mib"])
         self.loaded = True
+
+    def _crash_if(self, moment: str) -> None:
+        """Die by stub_crash_signal at ``moment`` (settings allow it only in an engine process)."""
+        if self.config["stub_crash"] == moment:
+            os.kill(os.getpid(), signal.Signals[self.config["stub_crash_signal"]])
 
     async def unload(self) -> None:
         await asyncio.sleep(self.config["stub_unload_seconds"])
@@ -74,6 +95,7 @@ class StubEngine:
         self.loaded = False
 
     async def generate(self, request: GenerationRequest):
+        self._crash_if("on_generate")
         reply = self.config["stub_reply"]
         if reply is None:
             reply = request.last_user_text()

@@ -11,7 +11,8 @@ class ServerStartError(RuntimeError):
 
 @dataclass(frozen=True)
 class ServerCommand:
-    """What to run: ``label`` names it in messages ("llama-server for model m, replica 1")."""
+    """What to run: ``label`` names it in messages ("llama-server for model m, replica 1");
+    ``pass_fds`` are descriptors the process inherits (an engine process's socket)."""
 
     label: str
     argv: list[str]
@@ -19,3 +20,4 @@ class ServerCommand:
     log_path: Path
     temp_files: tuple[Path, ...] = ()
     cwd: str | None = None
+    pass_fds: tuple[int, ...] = ()

@@ -74,6 +74,7 @@ def spawn(command: ServerCommand, state_dir: Path) -> tuple[subprocess.Popen, in
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        pass_fds=command.pass_fds,
         preexec_fn=functools.partial(_die_with_parent, os.getpid()),
     )
     pidfd = os.pidfd_open(process.pid)

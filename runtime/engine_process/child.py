@@ -1,0 +1,178 @@
+"""The engine process: hosts one replica's engine and answers the runtime's frames.
+
+``python -m runtime.engine_process.child --fd N`` reads frames from the Unix
+socket it inherited as fd N (see ``protocol``).  It builds the engine with
+``BACKENDS[backend].create_engine(...)``, exactly as the runtime would in its own
+process, and runs it on this process's event loop: ``load`` once, any number of
+``generate`` at a time (each cancellable), ``unload`` (then it exits 0).  It
+exits as soon as the socket closes: the runtime is gone.  Django is never imported.
+
+A native fault kills this process, not the runtime; ``faulthandler`` writes the
+Python stack of a SIGSEGV or SIGABRT to the output the runtime keeps the tail of.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import faulthandler
+import logging
+import os
+import socket
+import sys
+import traceback
+from contextlib import aclosing
+from typing import Any
+
+from runtime.backends import BACKENDS
+from runtime.backends.base import Finished, TextDelta
+from runtime.engine_process import protocol as p
+
+logger = logging.getLogger("llmpool.engine_process")
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (from /proc, no dependency)."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class EngineHost:
+    """The engine of this process and its running generations; one handler per op."""
+
+    def __init__(self, outbox: p.Outbox):
+        self.outbox = outbox
+        self.engine = None
+        self.generations: dict[Any, asyncio.Task] = {}
+        self.done = asyncio.Event()  # set once unloaded: the process exits
+        self._tasks: set[asyncio.Task] = set()
+
+    def dispatch(self, message: dict[str, Any]) -> None:
+        """Handle one frame in a task of its own; a failing handler answers ``error``."""
+        handler = getattr(self, f"_on_{message['op']}", None)
+        if handler is None:
+            self.outbox.send(p.unknown_op(message))
+            return
+        task = asyncio.get_running_loop().create_task(self._guarded(handler, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, handler, message: dict[str, Any]) -> None:
+        try:
+            await handler(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("engine process: %s failed", message["op"])
+            self.outbox.send(p.error_message(exc, reply_to=message["op"], id=message.get("id")))
+
+    async def _on_load(self, message: dict[str, Any]) -> None:
+        if self.engine is not None:
+            raise RuntimeError("this engine process has already loaded an engine")
+        context = {**message["context"], "on_engine_failure": self._engine_failed}
+        spec = BACKENDS[message["backend"]]
+        engine = spec.create_engine(message["model_name"], message["config"], message["replica_index"], context)
+        self.engine = engine
+        await engine.load()
+        self.outbox.send({"op": p.LOADED})
+
+    def _engine_failed(self, text: str) -> None:
+        self.outbox.send({"op": p.FAILED, "message": text})
+
+    async def _on_generate(self, message: dict[str, Any]) -> None:
+        if self.engine is None:
+            raise RuntimeError("no engine is loaded in this engine process")
+        generation_id = message["id"]
+        if generation_id in self.generations:
+            raise RuntimeError(f"generation {generation_id!r} is already running")
+        self.generations[generation_id] = asyncio.current_task()
+        try:
+            request = p.request_from_fields(message["request"])
+            async with aclosing(self.engine.generate(request)) as events:
+                async for event in events:
+                    if isinstance(event, TextDelta):
+                        self.outbox.send({"op": p.DELTA, "id": generation_id, "text": event.text})
+                    elif isinstance(event, Finished):
+                        self.outbox.send({
+                            "op": p.FINISHED,
+                            "id": generation_id,
+                            "input_tokens": event.input_tokens,
+                            "output_tokens": event.output_tokens,
+                            "finish_reason": event.finish_reason,
+                        })
+        finally:
+            del self.generations[generation_id]
+
+    async def _on_cancel(self, message: dict[str, Any]) -> None:
+        task = self.generations.get(message["id"])
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self.outbox.send({"op": p.CANCELLED, "id": message["id"]})
+
+    async def _on_stats(self, message: dict[str, Any]) -> None:
+        self.outbox.send({"op": p.STATS, "rss_bytes": rss_bytes()})
+
+    async def _on_unload(self, message: dict[str, Any]) -> None:
+        await self.cancel_generations()
+        if self.engine is not None:
+            await self.engine.unload()
+            self.engine = None
+        self.outbox.send({"op": p.UNLOADED})
+        self.done.set()
+
+    async def cancel_generations(self) -> None:
+        tasks = list(self.generations.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def serve(sock: socket.socket) -> None:
+    """Answer frames until ``unload`` finished or the runtime closed the socket."""
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    outbox = p.Outbox(writer)
+    host = EngineHost(outbox)
+    reading = asyncio.get_running_loop().create_task(_read_frames(reader, host, outbox))
+    unloaded = asyncio.get_running_loop().create_task(host.done.wait())
+    await asyncio.wait([reading, unloaded], return_when=asyncio.FIRST_COMPLETED)
+    if unloaded.done():
+        await outbox.close()
+    reading.cancel()
+    unloaded.cancel()
+
+
+async def _read_frames(reader: asyncio.StreamReader, host: EngineHost, outbox: p.Outbox) -> None:
+    while True:
+        try:
+            message = await p.read_frame(reader)
+        except p.UndecodableFrame as exc:
+            outbox.send(p.error_message(exc, reply_to="?"))
+            continue
+        if message is None:
+            return
+        host.dispatch(message)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fd", type=int, required=True, help="the inherited Unix socket to the runtime")
+    args = parser.parse_args(argv)
+    faulthandler.enable()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    sock = socket.socket(fileno=args.fd)
+    code = 0
+    try:
+        asyncio.run(serve(sock))
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Native engines may crash in their destructors at interpreter exit; the memory goes back
+        # to the system with the process either way.
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""``ProcessEngine``: the runtime's Engine for a replica hosted in an engine process.
+
+``load`` starts ``python -m runtime.engine_process.child`` through the supervisor
+(own process group, PR_SET_PDEATHSIG, a pidfile for the start-up sweep, its
+output in a ring and ``<state_dir>/logs/<model>.r<replica>.log``), hands it the
+child's end of a socket pair and sends ``load``.  ``generate`` sends ``generate``
+and yields the deltas (coalesced when the consumer lags) and the final usage;
+an ``error`` frame is raised as the LLMPoolError its code names.
+
+When the process dies (an exit, a signal, or its socket closing), every waiting
+call fails at once with ``BackendError`` naming the signal or exit code and the
+tail of its output: a load in progress fails with it, each active generate raises
+it, and a loaded engine reports it to ``context["on_engine_failure"]``.
+``unload`` sends ``unload``, waits for the exit, and kills the group after a grace
+period; it is safe after a failed load and twice.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import socket
+import sys
+from collections import deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import runtime
+from runtime.backends.base import Finished, GenerationRequest, TextDelta
+from runtime.engine_process import protocol as p
+from runtime.errors import BackendError, LLMPoolError
+from runtime.supervisor import ManagedProcess, ServerCommand
+
+UNLOAD_GRACE_SECONDS = 30.0  # from ``unload`` to the process's exit, then SIGKILL
+CANCEL_WAIT_SECONDS = 5.0  # a cancelled generate waits this long for the engine to stop
+EXIT_AFTER_EOF_SECONDS = 2.0  # the socket closed: the exit should follow within this
+PROJECT_ROOT = str(Path(runtime.__file__).resolve().parent.parent)
+
+
+def describe_death(returncode: int | None) -> str:
+    """``died of SIGSEGV``, ``exited with code 3``."""
+    if returncode is None:
+        return "closed its connection"
+    if returncode < 0:
+        try:
+            return f"died of {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"died of signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class _Stream:
+    """What one generation received so far: frames, or the failure that ended it."""
+
+    def __init__(self):
+        self.items: deque[dict[str, Any] | LLMPoolError] = deque()
+        self.ready = asyncio.Event()
+        self.cancelled = asyncio.Event()  # the child answered ``cancel``
+
+    def put(self, item: dict[str, Any] | LLMPoolError) -> None:
+        self.items.append(item)
+        self.ready.set()
+
+    async def next_event(self) -> TextDelta | Finished:
+        """The next event, with every delta already received joined into one."""
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        pieces = []
+        while self.items and isinstance(self.items[0], dict) and self.items[0]["op"] == p.DELTA:
+            pieces.append(self.items.popleft()["text"])
+        if pieces:
+            return TextDelta("".join(pieces))
+        item = self.items.popleft()
+        if isinstance(item, LLMPoolError):
+            raise item
+        if item["op"] == p.FINISHED:
+            return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"])
+        raise p.error_from_message(item)
+
+
+class ProcessEngine:
+    """One replica of ``config["backend"]`` in an engine process of its own."""
+
+    def __init__(self, model_name: str, config: dict[str, Any], replica_index: int, context: dict):
+        self.model_name = model_name
+        self.config = config
+        self.replica_index = replica_index
+        self.context = context
+        self.label = f"engine process for model {model_name}, replica {replica_index + 1}"
+        self.process: ManagedProcess | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task | None = None
+        self._ids = itertools.count()
+        self._streams: dict[int, _Stream] = {}
+        self._replies: dict[str, asyncio.Future] = {}  # op -> the answer awaited
+        self._control = asyncio.Lock()
+        self._failure: BackendError | None = None
+        self._death: asyncio.Task | None = None
+        self._loaded = False
+        self._stopping = False
+
+    # ---- lifecycle -------------------------------------------------------------------
+    async def load(self) -> None:
+        """Start the engine process and load the engine in it; raise what stopped it."""
+        try:
+            await self._start()
+            await self._call(p.LOAD, {
+                "backend": self.config["backend"],
+                "model_name": self.model_name,
+                "config": self.config,
+                "replica_index": self.replica_index,
+                "context": {
+                    "base_dir": str(self.context["base_dir"]),
+                    "model_name": self.context["model_name"],
+                    "state_dir": str(self.context["state_dir"]),
+                },
+            }, p.LOADED)
+        except BaseException:
+            await self.unload()
+            raise
+        self._loaded = True
+
+    async def _start(self) -> None:
+        state_dir = Path(self.context["state_dir"])
+        ours, theirs = socket.socketpair()
+        try:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [PROJECT_ROOT, env.get("PYTHONPATH")]))
+            command = ServerCommand(
+                label=self.label,
+                argv=[sys.executable, "-m", "runtime.engine_process.child", "--fd", str(theirs.fileno())],
+                env=env,
+                log_path=state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log",
+                pass_fds=(theirs.fileno(),),
+            )
+            self.process = ManagedProcess(command, state_dir)
+            await self.process.start()
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.process.on_exit(lambda process: self._lost())
+        reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        self._reading = asyncio.get_running_loop().create_task(self._read(reader), name=f"read:{self.label}")
+
+    async def unload(self) -> None:
+        """Send ``unload``, wait for the exit (SIGKILL after the grace), then forget the process."""
+        self._stopping = True
+        if self.process is None:
+            return
+        if self.process.running and self._failure is None:
+            try:
+                await asyncio.wait_for(self._call(p.UNLOAD, {}, p.UNLOADED), UNLOAD_GRACE_SECONDS)
+            except (LLMPoolError, TimeoutError):
+                pass  # it is killed below; a dead process already said why
+            await self.process.wait_exit(UNLOAD_GRACE_SECONDS)
+        await self.process.stop(grace=0)
+        if self._writer is not None:
+            self._writer.close()
+        if self._reading is not None:
+            self._reading.cancel()
+            await asyncio.gather(self._reading, return_exceptions=True)
+        if self._death is not None:
+            await asyncio.gather(self._death, return_exceptions=True)
+        self.process = None
+        self._loaded = False
+
+    async def stats(self) -> dict[str, Any]:
+        """``{"rss_bytes": ...}`` of the engine process."""
+        reply = await self._call(p.STATS, {}, p.STATS)
+        return {key: value for key, value in reply.items() if key != "op"}
+
+    # ---- generation ------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
+        if self._failure is not None:
+            raise self._failure
+        if not self._loaded:
+            raise BackendError(f"{self.label} is not loaded")
+        generation_id = next(self._ids)
+        stream = self._streams[generation_id] = _Stream()
+        finished = False
+        try:
+            await self._send({"op": p.GENERATE, "id": generation_id, "request": p.request_fields(request)})
+            while True:
+                event = await stream.next_event()
+                if isinstance(event, Finished):
+                    finished = True
+                    yield event
+                    return
+                yield event
+        except LLMPoolError:
+            finished = True  # the child ended this generation (or died)
+            raise
+        finally:
+            if not finished and self._failure is None:
+                await self._cancel_remote(generation_id, stream)
+            self._streams.pop(generation_id, None)
+
+    async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
+        """Tell the child to stop ``generation_id`` and wait (briefly) until it has."""
+        try:
+            await self._send({"op": p.CANCEL, "id": generation_id})
+            await asyncio.wait_for(stream.cancelled.wait(), CANCEL_WAIT_SECONDS)
+        except (LLMPoolError, TimeoutError):
+            pass  # the process is gone or stuck; its death report or unload deals with it
+
+    # ---- the socket ------------------------------------------------------------------
+    async def _send(self, message: dict[str, Any]) -> None:
+        if self._failure is None:
+            try:
+                self._writer.write(p.encode(message))
+                await self._writer.drain()
+                return
+            except ConnectionError:
+                self._lost()
+                await asyncio.shield(self._death)
+        raise self._failure
+
+    async def _call(self, op: str, fields: dict[str, Any], answer: str) -> dict[str, Any]:
+        """Send a control op and await its answer (or the failure that prevents one)."""
+        async with self._control:
+            reply = asyncio.get_running_loop().create_future()
+            self._replies[answer] = self._replies[op] = reply
+            try:
+                await self._send({"op": op, **fields})
+                return await reply
+            finally:
+                self._replies.pop(answer, None)
+                self._replies.pop(op, None)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        while True:
+            try:
+                message = await p.read_frame(reader)
+            except p.UndecodableFrame:
+                continue
+            except p.ProtocolError:
+                message = None
+            if message is None:
+                self._lost()
+                return
+            self._receive(message)
+
+    def _receive(self, message: dict[str, Any]) -> None:
+        op = message["op"]
+        if op in (p.DELTA, p.FINISHED, p.CANCELLED) or (op == p.ERROR and message.get("id") is not None):
+            stream = self._streams.get(message.get("id"))
+            if stream is None:
+                return  # a generation the runtime stopped waiting for
+            if op == p.CANCELLED:
+                stream.cancelled.set()
+            else:
+                stream.put(message)
+        elif op == p.FAILED:
+            if self._loaded and not self._stopping:
+                self.context["on_engine_failure"](f"{self.label}: {message.get('message')}")
+        else:
+            key = message.get("reply_to") if op == p.ERROR else op
+            reply = self._replies.get(key)
+            if reply is None or reply.done():
+                return  # nothing awaits it (an error about an op nobody waits for)
+            if op == p.ERROR:
+                reply.set_exception(p.error_from_message(message))
+            else:
+                reply.set_result(message)
+
+    # ---- death -----------------------------------------------------------------------
+    def _lost(self) -> None:
+        """The process exited or its socket closed: report once, after the exit is known."""
+        if self._death is None:
+            self._death = asyncio.get_running_loop().create_task(self._report_death())
+
+    async def _report_death(self) -> None:
+        process = self.process
+        if not await process.wait_exit(EXIT_AFTER_EOF_SECONDS):
+            await process.stop(grace=0)
+        await process.output_settled()
+        when = "while unloading" if self._stopping else "while loaded" if self._loaded else "while loading"
+        message = f"{self.label} {describe_death(process.returncode)} {when}; last output:\n{process.tail()}"
+        self._failure = BackendError(message)
+        for reply in self._replies.values():
+            if not reply.done():
+                reply.set_exception(self._failure)
+        for stream in self._streams.values():
+            stream.put(self._failure)
+        if self._loaded and not self._stopping:
+            self.context["on_engine_failure"](message)

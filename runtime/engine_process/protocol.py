@@ -1,0 +1,181 @@
+"""The frames between the runtime and an engine process.
+
+One frame is a 4-byte big-endian length and a msgpack map of that many bytes.  Every
+map has an ``op``; the rest depends on it:
+
+runtime -> engine process
+    ``load`` {backend, model_name, config, replica_index, context}   answered by ``loaded`` or ``error``
+    ``generate`` {id, request}   answered by ``delta``* then ``finished`` or ``error``
+    ``cancel`` {id}              answered by ``cancelled`` once that generate has stopped
+    ``stats``                    answered by ``stats`` {rss_bytes}
+    ``unload``                   answered by ``unloaded``; the process then exits 0
+
+engine process -> runtime
+    ``delta`` {id, text}: all text of generation ``id`` produced since the last delta sent
+    ``finished`` {id, input_tokens, output_tokens, finish_reason}
+    ``error`` {id, reply_to, code, message}: ``id`` is the generation or null, ``reply_to``
+        the op that failed; ``code`` is the LLMPoolError code (``internal_error`` otherwise)
+    ``failed`` {message}: the engine reported itself dead (``context["on_engine_failure"]``)
+
+An op the receiver does not know is answered with an ``error`` (code
+``unknown_operation``), never a crash, so new operations can be added one at a
+time.  A frame that cannot be decoded is answered the same way; the length
+prefix keeps the stream in step.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import struct
+from typing import Any
+
+import msgpack
+
+from runtime.backends.base import GenerationRequest
+from runtime.errors import LLMPoolError, UnknownOperation, error_from_dict
+
+HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+
+# Requests (runtime -> engine process).
+LOAD, GENERATE, CANCEL, STATS, UNLOAD = "load", "generate", "cancel", "stats", "unload"
+# Replies and events (engine process -> runtime); STATS answers with its own name.
+LOADED, DELTA, FINISHED, CANCELLED, ERROR, FAILED, UNLOADED = (
+    "loaded", "delta", "finished", "cancelled", "error", "failed", "unloaded",
+)
+
+
+class ProtocolError(RuntimeError):
+    """The stream is unusable (a frame over MAX_FRAME_BYTES)."""
+
+
+class UndecodableFrame(ValueError):
+    """One frame was not a msgpack map with an ``op``; the stream is still in step."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(f"a {message.get('op')!r} frame of {len(body)} bytes is over {MAX_FRAME_BYTES}")
+    return HEADER.pack(len(body)) + body
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise UndecodableFrame(f"undecodable frame: {exc}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("op"), str):
+        raise UndecodableFrame("a frame must be a map with a string 'op'")
+    return message
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """The next message, or None once the other end closed the stream (between frames or not).
+
+    Raises UndecodableFrame for a frame that is not a message (the next read goes on).
+    """
+    try:
+        (length,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+        if length > MAX_FRAME_BYTES:
+            raise ProtocolError(f"frame of {length} bytes announced; the limit is {MAX_FRAME_BYTES}")
+        body = await reader.readexactly(length)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    return decode(body)
+
+
+def error_message(exc: BaseException, *, reply_to: str, id: int | None = None) -> dict[str, Any]:
+    """The ``error`` frame for ``exc``, carrying its LLMPoolError code."""
+    code = exc.code if isinstance(exc, LLMPoolError) else LLMPoolError.code
+    text = exc.message if isinstance(exc, LLMPoolError) else (str(exc) or type(exc).__name__)
+    return {"op": ERROR, "id": id, "reply_to": reply_to, "code": code, "message": text}
+
+
+def unknown_op(message: dict[str, Any]) -> dict[str, Any]:
+    exc = UnknownOperation(f"unknown engine process operation {message.get('op')!r}")
+    return error_message(exc, reply_to=str(message.get("op")), id=message.get("id"))
+
+
+def error_from_message(message: dict[str, Any]) -> LLMPoolError:
+    """The LLMPoolError an ``error`` frame carries (its class from the code)."""
+    return error_from_dict({"code": message.get("code"), "message": message.get("message", "")})
+
+
+def request_fields(request: GenerationRequest) -> dict[str, Any]:
+    return dataclasses.asdict(request)
+
+
+def request_from_fields(fields: dict[str, Any]) -> GenerationRequest:
+    known = {f.name for f in dataclasses.fields(GenerationRequest)}
+    return GenerationRequest(**{key: value for key, value in fields.items() if key in known})
+
+
+class Outbox:
+    """The writing end of a stream, with deltas coalesced while the reader lags.
+
+    Messages are written in order by one sender task.  A delta for a generation
+    whose previous delta is still waiting to be written is appended to it, so when
+    the socket is full (``drain`` waits) the text piles up in one frame instead of
+    many.  A message that cannot be encoded goes out as an ``error`` for its id.
+    Once the other end is gone, sending does nothing.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, high_water: int = 16 * 1024):
+        self.writer = writer
+        writer.transport.set_write_buffer_limits(high=high_water)
+        self.closed = False
+        self._queue: list[dict[str, Any]] = []
+        self._unsent_delta: dict[Any, dict[str, Any]] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name="outbox")
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        if message["op"] == DELTA:
+            pending = self._unsent_delta.get(message["id"])
+            if pending is not None:
+                pending["text"] += message["text"]
+                return
+            message = dict(message)
+            self._unsent_delta[message["id"]] = message
+        self._queue.append(message)
+        self._idle.clear()
+        self._wake.set()
+
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                batch, self._queue = self._queue, []
+                self._unsent_delta.clear()
+                self.writer.write(b"".join(_frame(message) for message in batch))
+                await self.writer.drain()
+                if not self._queue:
+                    self._idle.set()
+        except ConnectionError:
+            self.closed = True
+            self._idle.set()
+
+    async def flush(self) -> None:
+        """Wait until everything sent so far is handed to the socket (or the other end is gone)."""
+        await self._idle.wait()
+
+    async def close(self) -> None:
+        try:
+            await self.flush()
+        finally:
+            self.closed = True
+            self._sender.cancel()
+            self.writer.close()
+
+
+def _frame(message: dict[str, Any]) -> bytes:
+    try:
+        return encode(message)
+    except (ProtocolError, TypeError, ValueError) as exc:
+        return encode(error_message(exc, reply_to=message["op"], id=message.get("id")))
