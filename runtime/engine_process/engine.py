@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import signal
 import socket
@@ -32,6 +33,8 @@ from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.engine_process import protocol as p
 from runtime.errors import BackendError, LLMPoolError
 from runtime.supervisor import ManagedProcess, ServerCommand
+
+logger = logging.getLogger("llmpool.runtime")
 
 UNLOAD_GRACE_SECONDS = 30.0  # from ``unload`` to the process's exit, then SIGKILL
 CANCEL_WAIT_SECONDS = 5.0  # a cancelled generate waits this long for the engine to stop
@@ -155,8 +158,9 @@ class ProcessEngine:
         if self.process.running and self._failure is None:
             try:
                 await asyncio.wait_for(self._call(p.UNLOAD, {}, p.UNLOADED), UNLOAD_GRACE_SECONDS)
-            except (LLMPoolError, TimeoutError):
-                pass  # it is killed below; a dead process already said why
+            except (LLMPoolError, TimeoutError) as exc:
+                # It is killed below; its memory goes back with the process either way.
+                logger.warning("%s did not unload cleanly: %s", self.label, str(exc) or type(exc).__name__)
             await self.process.wait_exit(UNLOAD_GRACE_SECONDS)
         await self.process.stop(grace=0)
         if self._writer is not None:

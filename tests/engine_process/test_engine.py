@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 
 from runtime.errors import BackendError, RequestTimeout
+from runtime.supervisor import sweep_stale_processes
+from tests.conftest import ROOT, write_settings
 from tests.engine_process.conftest import engine_processes
 from tests.engines.runtime_driver import generate, load, unload
 from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves
@@ -92,3 +98,46 @@ async def test_unloading_twice_and_after_a_failed_load_is_safe(runtime_service):
     await unload(service, "proc")
     await engine.unload()
     assert engine_processes() == []
+
+
+RUNTIME_SCRIPT = """
+import asyncio, sys
+from runtime.service import RuntimeService
+
+async def main():
+    service = RuntimeService(sys.argv[1])
+    await service.start(load_enabled=False)
+    for name in ("a", "b", "c"):
+        await service.handle("load", {"name": name, "body": None}, None)
+    pids = [service.pool.controller(n).engines[0].process.pid for n in ("a", "b", "c")]
+    print(" ".join(map(str, pids)), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_a_kill_9_of_the_runtime_takes_its_engine_processes_with_it(tmp_path, state_dir):
+    settings = write_settings(tmp_path, {name: stub(isolation="process") for name in ("a", "b", "c")})
+    runtime = subprocess.Popen([sys.executable, "-c", RUNTIME_SCRIPT, str(settings)], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(pid) for pid in runtime.stdout.readline().split()]
+        assert len(pids) == 3 and all(psutil.pid_exists(pid) for pid in pids)
+    finally:
+        runtime.kill()
+        runtime.wait()
+        runtime.stdout.close()
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)]
+    sweep_stale_processes(state_dir)  # what the next runtime does first: the pidfiles go
+    assert list((state_dir / "managed").glob("*.json")) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
