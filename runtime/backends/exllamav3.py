@@ -1,7 +1,7 @@
 """exllamav3: EXL3 models run in the runtime process through ExLlamaV3.
 
 This module holds the definition schema and the live-load rules; the engine is
-``runtime.backends.exllama_engine``.  The KV cache quantisation is one
+``runtime.backends.exllamav3_engine``.  The KV cache quantisation is one
 string, ``exllama_cache_quant`` (null = fp16, ``"8"`` = 8-bit K and V,
 ``"8,4"`` = 8-bit K, 4-bit V); a load body may instead send
 ``exllama_cache_k_bits`` and ``exllama_cache_v_bits`` together.
@@ -22,7 +22,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
-from runtime.backends.exllama_engine import ExllamaEngine
+from runtime.backends.exllamav3_engine import ExllamaEngine
 from runtime.errors import InvalidLoadRequest
 
 CACHE_BITS = list(range(2, 9))

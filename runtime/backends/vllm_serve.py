@@ -15,7 +15,7 @@ from typing import Any
 from runtime.backends import managed
 from runtime.backends.common_fields import GEMMA4
 from runtime.backends.vllm import VllmFields, VllmSpec
-from runtime.backends.vllm_engine import mm_processor_kwargs, speculative_config
+from runtime.backends.vllm.arguments import mm_processor_kwargs, speculative_config
 
 
 class VllmServeDefinition(

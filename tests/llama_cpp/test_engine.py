@@ -15,8 +15,8 @@ from llama_helpers import SMOLLM2_MODEL, write_metadata_only_gguf
 
 from runtime.backends import BACKENDS
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.backends.llama_cpp_engine import LlamaCppEngine
-from runtime.backends.llama_cpp_native import EngineLoadError
+from runtime.backends.llama_cpp.engine import LlamaCppEngine
+from runtime.backends.llama_cpp.native import EngineLoadError
 from runtime.errors import ContextLengthExceeded, InvalidRequest
 
 SPEC = BACKENDS["llama_cpp"]

@@ -9,8 +9,8 @@ from llama_helpers import SMOLLM2_MODEL, SMOLLM2_MODEL_PATH, write_metadata_only
 
 from runtime.backends import BACKENDS
 from runtime.backends.llama_cpp import GGML_CACHE_TYPES
-from runtime.backends.llama_cpp_engine import _StopFilter
-from runtime.backends.llama_cpp_native import default_threads
+from runtime.backends.llama_cpp.engine import _StopFilter
+from runtime.backends.llama_cpp.native import default_threads
 from runtime.gguf_info import GgufError, SkippedArray, ggml_type, read_gguf_info
 from runtime.model_files import ModelFileError, resolve_model_file
 

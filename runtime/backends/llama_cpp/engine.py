@@ -1,6 +1,6 @@
 """The llama_cpp engine: one replica of a GGUF model inside the runtime process.
 
-The native objects (weights, context, sampler) are in ``llama_cpp_native.py``.  Each
+The native objects (weights, context, sampler) are in ``native.py``.  Each
 engine has one worker thread: load, every generation and unload run on it in order,
 so native calls of a replica never overlap and the event loop never blocks.  Tokens
 travel from the worker to the request's async iterator through an ``asyncio.Queue``
@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.backends.llama_cpp_native import (
+from runtime.backends.llama_cpp.native import (
     ContextSettings,
     EngineLoadError,
     GgufContext,

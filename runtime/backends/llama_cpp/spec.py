@@ -1,7 +1,8 @@
 """llama_cpp: GGUF models run in the runtime process through llama-cpp-python.
 
 This module holds the definition schema, the live-load rules and the VRAM
-estimate; the engine is ``runtime/backends/llama_cpp_engine.py`` (imported only
+estimate; the engine is ``runtime.backends.llama_cpp.engine``, over the native
+objects of ``runtime.backends.llama_cpp.native`` (llama-cpp-python is imported only
 when a model loads, so processes that never load one never map libllama).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from runtime.backends.base import (
     BackendSpec,
     CommonDefinition,
 )
+from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.gguf_info import GgufError, read_gguf_info
 from runtime.model_files import locate_model_file
 
@@ -100,8 +102,6 @@ class LlamaCppSpec(BackendSpec):
         return list(THINKING_ALL) if definition.prompt_format == "gemma4_template" else ["default"]
 
     def create_engine(self, model_name, config, replica_index, context):
-        from runtime.backends.llama_cpp_engine import LlamaCppEngine
-
         return LlamaCppEngine(model_name, config, replica_index, context)
 
     def vram_estimate(self, definition, config, replicas, base_dir):

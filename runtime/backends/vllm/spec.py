@@ -1,8 +1,9 @@
 """vllm: models run in the runtime process through vLLM's engine.
 
 This module holds the vLLM definition fields (shared with ``vllm_serve``) and
-the live-load rules; ``runtime.backends.vllm_engine`` is the in-process engine
-(``AsyncLLM``) and documents how each field becomes an engine argument.
+the live-load rules; ``runtime.backends.vllm.engine`` is the in-process engine
+(``AsyncLLM``) and ``runtime.backends.vllm.arguments`` documents how each field
+becomes an engine argument.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
-from runtime.backends.vllm_engine import VllmEngine
+from runtime.backends.vllm.engine import VllmEngine
 
 # vLLM's --kv-cache-dtype choices (vllm/config/cache.py, CacheDType).
 VllmCacheDType = Literal[
