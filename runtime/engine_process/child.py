@@ -43,6 +43,7 @@ class EngineHost:
         self.outbox = outbox
         self.engine = None
         self.generations: dict[Any, asyncio.Task] = {}
+        self.loading: asyncio.Task | None = None
         self.done = asyncio.Event()  # set once unloaded: the process exits
         self._tasks: set[asyncio.Task] = set()
 
@@ -72,7 +73,11 @@ class EngineHost:
         spec = BACKENDS[message["backend"]]
         engine = spec.create_engine(message["model_name"], message["config"], message["replica_index"], context)
         self.engine = engine
-        await engine.load()
+        self.loading = asyncio.current_task()
+        try:
+            await engine.load()
+        finally:
+            self.loading = None
         self.outbox.send({"op": p.LOADED})
 
     def _engine_failed(self, text: str) -> None:
@@ -113,6 +118,9 @@ class EngineHost:
         self.outbox.send({"op": p.STATS, "rss_bytes": rss_bytes()})
 
     async def _on_unload(self, message: dict[str, Any]) -> None:
+        if self.loading is not None:  # the runtime gave up on the load (its load was cancelled)
+            self.loading.cancel()
+            await asyncio.gather(self.loading, return_exceptions=True)
         await self.cancel_generations()
         if self.engine is not None:
             await self.engine.unload()

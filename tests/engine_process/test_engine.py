@@ -141,3 +141,14 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+async def test_a_service_shutdown_during_a_load_ends_the_engine_process(runtime_service):
+    service, events = await runtime_service({"proc": stub(isolation="process", stub_load_seconds=30)})
+    service.pool.controller("proc").begin_load()
+    while not engine_processes():
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # the child is inside the engine's load
+    await service.shutdown()
+    assert engine_processes() == []
+    assert moves(events, "proc") == [("unloaded", "loading")]
