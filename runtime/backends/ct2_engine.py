@@ -108,11 +108,6 @@ class Ct2Engine:
         self._end_ids: list[int] = []
         self._busy = threading.Lock()
 
-    @property
-    def generator(self):
-        """The loaded ``ctranslate2.Generator`` (None when not loaded)."""
-        return self._generator
-
     # ---- lifecycle -------------------------------------------------------------------
     async def load(self) -> None:
         await asyncio.to_thread(self._load_blocking)

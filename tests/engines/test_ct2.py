@@ -173,7 +173,7 @@ async def test_closing_a_stream_stops_the_generation_thread(tiny_model):
     assert time.monotonic() - started < 5
     assert not engine._busy.locked()  # the worker thread has left the generator
     await engine.unload()
-    assert engine.generator is None
+    assert engine._generator is None
 
 
 async def test_unload_waits_for_a_generation_winding_down(tiny_model):
@@ -184,7 +184,7 @@ async def test_unload_waits_for_a_generation_winding_down(tiny_model):
     closing = asyncio.create_task(stream.aclose())
     await engine.unload()
     await closing
-    assert engine.generator is None
+    assert engine._generator is None
 
 
 async def test_without_ctranslate2_the_load_fails_with_a_clear_error(tmp_path, tiny_model, monkeypatch):

@@ -140,8 +140,6 @@ class VllmSpec(BackendSpec):
         return thinking_for_families(definition, (GEMMA4, QWEN3))
 
     def create_engine(self, model_name, config, replica_index, context):
-        if config["backend"] != "vllm":  # vllm_serve shares these rules but runs a managed server
-            return super().create_engine(model_name, config, replica_index, context)
         return VllmEngine(config, context)
 
     def vram_estimate(self, definition, config, replicas, base_dir):
