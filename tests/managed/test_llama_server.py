@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -186,3 +187,23 @@ def test_openai_remote_against_llama_server(live_service, llama_model, tmp_path,
         assert output_text(forwarded) == output_text(direct)  # greedy: the same server, the same answer
         assert forwarded["usage"] == direct["usage"]
     assert service.stop() == 0
+
+
+@pytest.mark.skipif(
+    os.environ.get("LLMPOOL_LLAMA_NATIVE") == "1" or bool(os.environ.get("LLMPOOL_LLAMA_CMAKE_ARGS")),
+    reason="an operator's own llama.cpp build flags are in force",
+)
+def test_the_cached_llama_server_is_the_portable_build(llama_server_binary, smollm2_gguf):
+    """Its system_info line (printed at log verbosity 4) shows AVX2 and no AMX, as llama-cpp-python's."""
+    command = [llama_server_binary, "-m", smollm2_gguf, "--port", str(free_port()), "-t", "1", "-lv", "4"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = threading.Timer(60, server.kill)  # the output ends by then, whatever it printed
+    deadline.start()
+    try:
+        line = next((line for line in server.stdout if "system_info" in line), "")
+    finally:
+        deadline.cancel()
+        server.kill()
+        server.wait(10)
+    assert "AVX2 = 1" in line, line
+    assert "AMX" not in line and "AVX512" not in line, line
