@@ -2,16 +2,16 @@
 channel goes to the runtime consumer.
 
 POST /v1/responses, the hot path, is served by a plain ASGI app
-(``models_app.responses_endpoint``): Django's request handling costs several thread hops per
+(``models_app.api.responses.endpoint``): Django's request handling costs several thread hops per
 request, which dominated the latency of a request to a fast model.  The rest of the machine API
-(/v1/*, /healthz) runs through ``llmpool.api_handler.ApiHandler``: Django without the browser's
+(/v1/*, /healthz) runs through ``models_app.api.handler.ApiHandler``: Django without the browser's
 middleware and without most of those thread hops.
 """
 import os
 
 from django.core.asgi import get_asgi_application
 
-from llmpool import diagnostics
+from models_app import diagnostics
 
 diagnostics.install()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmpool.settings")
@@ -21,12 +21,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
-from django.urls import path  # noqa: E402
 
-from llmpool.api_handler import ApiHandler  # noqa: E402
-from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer  # noqa: E402
-from models_app.responses_endpoint import responses_app  # noqa: E402
-from models_app.ws_consumers import AdminEventsConsumer  # noqa: E402
+from models_app.api.handler import ApiHandler  # noqa: E402
+from models_app.api.responses.endpoint import responses_app  # noqa: E402
+from models_app.host.consumer import RuntimeConsumer  # noqa: E402
+from models_app.transport.messages import RUNTIME_CHANNEL  # noqa: E402
+from models_app.workbench.urls import websocket_urlpatterns  # noqa: E402
 
 
 api_http = ApiHandler()
@@ -48,7 +48,7 @@ application = ProtocolTypeRouter(
         "http": http_router,
         # The admin pages' live feed: session login (staff only) and same-origin browsers only.
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter([path("admin/llm-pool/ws", AdminEventsConsumer.as_asgi())]))
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
         "channel": ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}),
     }

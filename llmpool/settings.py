@@ -5,6 +5,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from models_app.transport.messages import RUNTIME_CHANNEL
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # The llm-pool settings file (its local.json lies beside it).
@@ -81,7 +83,7 @@ LLMPOOL_NODE_ID = os.environ.get("LLMPOOL_NODE_ID") or socket.gethostname()
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "models_app.channel_layer.RedisChannelLayer",
+            "BACKEND": "models_app.transport.channel_layer.RedisChannelLayer",
             "CONFIG": {
                 # redis-py 8 reads with a 5 s socket timeout, exactly channels-redis's blocking pop
                 # time: give reads room or an idle worker dies of a timeout.
@@ -91,14 +93,14 @@ if REDIS_URL:
                 "expiry": 30,
                 # Streams: a reply channel holds at most this many chunks before the runtime waits.
                 "capacity": 100,
-                "channel_capacity": {"llmpool-runtime": 1000},
+                "channel_capacity": {RUNTIME_CHANNEL: 1000},
             },
         }
     }
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "models_app.channel_layer.InMemoryChannelLayer",
+            "BACKEND": "models_app.transport.channel_layer.InMemoryChannelLayer",
             "CONFIG": {"capacity": 1000, "expiry": 60},
         }
     }
@@ -115,7 +117,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
-    "EXCEPTION_HANDLER": "models_app.errors.exception_handler",
+    "EXCEPTION_HANDLER": "models_app.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 

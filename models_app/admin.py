@@ -1,7 +1,7 @@
 """The Django admin: the read-only catalog mirror, and the site the workbench pages live in.
 
 The workbench itself (models, one model, GPU memory, settings) is in
-``admin_views``; it calls the same services and selectors as the REST API.
+``workbench``; it calls the same services and selectors as the REST API.
 """
 from django.contrib import admin
 from django.urls import reverse

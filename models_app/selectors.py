@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Any
 
 from models_app.models import CatalogModel
-from models_app.runtime_client import RuntimeClient
+from models_app.transport.messages import OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
+from models_app.transport.runtime_client import RuntimeClient
 
 MIB = 1024 * 1024
 
@@ -15,17 +16,17 @@ def catalog_get(name: str) -> CatalogModel | None:
 
 async def models_list() -> list[dict]:
     """Every configured model's AdminModelEntry (GET /v1/admin/models)."""
-    return (await RuntimeClient().call("list_models"))["models"]
+    return (await RuntimeClient().call(OP_LIST_MODELS))["models"]
 
 
 async def model_get(name: str) -> dict:
     """One model's AdminModelEntry; raises UnknownModel (404)."""
-    return await RuntimeClient().call("get_model", {"name": name})
+    return await RuntimeClient().call(OP_GET_MODEL, {"name": name})
 
 
 async def gpu_memory() -> dict:
     """GPU memory usage and per-model VRAM estimates (GET /v1/admin/gpu-memory)."""
-    return await RuntimeClient().call("gpu_memory")
+    return await RuntimeClient().call(OP_GPU_MEMORY)
 
 
 def effective_values(entry: dict) -> list[dict[str, Any]]:

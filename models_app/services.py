@@ -5,14 +5,24 @@ every load, unload and reload goes through one code path to the runtime.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from channels.layers import get_channel_layer
 from django.db import transaction
 
-from models_app import events
 from models_app.conf import service_settings
 from models_app.models import CatalogModel
-from models_app.runtime_client import RuntimeClient
+from models_app.transport.messages import (
+    ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
+    ADMIN_EVENTS_GROUP,
+    EVENT_CATALOG,
+    OP_LOAD,
+    OP_RELOAD_SETTINGS,
+    OP_UNLOAD,
+    admin_event_message,
+)
+from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import parse_load_body
 
 logger = logging.getLogger("llmpool.api")
@@ -44,14 +54,14 @@ async def model_load(name: str, body: dict | None) -> dict:
     """
     overrides = parse_load_body(body)
     return await RuntimeClient().call(
-        "load", {"name": name, "body": overrides}, deadline=service_settings().admin_call_timeout_seconds
+        OP_LOAD, {"name": name, "body": overrides}, deadline=service_settings().admin_call_timeout_seconds
     )
 
 
 async def model_unload(name: str) -> dict:
     """Gracefully unload a model; answers its AdminModelEntry once it is unloaded (or already was)."""
     return await RuntimeClient().call(
-        "unload", {"name": name}, deadline=service_settings().admin_call_timeout_seconds
+        OP_UNLOAD, {"name": name}, deadline=service_settings().admin_call_timeout_seconds
     )
 
 
@@ -60,6 +70,17 @@ async def settings_reload() -> dict:
 
     Raises InvalidSettings (400) or SettingsReloadConflict (409) with the catalog unchanged.
     """
-    diff = await RuntimeClient().call("reload_settings")
-    await events.publish_catalog_changed(diff)
+    diff = await RuntimeClient().call(OP_RELOAD_SETTINGS)
+    await _publish_catalog_changed(diff)
     return diff
+
+
+async def _publish_catalog_changed(diff: dict) -> None:
+    """Tell live admin pages that a settings reload changed the catalog (never raises)."""
+    message = admin_event_message({"kind": EVENT_CATALOG, **diff})
+    try:
+        await asyncio.wait_for(
+            get_channel_layer().group_send(ADMIN_EVENTS_GROUP, message), ADMIN_EVENT_SEND_TIMEOUT_SECONDS
+        )
+    except Exception:
+        logger.warning("could not publish the catalog change", exc_info=True)

@@ -119,7 +119,7 @@ class LiveService:
                 hung.append(str(exc))
         if self.mode == "split":
             _postgres_admin(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-        if hung:  # with the stacks the hung process wrote to the log (llmpool.diagnostics)
+        if hung:  # with the stacks the hung process wrote to the log (models_app.diagnostics)
             tail = "\n".join(self.log().splitlines()[-200:])
             raise AssertionError("\n".join(hung) + f"\n--- the service log, last 200 lines ---\n{tail}")
         return codes[0] if self.mode == "split" else codes[1]
@@ -136,7 +136,7 @@ def _terminate(process: subprocess.Popen | None) -> int | None:
         # Managed servers get 10 s between SIGTERM and SIGKILL: leave room for that and the rest.
         return process.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGUSR1)  # llmpool.diagnostics: its stacks into the log
+        process.send_signal(signal.SIGUSR1)  # models_app.diagnostics: its stacks into the log
         time.sleep(1)
         process.kill()
         process.wait(timeout=5)

@@ -8,6 +8,7 @@ import sys
 
 import httpx
 
+from models_app.transport.messages import EVENT_TRANSITION
 from tests.conftest import ROOT, LiveService
 
 CHROMIUM = os.environ.get("LLMPOOL_CHROMIUM", "/usr/bin/chromium")
@@ -90,7 +91,7 @@ class EventStream:
         found = []
         for _ in range(count):
             name, data = self.next_event()
-            assert name == "transition"
+            assert name == EVENT_TRANSITION
             found.append(data)
         return found
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from django.http import QueryDict
 
-from models_app.admin_forms import MIB, LoadForm
+from models_app.workbench.forms import MIB, LoadForm
 from models_app.selectors import effective_values
 from runtime.backends import BACKENDS
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid, ModelStateConflict

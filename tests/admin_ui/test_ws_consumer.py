@@ -12,11 +12,21 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
 from django.test import Client
 
-from models_app import events, runtime_host, selectors, services
-from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer
-from models_app.ws_consumers import AdminEventsConsumer
+from models_app import selectors, services
+from models_app.host import catalog_mirror, runtime_host
+from models_app.host.consumer import RuntimeConsumer
+from models_app.host.event_publisher import RuntimeEventPublisher
+from models_app.host.runtime_host import HostedRuntimeService
+from models_app.transport.messages import (
+    EVENT_CATALOG,
+    EVENT_COUNTERS,
+    EVENT_SNAPSHOT,
+    EVENT_TRANSITION,
+    OP_GENERATE,
+    RUNTIME_CHANNEL,
+)
+from models_app.workbench.consumers import AdminEventsConsumer
 from runtime.errors import InvalidLoadRequest
-from runtime.service import RuntimeService
 from tests.conftest import write_settings
 
 # Channels closes old database connections around each message: the tests need database access.
@@ -37,8 +47,10 @@ async def runtime(tmp_path, monkeypatch):
     channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
     layer = get_channel_layer()
     settings_path = write_settings(tmp_path, MODELS)
-    publisher = events.RuntimeEventPublisher(layer, counter_interval=0.05)
-    service = RuntimeService(str(settings_path), listeners=[publisher.on_transition])
+    publisher = RuntimeEventPublisher(layer, counter_interval=0.05)
+    service = HostedRuntimeService(
+        str(settings_path), listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync]
+    )
     publisher.attach(service.pool)
     publisher.start()
     await service.start(load_enabled=False)
@@ -80,7 +92,7 @@ async def next_event(communicator, *, kind: str | None = None, model: str | None
 
 
 async def transitions(communicator, model: str, count: int) -> list[dict]:
-    return [await next_event(communicator, kind="transition", model=model) for _ in range(count)]
+    return [await next_event(communicator, kind=EVENT_TRANSITION, model=model) for _ in range(count)]
 
 
 # ---- who may connect ---------------------------------------------------------------------------
@@ -104,11 +116,11 @@ async def test_only_active_staff_may_connect(runtime, user):
 async def test_staff_gets_a_snapshot_of_every_model_first(runtime):
     communicator = await connected(staff())
     snapshot = await communicator.receive_json_from(timeout=TIMEOUT)
-    assert snapshot["kind"] == "snapshot" and snapshot["error"] is None
+    assert snapshot["kind"] == EVENT_SNAPSHOT and snapshot["error"] is None
     assert [entry["name"] for entry in snapshot["models"]] == list(MODELS)
     assert snapshot["models"] == await selectors.models_list()
-    await communicator.send_json_to({"op": "snapshot"})
-    assert (await communicator.receive_json_from(timeout=TIMEOUT))["kind"] == "snapshot"
+    await communicator.send_json_to({"op": EVENT_SNAPSHOT})
+    assert (await communicator.receive_json_from(timeout=TIMEOUT))["kind"] == EVENT_SNAPSHOT
     await communicator.disconnect()
 
 
@@ -117,7 +129,7 @@ async def test_staff_gets_a_snapshot_of_every_model_first(runtime):
 
 async def test_a_load_and_an_unload_push_every_transition_in_order(runtime):
     communicator = await connected(staff())
-    await next_event(communicator, kind="snapshot")
+    await next_event(communicator, kind=EVENT_SNAPSHOT)
     loaded = await services.model_load("quick", {"replicas": 1})
     assert loaded["runtime_state"] == "loaded"
     events_seen = await transitions(communicator, "quick", 2)
@@ -134,7 +146,7 @@ async def test_a_load_and_an_unload_push_every_transition_in_order(runtime):
 
 async def test_a_failed_load_carries_its_last_error(runtime):
     communicator = await connected(staff())
-    await next_event(communicator, kind="snapshot")
+    await next_event(communicator, kind=EVENT_SNAPSHOT)
     answer = await services.model_load("broken", None)
     assert answer["runtime_state"] == "failed"
     loading, failed = await transitions(communicator, "broken", 2)
@@ -147,7 +159,7 @@ async def test_a_failed_load_carries_its_last_error(runtime):
 
 async def test_a_rejected_load_pushes_nothing(runtime):
     communicator = await connected(staff())
-    await next_event(communicator, kind="snapshot")
+    await next_event(communicator, kind=EVENT_SNAPSHOT)
     with pytest.raises(InvalidLoadRequest):
         await services.model_load("quick", {"replicas": 9})
     assert await communicator.receive_nothing(timeout=0.3)
@@ -157,7 +169,7 @@ async def test_a_rejected_load_pushes_nothing(runtime):
 async def test_every_connected_browser_gets_the_events(runtime):
     first, second = await connected(staff()), await connected(staff())
     for communicator in (first, second):
-        await next_event(communicator, kind="snapshot")
+        await next_event(communicator, kind=EVENT_SNAPSHOT)
     await services.model_load("quick", None)
     for communicator in (first, second):
         assert [e["to"] for e in await transitions(communicator, "quick", 2)] == ["loading", "loaded"]
@@ -172,7 +184,7 @@ async def test_every_connected_browser_gets_the_events(runtime):
 
 async def test_counter_changes_are_pushed_while_a_request_runs(runtime):
     communicator = await connected(staff())
-    await next_event(communicator, kind="snapshot")
+    await next_event(communicator, kind=EVENT_SNAPSHOT)
     await services.model_load("talker", None)
     await transitions(communicator, "talker", 2)
     request = {
@@ -185,13 +197,13 @@ async def test_counter_changes_are_pushed_while_a_request_runs(runtime):
     async def emit(_chunk):
         return None
 
-    generation = asyncio.create_task(runtime.handle("generate", request, emit))
-    busy = await next_event(communicator, kind="counters", model="talker")
+    generation = asyncio.create_task(runtime.handle(OP_GENERATE, request, emit))
+    busy = await next_event(communicator, kind=EVENT_COUNTERS, model="talker")
     assert busy["inflight_requests"] == 1 and busy["runtime_inflight"] == 1 and busy["queue_depth"] == 0
     assert busy["loaded_replicas"] == 1 and busy["replicas"] == 1
     assert set(busy["fairness"]) == {"rejected_per_key_limit", "rejected_executor_limit", "keys"}
     assert (await generation)["text"] == "one two three four five six"
-    idle = await next_event(communicator, kind="counters", model="talker")
+    idle = await next_event(communicator, kind=EVENT_COUNTERS, model="talker")
     assert idle["inflight_requests"] == 0 and idle["runtime_inflight"] == 0
     await communicator.disconnect()
 
@@ -201,11 +213,11 @@ async def test_counter_changes_are_pushed_while_a_request_runs(runtime):
 
 async def test_a_settings_reload_is_announced(runtime):
     communicator = await connected(staff())
-    await next_event(communicator, kind="snapshot")
+    await next_event(communicator, kind=EVENT_SNAPSHOT)
     write_settings(Path(runtime.pool.settings_path).parent, {**MODELS, "newcomer": {"backend": "stub"}})
     diff = await services.settings_reload()
     assert diff["added_models"] == ["newcomer"]
-    event = await next_event(communicator, kind="catalog")
+    event = await next_event(communicator, kind=EVENT_CATALOG)
     assert event["added_models"] == ["newcomer"] and event["unchanged_models"] == sorted(MODELS)
     await communicator.disconnect()
 
@@ -224,7 +236,7 @@ async def test_the_asgi_app_authenticates_the_admin_session(runtime):
     communicator = WebsocketCommunicator(application, WS_PATH, headers=headers)
     ok, _ = await communicator.connect(timeout=TIMEOUT)
     assert ok
-    assert (await communicator.receive_json_from(timeout=TIMEOUT))["kind"] == "snapshot"
+    assert (await communicator.receive_json_from(timeout=TIMEOUT))["kind"] == EVENT_SNAPSHOT
     await communicator.disconnect()
 
     anonymous = WebsocketCommunicator(application, WS_PATH, headers=headers[1:])

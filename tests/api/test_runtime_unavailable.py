@@ -10,7 +10,16 @@ import pytest
 from channels.layers import get_channel_layer
 
 from models_app.conf import service_settings
-from models_app.runtime_client import RUNTIME_CHANNEL, RuntimeClient
+from models_app.transport.messages import (
+    OP_GENERATE,
+    OP_LIST_MODELS,
+    REPLY_HEARTBEAT,
+    RUNTIME_CANCEL,
+    RUNTIME_CHANNEL,
+    RUNTIME_REPLY,
+    RUNTIME_REQUEST,
+)
+from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import RuntimeUnavailable
 
 REPLY_TIMEOUT = 0.3
@@ -47,7 +56,7 @@ async def runtime_messages(layer) -> list[dict]:
 async def test_client_call_raises_runtime_unavailable_within_the_reply_timeout(silent_runtime):
     started = time.monotonic()
     with pytest.raises(RuntimeUnavailable) as caught:
-        await RuntimeClient(reply_timeout=REPLY_TIMEOUT).call("list_models")
+        await RuntimeClient(reply_timeout=REPLY_TIMEOUT).call(OP_LIST_MODELS)
     elapsed = time.monotonic() - started
     assert REPLY_TIMEOUT <= elapsed < 1.0
     assert caught.value.http_status == 503
@@ -56,15 +65,15 @@ async def test_client_call_raises_runtime_unavailable_within_the_reply_timeout(s
 
 async def test_client_tells_the_runtime_to_drop_a_request_it_gave_up_on(silent_runtime):
     with pytest.raises(RuntimeUnavailable):
-        await RuntimeClient(reply_timeout=REPLY_TIMEOUT).call("generate", {"model": "m"})
+        await RuntimeClient(reply_timeout=REPLY_TIMEOUT).call(OP_GENERATE, {"model": "m"})
     request, cancel = await runtime_messages(silent_runtime)
-    assert request["type"] == "runtime.request"
-    assert request["op"] == "generate"
-    assert cancel == {"type": "runtime.cancel", "request_id": request["request_id"]}
+    assert request["type"] == RUNTIME_REQUEST
+    assert request["op"] == OP_GENERATE
+    assert cancel == {"type": RUNTIME_CANCEL, "request_id": request["request_id"]}
 
 
 async def test_exchange_raises_on_its_first_message(silent_runtime):
-    exchange = RuntimeClient(reply_timeout=REPLY_TIMEOUT).exchange("generate", {"model": "m"})
+    exchange = RuntimeClient(reply_timeout=REPLY_TIMEOUT).exchange(OP_GENERATE, {"model": "m"})
     started = time.monotonic()
     with pytest.raises(RuntimeUnavailable):
         await anext(exchange)
@@ -74,11 +83,11 @@ async def test_exchange_raises_on_its_first_message(silent_runtime):
 async def test_a_runtime_that_acknowledges_but_then_goes_silent_is_unavailable(silent_runtime):
     """Each message restarts the wait; silence after the acknowledgement still ends in 503."""
     client = RuntimeClient(reply_timeout=REPLY_TIMEOUT)
-    exchange = client.exchange("list_models", {})
+    exchange = client.exchange(OP_LIST_MODELS, {})
     waiting = asyncio.create_task(anext(exchange))
     request = await silent_runtime.receive(RUNTIME_CHANNEL)
     for _ in range(3):
-        await silent_runtime.send(request["reply_channel"], {"type": "runtime.reply", "kind": "heartbeat"})
+        await silent_runtime.send(request["reply_channel"], {"type": RUNTIME_REPLY, "kind": REPLY_HEARTBEAT})
         await asyncio.sleep(REPLY_TIMEOUT / 2)
     assert not waiting.done()
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""The channel layers (models_app.channel_layer): the embedded layer copies messages as the Redis
+"""The channel layers (models_app.transport.channel_layer): the embedded layer copies messages as the Redis
 layer serializes them; the split's layer, against a real Redis, keeps channels-redis's semantics
 (capacity, expiry, process-local channels) with its one-round-trip send."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as redis
 from channels.exceptions import ChannelFull
 
-from models_app.channel_layer import InMemoryChannelLayer, RedisChannelLayer
+from models_app.transport.channel_layer import InMemoryChannelLayer, RedisChannelLayer
 
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 
-from models_app.consumers import _Heartbeat
+from models_app.host.consumer import _Heartbeat
+from models_app.transport.messages import REPLY_HEARTBEAT
 
 
 def recorder():
@@ -23,7 +24,7 @@ async def test_beats_every_interval_until_stopped():
     await asyncio.sleep(0.11)
     await beat.stop()
     count = len(sent)
-    assert 3 <= count <= 6 and set(sent) == {"heartbeat"}
+    assert 3 <= count <= 6 and set(sent) == {REPLY_HEARTBEAT}
     await asyncio.sleep(0.06)
     assert len(sent) == count  # nothing after stop
 

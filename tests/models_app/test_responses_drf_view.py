@@ -1,6 +1,6 @@
-"""The DRF view of POST /v1/responses (``apis.ResponseCreateApi``): it serves the endpoint where the
+"""The DRF view of POST /v1/responses (``api.views.ResponseCreateApi``): it serves the endpoint where the
 ASGI router of llmpool.asgi is not in front, as here through Django's own test client, and answers
-what the plain-ASGI front answers, because both call ``responses_endpoint.create_response``."""
+what the plain-ASGI front answers, because both call ``api.responses.endpoint.create_response``."""
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +12,10 @@ from channels.routing import ChannelNameRouter
 from channels.worker import Worker
 from django.test import AsyncClient
 
-from models_app import runtime_host
 from models_app.conf import service_settings
-from models_app.consumers import RUNTIME_CHANNEL, RuntimeConsumer
+from models_app.host import runtime_host
+from models_app.host.consumer import RuntimeConsumer
+from models_app.transport.messages import OP_LOAD, RUNTIME_CHANNEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,7 +31,7 @@ async def runtime(tmp_path, settings):
     worker = Worker(ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}), [RUNTIME_CHANNEL], get_channel_layer())
     serving = asyncio.create_task(worker.handle())
     try:
-        loaded = await service.handle("load", {"name": "echo", "body": {}}, None)
+        loaded = await service.handle(OP_LOAD, {"name": "echo", "body": {}}, None)
         assert loaded["runtime_state"] == "loaded"
         yield
     finally:

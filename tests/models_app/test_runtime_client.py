@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from models_app.runtime_client import RuntimeClient
+from models_app.transport.messages import REPLY_HEARTBEAT, REPLY_RESULT
+from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import RuntimeUnavailable
 
 
@@ -29,7 +30,7 @@ async def test_a_cancel_that_comes_with_a_message_still_cancels(client):
     client.layer = OneMessageLayer()
     waiting = asyncio.create_task(client._receive("reply", None))
     await asyncio.sleep(0)  # the receive is under way
-    client.layer.arrived.set_result({"kind": "heartbeat"})  # a heartbeat lands ...
+    client.layer.arrived.set_result({"kind": REPLY_HEARTBEAT})  # a heartbeat lands ...
     waiting.cancel()  # ... in the same step as the client's disconnect
     with pytest.raises(asyncio.CancelledError):
         await waiting
@@ -39,8 +40,8 @@ async def test_a_message_is_returned(client):
     client.layer = OneMessageLayer()
     waiting = asyncio.create_task(client._receive("reply", None))
     await asyncio.sleep(0)
-    client.layer.arrived.set_result({"kind": "result", "data": 1})
-    assert await waiting == {"kind": "result", "data": 1}
+    client.layer.arrived.set_result({"kind": REPLY_RESULT, "data": 1})
+    assert await waiting == {"kind": REPLY_RESULT, "data": 1}
 
 
 async def test_silence_is_runtime_unavailable_and_the_receive_is_cancelled():

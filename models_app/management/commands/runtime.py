@@ -33,9 +33,9 @@ class Command(BaseCommand):
 
     async def run_worker(self) -> int:
         from llmpool.asgi import application
-        from models_app import runtime_host
-        from models_app.runtime_lock import RuntimeAlreadyRunning, RuntimeOwnerLock
-        from models_app.runtime_worker import run_runtime_worker
+        from models_app.host import runtime_host
+        from models_app.host.lock import RuntimeAlreadyRunning, RuntimeOwnerLock
+        from models_app.host.worker import run_runtime_worker
 
         prefix = settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"]
         lock = RuntimeOwnerLock(settings.REDIS_URL, prefix, settings.LLMPOOL_NODE_ID)

@@ -35,8 +35,8 @@ class Command(BaseCommand):
         from twisted.internet import defer, reactor
 
         from llmpool.asgi import application
-        from models_app import runtime_host
-        from models_app.runtime_worker import run_runtime_worker
+        from models_app.host import runtime_host
+        from models_app.host.worker import run_runtime_worker
 
         def start_runtime():
             asyncio.ensure_future(run_runtime_worker(application))

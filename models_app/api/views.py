@@ -2,7 +2,6 @@
 they validate input, send one message to the runtime and shape its answer."""
 from __future__ import annotations
 
-from models_app.views_base import APIView
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -11,11 +10,14 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
-from models_app import events, selectors, services
-from models_app.auth import AdminTokenPermission
-from models_app.errors import error_response
-from models_app.responses_endpoint import FAIRNESS_HEADER, create_response
-from models_app.runtime_client import RuntimeClient
+from models_app import selectors, services
+from models_app.api.auth import AdminTokenPermission
+from models_app.api.base import APIView
+from models_app.api.errors import error_response
+from models_app.api.event_stream import sse_event, transition_stream
+from models_app.api.responses.endpoint import FAIRNESS_HEADER, create_response
+from models_app.transport.messages import OP_CATALOG
+from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import LLMPoolError
 
 ERROR = inline_serializer(
@@ -154,7 +156,7 @@ class EventStreamRenderer(BaseRenderer):
     format = "event-stream"
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
-        return events.sse_event("error", data)
+        return sse_event("error", data)
 
 
 class AdminEventStreamApi(AdminApi):
@@ -180,7 +182,7 @@ class AdminEventStreamApi(AdminApi):
         },
     )
     async def get(self, request):
-        response = StreamingHttpResponse(events.transition_stream(), content_type="text/event-stream")
+        response = StreamingHttpResponse(transition_stream(), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response
@@ -231,7 +233,7 @@ class HealthApi(APIView):
     )
     async def get(self, request):
         try:
-            catalog = await RuntimeClient().call("catalog")
+            catalog = await RuntimeClient().call(OP_CATALOG)
         except LLMPoolError as exc:
             return error_response(exc)
         return Response({"status": "ok", "models": len(catalog["models"])})

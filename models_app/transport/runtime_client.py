@@ -16,9 +16,16 @@ from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 
 from models_app.conf import service_settings
+from models_app.transport.messages import (
+    REPLY_ACK,
+    REPLY_ERROR,
+    REPLY_HEARTBEAT,
+    REPLY_RESULT,
+    RUNTIME_CANCEL,
+    RUNTIME_CHANNEL,
+    RUNTIME_REQUEST,
+)
 from runtime.errors import RuntimeUnavailable, error_from_dict
-
-RUNTIME_CHANNEL = "llmpool-runtime"
 
 
 class RuntimeClient:
@@ -31,7 +38,7 @@ class RuntimeClient:
         exchange = self.exchange(op, payload or {}, deadline=deadline)
         try:
             async for message in exchange:
-                if message["kind"] == "result":
+                if message["kind"] == REPLY_RESULT:
                     return message["data"]
         finally:
             await exchange.aclose()
@@ -49,7 +56,7 @@ class RuntimeClient:
         # take turns on one list per prefix, so a second prefix would starve behind a WebSocket's wait.
         reply_channel = await self.layer.new_channel()
         message = {
-            "type": "runtime.request",
+            "type": RUNTIME_REQUEST,
             "op": op,
             "payload": payload,
             "request_id": request_id,
@@ -67,12 +74,12 @@ class RuntimeClient:
             while True:
                 reply = await self._receive(reply_channel, give_up_at)
                 kind = reply["kind"]
-                if kind in ("ack", "heartbeat"):
+                if kind in (REPLY_ACK, REPLY_HEARTBEAT):
                     continue
-                if kind == "error":
+                if kind == REPLY_ERROR:
                     finished = True
                     raise error_from_dict(reply["data"])
-                if kind == "result":
+                if kind == REPLY_RESULT:
                     finished = True
                 yield reply
                 if finished:
@@ -110,7 +117,7 @@ class RuntimeClient:
         return receiving.result()
 
     async def _cancel(self, request_id: str) -> None:
-        cancel = {"type": "runtime.cancel", "request_id": request_id}
+        cancel = {"type": RUNTIME_CANCEL, "request_id": request_id}
         try:
             await self.layer.send(RUNTIME_CHANNEL, cancel)
         except ChannelFull:

@@ -5,7 +5,7 @@
 machinery: that machinery costs a new thread-sensitive executor per request and
 several thread hops (the request_started/request_finished signals, the rendering
 of a DRF response, closing it), which took about 4.5 ms of a 5.3 ms answer of a
-fast model.  The DRF view ``apis.ResponseCreateApi`` describes the endpoint in the
+fast model.  The DRF view ``api.views.ResponseCreateApi`` describes the endpoint in the
 OpenAPI schema and serves it where the ASGI router is not in front (Django's test
 client); it calls the same ``create_response``.
 """
@@ -16,9 +16,10 @@ import json
 import logging
 from collections.abc import AsyncIterator
 
-from models_app.errors import error_headers
-from models_app.responses_api import ResponseBuilder, parse_responses_body
-from models_app.runtime_client import RuntimeClient
+from models_app.api.errors import error_headers
+from models_app.api.responses.protocol import ResponseBuilder, parse_responses_body
+from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
+from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
 
 logger = logging.getLogger("llmpool.api")
@@ -40,7 +41,7 @@ async def create_response(data, fairness_key: str | None) -> dict | AsyncIterato
     """
     payload = parse_responses_body(data, fairness_key)
     builder = ResponseBuilder(payload)
-    exchange = RuntimeClient().exchange("generate", payload)
+    exchange = RuntimeClient().exchange(OP_GENERATE, payload)
     if payload["stream"]:
         try:
             await _until_admitted(exchange)
@@ -50,7 +51,7 @@ async def create_response(data, fairness_key: str | None) -> dict | AsyncIterato
         return _sse(builder, exchange)
     try:
         async for message in exchange:
-            if message["kind"] == "result":
+            if message["kind"] == REPLY_RESULT:
                 return builder.final(message["data"])
     finally:
         await exchange.aclose()
@@ -60,7 +61,7 @@ async def create_response(data, fairness_key: str | None) -> dict | AsyncIterato
 async def _until_admitted(exchange) -> None:
     """Consume the exchange until the runtime has admitted the request (errors raise here)."""
     async for message in exchange:
-        if message["kind"] == "chunk" and message["data"].get("event") == "admitted":
+        if message["kind"] == REPLY_CHUNK and message["data"].get("event") == "admitted":
             return
 
 
@@ -69,9 +70,9 @@ async def _sse(builder: ResponseBuilder, exchange) -> AsyncIterator[bytes]:
     try:
         yield b"".join(builder.opening_events())
         async for message in exchange:
-            if message["kind"] == "chunk":
+            if message["kind"] == REPLY_CHUNK:
                 yield builder.delta_event(message["data"]["text"])
-            elif message["kind"] == "result":
+            elif message["kind"] == REPLY_RESULT:
                 yield b"".join(builder.closing_events(message["data"]))
     except LLMPoolError as exc:
         yield builder.error_event(exc.envelope())

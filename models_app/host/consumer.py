@@ -13,11 +13,17 @@ import time
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import ChannelFull
 
-from models_app import runtime_host
-from models_app.runtime_client import RUNTIME_CHANNEL
+from models_app.host import runtime_host
+from models_app.transport.messages import (
+    OP_GENERATE,
+    REPLY_ACK,
+    REPLY_CHUNK,
+    REPLY_ERROR,
+    REPLY_HEARTBEAT,
+    REPLY_RESULT,
+    RUNTIME_REPLY,
+)
 from runtime.errors import LLMPoolError
-
-__all__ = ["RUNTIME_CHANNEL", "RuntimeConsumer"]
 
 logger = logging.getLogger("llmpool.consumer")
 
@@ -54,7 +60,7 @@ async def _serve(message: dict) -> None:
 
     async def send(kind: str, data=None) -> None:
         """Send one reply; a full reply channel (slow reader) is waited on, up to the reply timeout."""
-        message = {"type": "runtime.reply", "request_id": request_id, "kind": kind, "data": data}
+        message = {"type": RUNTIME_REPLY, "request_id": request_id, "kind": kind, "data": data}
         give_up_at = time.monotonic() + runtime_host.reply_timeout()
         delay = 0.005
         while True:
@@ -70,27 +76,25 @@ async def _serve(message: dict) -> None:
     beat = _Heartbeat(send, runtime_host.heartbeat_interval())
     try:
         # A generate gets no ack: its heartbeat starts at once instead (one message fewer per request).
-        if op != "generate":
-            await send("ack")
+        if op != OP_GENERATE:
+            await send(REPLY_ACK)
         service = await runtime_host.ensure_runtime()
         beat.start()
         payload = dict(message.get("payload") or {}, request_id=request_id)
-        result = await service.handle(op, payload, lambda data: send("chunk", data))
-        if op == "reload_settings":
-            await runtime_host.sync_catalog()
+        result = await service.handle(op, payload, lambda data: send(REPLY_CHUNK, data))
         await beat.stop()  # no heartbeat may follow the last message: nothing is left in the layer
-        await send("result", result)
+        await send(REPLY_RESULT, result)
     except asyncio.CancelledError:
         logger.info("request %s (%s) cancelled by its caller", request_id, op)
     except LLMPoolError as exc:
         await beat.stop()
-        await _send_quietly(send, "error", exc.to_dict())
+        await _send_quietly(send, REPLY_ERROR, exc.to_dict())
     except ChannelFull:
         logger.warning("request %s (%s): reply channel full, caller is gone", request_id, op)
     except Exception as exc:
         logger.exception("request %s (%s) failed", request_id, op)
         await beat.stop()
-        await _send_quietly(send, "error", LLMPoolError(f"internal error: {exc}").to_dict())
+        await _send_quietly(send, REPLY_ERROR, LLMPoolError(f"internal error: {exc}").to_dict())
     finally:
         beat.abandon()
 
@@ -119,7 +123,7 @@ class _Heartbeat:
             self.sending = asyncio.create_task(self._send_and_rearm())
 
     async def _send_and_rearm(self) -> None:
-        await self.send("heartbeat")
+        await self.send(REPLY_HEARTBEAT)
         if not self.stopped:
             self.timer = asyncio.get_running_loop().call_later(self.interval, self._beat)
 

@@ -3,7 +3,7 @@
 Every page reads the runtime's live entries through ``selectors`` and every
 action goes through ``services``, the same functions the REST API calls.  The
 views are async so that a load that takes minutes holds no thread; a page's
-live updates come from the WebSocket in ``ws_consumers``.  Actions answer JSON
+live updates come from the WebSocket in ``consumers``.  Actions answer JSON
 to the pages' scripts (``Accept: application/json``) and redirect with a
 message otherwise, so every form also works without JavaScript.
 """
@@ -21,14 +21,14 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from models_app import selectors, services
-from models_app.admin_forms import LoadForm
 from models_app.selectors import effective_values
+from models_app.workbench.forms import LoadForm
 from runtime.errors import LLMPoolError, UnknownModel
 
 STATES = ["unloaded", "loading", "loaded", "unloading", "failed"]
@@ -288,15 +288,3 @@ async def settings_page(request: HttpRequest) -> HttpResponse:
         ]
     return await render_page(request, "llmpool_admin/settings.html", context, status)
 
-
-app_name = "llmpool_admin"
-urlpatterns = [
-    path("", staff_view(lambda request: redirect("llmpool_admin:models")), name="index"),
-    path("models/", models_page, name="models"),
-    path("models/actions", models_action, name="models-action"),
-    path("models/<str:name>/", model_page, name="model"),
-    path("models/<str:name>/load", model_load, name="model-load"),
-    path("models/<str:name>/unload", model_unload, name="model-unload"),
-    path("gpu/", gpu_page, name="gpu"),
-    path("settings/", settings_page, name="settings"),
-]

@@ -2,7 +2,7 @@
 
 On connect a staff user (session login, as for /admin) gets a ``snapshot``
 of every model's AdminModelEntry, then each ``transition``, ``counters`` and
-``catalog`` event as the runtime publishes it (see ``models_app.events``).
+``catalog`` event as the runtime publishes it (see ``models_app.host.event_publisher``).
 Anyone else is refused before the handshake completes.  Sending
 ``{"op": "snapshot"}`` asks for a fresh snapshot.
 """
@@ -13,7 +13,7 @@ import logging
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from models_app import selectors
-from models_app.events import GROUP
+from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_SNAPSHOT
 from runtime.errors import LLMPoolError
 
 logger = logging.getLogger("llmpool.events")
@@ -30,17 +30,17 @@ class AdminEventsConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not (user.is_active and user.is_staff):
             await self.close(code=CLOSE_FORBIDDEN)
             return
-        await self.channel_layer.group_add(GROUP, self.channel_name)
+        await self.channel_layer.group_add(ADMIN_EVENTS_GROUP, self.channel_name)
         self.joined = True
         await self.accept()
         await self.send_snapshot()
 
     async def disconnect(self, code) -> None:
         if self.joined:
-            await self.channel_layer.group_discard(GROUP, self.channel_name)
+            await self.channel_layer.group_discard(ADMIN_EVENTS_GROUP, self.channel_name)
 
     async def receive_json(self, content, **kwargs) -> None:
-        if isinstance(content, dict) and content.get("op") == "snapshot":
+        if isinstance(content, dict) and content.get("op") == EVENT_SNAPSHOT:
             await self.send_snapshot()
 
     async def admin_event(self, message: dict) -> None:
@@ -48,8 +48,8 @@ class AdminEventsConsumer(AsyncJsonWebsocketConsumer):
 
     async def send_snapshot(self) -> None:
         try:
-            snapshot = {"kind": "snapshot", "models": await selectors.models_list(), "error": None}
+            snapshot = {"kind": EVENT_SNAPSHOT, "models": await selectors.models_list(), "error": None}
         except LLMPoolError as exc:
             logger.warning("admin WebSocket snapshot failed: %s", exc.message)
-            snapshot = {"kind": "snapshot", "models": None, "error": exc.envelope()["error"]}
+            snapshot = {"kind": EVENT_SNAPSHOT, "models": None, "error": exc.envelope()["error"]}
         await self.send_json(snapshot)

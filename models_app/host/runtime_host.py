@@ -3,20 +3,39 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
-from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from models_app import events, services
 from models_app.conf import service_settings
+from models_app.host import catalog_mirror
+from models_app.host.event_publisher import RuntimeEventPublisher
 from runtime.service import RuntimeService
 
 logger = logging.getLogger("llmpool.runtime")
 
 _service: RuntimeService | None = None
-_publisher: events.RuntimeEventPublisher | None = None
+_publisher: RuntimeEventPublisher | None = None
 _lock: asyncio.Lock | None = None
+
+ReloadListener = Callable[[RuntimeService], Awaitable[None]]
+
+
+class HostedRuntimeService(RuntimeService):
+    """The runtime service as this process hosts it: after each settings reload that succeeded,
+    every ``reload_listeners`` entry runs (awaited, in order) before the reload's diff is answered,
+    so the caller of a reload sees their effects.  A listener that raises fails the reload's answer."""
+
+    def __init__(self, settings_path: str, *, listeners, reload_listeners: list[ReloadListener]):
+        super().__init__(settings_path, listeners)
+        self.reload_listeners = reload_listeners
+
+    async def op_reload_settings(self, payload, emit) -> dict:
+        diff = await super().op_reload_settings(payload, emit)
+        for listener in self.reload_listeners:
+            await listener(self)
+        return diff
 
 
 def channel_layer():
@@ -40,8 +59,10 @@ async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
         _lock = asyncio.Lock()
     async with _lock:
         if _service is None:
-            publisher = events.RuntimeEventPublisher(channel_layer())
-            service = RuntimeService(settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition])
+            publisher = RuntimeEventPublisher(channel_layer())
+            service = HostedRuntimeService(
+                settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync]
+            )
             publisher.attach(service.pool)
             publisher.start()
             try:
@@ -50,14 +71,9 @@ async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
                 await publisher.stop()
                 raise
             _service, _publisher = service, publisher
-            await sync_catalog()
+            await catalog_mirror.sync(service)
             logger.info("runtime started with %d configured models", len(service.pool.controllers))
     return _service
-
-
-async def sync_catalog() -> None:
-    catalog = await _service.op_catalog({}, None)
-    await database_sync_to_async(services.catalog_sync)(catalog["models"])
 
 
 async def shutdown_runtime() -> None:

@@ -12,7 +12,7 @@ admin call those hops were most of the time Django took.  ``ApiHandler``:
   by the runtime through ``database_sync_to_async``);
 - closes the response inline: ``request_finished`` then runs on the event loop's thread, where it
   finds no connection to close;
-- gets rendered responses from the views (``models_app.views_base.APIView``), so no render hop.
+- gets rendered responses from the views (``models_app.api.base.APIView``), so no render hop.
 
 Everything else (reading the body, building the request, watching for a disconnect while the
 view runs, sending the response) is Django's own code.

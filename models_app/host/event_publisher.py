@@ -1,13 +1,14 @@
-"""Live admin events over the channel layer.
+"""The runtime's side of the live admin events: it publishes them over the channel layer.
 
 The runtime process (``serve`` embedded, or the split ``runtime`` worker)
 publishes every lifecycle transition and every change of a model's counters
-to one group; over Redis the API processes receive them too.  The admin
-WebSocket consumer forwards all of them to the browser; the Server-Sent
-Events stream at GET /v1/admin/events forwards the transitions.
+to ``ADMIN_EVENTS_GROUP``; over Redis the API processes receive them too.  The
+admin WebSocket consumer (``models_app.workbench.consumers``) forwards all of
+them to the browser; the Server-Sent Events stream at GET /v1/admin/events
+(``models_app.api.event_stream``) forwards the transitions.
 
 Every group message is ``{"type": "admin.event", "event": {...}}`` where the
-event's ``kind`` is one of:
+event's ``kind`` is one of (``models_app.transport.messages`` names them):
 
 - ``transition``: model, from, to, at (ISO 8601 UTC), last_error (set when
   ``to`` is failed), entry (the model's AdminModelEntry right after it);
@@ -19,29 +20,28 @@ event's ``kind`` is one of:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 
-from channels.layers import get_channel_layer
-
+from models_app.transport.messages import (
+    ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
+    ADMIN_EVENTS_GROUP,
+    EVENT_COUNTERS,
+    EVENT_TRANSITION,
+    admin_event_message,
+)
 from runtime.state import RuntimeState, TransitionEvent
 from runtime.views import model_entry
 
 logger = logging.getLogger("llmpool.events")
 
-GROUP = "llmpool-admin-events"
 COUNTER_INTERVAL_SECONDS = 0.2
 COUNTER_FIELDS = ("inflight_requests", "queue_depth", "runtime_inflight", "loaded_replicas", "replicas", "fairness")
-TRANSITION_FIELDS = ("model", "from", "to", "at", "last_error")
-SEND_TIMEOUT_SECONDS = 5.0
 OUTBOX_LIMIT = 1000
-SSE_KEEPALIVE_SECONDS = 15.0
 
 
 class RuntimeEventPublisher:
-    """Watches one ``ModelPool`` and sends its events, in order, to ``GROUP``.
+    """Watches one ``ModelPool`` and sends its events, in order, to ``ADMIN_EVENTS_GROUP``.
 
     ``on_transition`` is the pool's listener; it runs inside a model's writer,
     so it only schedules work.  One sender task drains the outbox, which keeps
@@ -88,7 +88,7 @@ class RuntimeEventPublisher:
         last_error = controller.last_error if controller is not None and event.new is RuntimeState.FAILED else None
         self._enqueue(
             {
-                "kind": "transition",
+                "kind": EVENT_TRANSITION,
                 "model": event.model,
                 "from": event.old.value,
                 "to": event.new.value,
@@ -116,7 +116,7 @@ class RuntimeEventPublisher:
                 first_sight = name not in self._counters
                 self._counters[name] = counters
                 if not first_sight:
-                    self._enqueue({"kind": "counters", "model": name, **counters})
+                    self._enqueue({"kind": EVENT_COUNTERS, "model": name, **counters})
 
     def _enqueue(self, event: dict) -> None:
         try:
@@ -128,51 +128,12 @@ class RuntimeEventPublisher:
         while True:
             event = await self._outbox.get()
             try:
-                await asyncio.wait_for(self.layer.group_send(GROUP, _message(event)), SEND_TIMEOUT_SECONDS)
+                await asyncio.wait_for(
+                    self.layer.group_send(ADMIN_EVENTS_GROUP, admin_event_message(event)),
+                    ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
+                )
             except Exception:
                 logger.warning("could not publish a %s event of %s", event["kind"], event.get("model"), exc_info=True)
-
-
-async def publish_catalog_changed(diff: dict) -> None:
-    """Tell live admin pages that a settings reload changed the catalog (never raises)."""
-    event = {"kind": "catalog", **diff}
-    try:
-        await asyncio.wait_for(get_channel_layer().group_send(GROUP, _message(event)), SEND_TIMEOUT_SECONDS)
-    except Exception:
-        logger.warning("could not publish the catalog change", exc_info=True)
-
-
-async def transition_stream(keepalive: float = SSE_KEEPALIVE_SECONDS) -> AsyncIterator[bytes]:
-    """Server-Sent Events: one ``transition`` event per lifecycle transition, until the client leaves.
-
-    The first bytes (a comment) are sent once the subscription is in place, so a
-    client that has read them sees every later transition.  A comment every
-    ``keepalive`` seconds keeps idle proxies from closing the stream.
-    """
-    layer = get_channel_layer()
-    channel = await layer.new_channel()  # the default prefix, shared with every receiver (see RuntimeClient)
-    await layer.group_add(GROUP, channel)
-    try:
-        yield b": subscribed to llm-pool transitions\n\n"
-        while True:
-            try:
-                message = await asyncio.wait_for(layer.receive(channel), keepalive)
-            except asyncio.TimeoutError:
-                yield b": keepalive\n\n"
-                continue
-            event = message.get("event") or {}
-            if event.get("kind") == "transition":
-                yield sse_event("transition", {key: event.get(key) for key in TRANSITION_FIELDS})
-    finally:
-        await layer.group_discard(GROUP, channel)
-
-
-def sse_event(name: str, data: dict) -> bytes:
-    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
-def _message(event: dict) -> dict:
-    return {"type": "admin.event", "event": event}
 
 
 def _counters(entry: dict) -> dict:

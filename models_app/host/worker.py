@@ -4,8 +4,8 @@ import logging
 from channels.layers import get_channel_layer
 from channels.worker import Worker
 
-from models_app import runtime_host
-from models_app.runtime_client import RUNTIME_CHANNEL
+from models_app.host import runtime_host
+from models_app.transport.messages import RUNTIME_CHANNEL
 
 logger = logging.getLogger("llmpool.runtime")
 

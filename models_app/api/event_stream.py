@@ -1,0 +1,46 @@
+"""GET /v1/admin/events: the runtime's lifecycle transitions as Server-Sent Events.
+
+The runtime publishes its admin events to one group (``models_app.host.event_publisher``);
+this stream joins the group and forwards the transitions.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from channels.layers import get_channel_layer
+
+from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_TRANSITION
+
+TRANSITION_FIELDS = ("model", "from", "to", "at", "last_error")
+SSE_KEEPALIVE_SECONDS = 15.0
+
+
+async def transition_stream(keepalive: float = SSE_KEEPALIVE_SECONDS) -> AsyncIterator[bytes]:
+    """Server-Sent Events: one ``transition`` event per lifecycle transition, until the client leaves.
+
+    The first bytes (a comment) are sent once the subscription is in place, so a
+    client that has read them sees every later transition.  A comment every
+    ``keepalive`` seconds keeps idle proxies from closing the stream.
+    """
+    layer = get_channel_layer()
+    channel = await layer.new_channel()  # the default prefix, shared with every receiver (see RuntimeClient)
+    await layer.group_add(ADMIN_EVENTS_GROUP, channel)
+    try:
+        yield b": subscribed to llm-pool transitions\n\n"
+        while True:
+            try:
+                message = await asyncio.wait_for(layer.receive(channel), keepalive)
+            except asyncio.TimeoutError:
+                yield b": keepalive\n\n"
+                continue
+            event = message.get("event") or {}
+            if event.get("kind") == EVENT_TRANSITION:
+                yield sse_event(EVENT_TRANSITION, {key: event.get(key) for key in TRANSITION_FIELDS})
+    finally:
+        await layer.group_discard(ADMIN_EVENTS_GROUP, channel)
+
+
+def sse_event(name: str, data: dict) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()

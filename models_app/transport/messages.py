@@ -1,0 +1,56 @@
+"""What travels on the channel layer between the API processes and the runtime: the one place
+that names its channel, its group, its message types and the kinds of their contents.
+
+A request goes to ``RUNTIME_CHANNEL`` as a ``RUNTIME_REQUEST`` naming one ``OP_*`` (one per
+``RuntimeService.op_<name>``); the runtime answers on the request's reply channel with
+``RUNTIME_REPLY`` messages whose ``kind`` is a ``REPLY_*``.  A ``RUNTIME_CANCEL``
+drops a request its caller gave up on.  The runtime publishes admin events to
+``ADMIN_EVENTS_GROUP`` as ``ADMIN_EVENT`` messages whose ``event["kind"]`` is one of
+``EVENT_TRANSITION``, ``EVENT_COUNTERS`` or ``EVENT_CATALOG``; the admin WebSocket adds
+``EVENT_SNAPSHOT`` of its own.
+
+Channels dispatches a message to the consumer method named after its type with the dot
+replaced (``runtime.request`` to ``runtime_request``, ``admin.event`` to ``admin_event``).
+"""
+from __future__ import annotations
+
+RUNTIME_CHANNEL = "llmpool-runtime"
+ADMIN_EVENTS_GROUP = "llmpool-admin-events"
+
+# Message types.
+RUNTIME_REQUEST = "runtime.request"
+RUNTIME_CANCEL = "runtime.cancel"
+RUNTIME_REPLY = "runtime.reply"
+ADMIN_EVENT = "admin.event"
+
+# The operations a runtime request names.
+OP_LIST_MODELS = "list_models"
+OP_GET_MODEL = "get_model"
+OP_LOAD = "load"
+OP_UNLOAD = "unload"
+OP_RELOAD_SETTINGS = "reload_settings"
+OP_GPU_MEMORY = "gpu_memory"
+OP_CATALOG = "catalog"
+OP_GENERATE = "generate"
+
+# The kinds of a runtime reply: ``ack`` and ``heartbeat`` only keep the exchange alive; a
+# ``chunk`` is streamed data; ``result`` and ``error`` end the exchange.
+REPLY_ACK = "ack"
+REPLY_HEARTBEAT = "heartbeat"
+REPLY_CHUNK = "chunk"
+REPLY_RESULT = "result"
+REPLY_ERROR = "error"
+
+# The kinds of an admin event (see ``models_app.host.event_publisher``), and the WebSocket's own.
+EVENT_TRANSITION = "transition"
+EVENT_COUNTERS = "counters"
+EVENT_CATALOG = "catalog"
+EVENT_SNAPSHOT = "snapshot"
+
+# Admin events are best effort: a publisher waits this long for the layer to take one, then drops it.
+ADMIN_EVENT_SEND_TIMEOUT_SECONDS = 5.0
+
+
+def admin_event_message(event: dict) -> dict:
+    """The group message that carries one admin event."""
+    return {"type": ADMIN_EVENT, "event": event}

@@ -1,0 +1,21 @@
+"""The workbench's routes: its pages under /admin/llm-pool/ and the live feed's WebSocket."""
+from django.shortcuts import redirect
+from django.urls import path
+
+from models_app.workbench import views
+from models_app.workbench.consumers import AdminEventsConsumer
+
+app_name = "llmpool_admin"
+urlpatterns = [
+    path("", views.staff_view(lambda request: redirect("llmpool_admin:models")), name="index"),
+    path("models/", views.models_page, name="models"),
+    path("models/actions", views.models_action, name="models-action"),
+    path("models/<str:name>/", views.model_page, name="model"),
+    path("models/<str:name>/load", views.model_load, name="model-load"),
+    path("models/<str:name>/unload", views.model_unload, name="model-unload"),
+    path("gpu/", views.gpu_page, name="gpu"),
+    path("settings/", views.settings_page, name="settings"),
+]
+
+# Served by llmpool.asgi behind the session login and the same-origin check.
+websocket_urlpatterns = [path("admin/llm-pool/ws", AdminEventsConsumer.as_asgi())]
