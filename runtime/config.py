@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from runtime.backends import BACKENDS
+from runtime.backends.overrides import TARGET_INFLIGHT, load_body_model
 from runtime.errors import InvalidSettings, LoadBodyInvalid
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
@@ -170,58 +171,8 @@ def load_settings(path: str) -> LoadedSettings:
 
 # ---- the load body (schema level: 422) ----------------------------------------------------
 
-PositiveInt = Annotated[int, Field(ge=1)]
-
-
-class LoadBody(_Strict):
-    """Every field any backend accepts in a load body, with its type and basic range.
-
-    Failing this schema is a 422; whether a field fits the model's backend, and
-    backend-specific ranges, are checked by the backend spec (400).
-    """
-
-    replicas: PositiveInt | None = None
-    target_inflight: Annotated[int, Field(ge=1, le=4096)] | None = None
-    gguf_n_ctx: PositiveInt | None = None
-    gguf_flash_attn: str | None = None
-    gguf_type_k: str | None = None
-    gguf_type_v: str | None = None
-    exllama_cache_size: PositiveInt | None = None
-    exllama_cache_quant: str | None = None
-    exllama_cache_k_bits: int | None = None
-    exllama_cache_v_bits: int | None = None
-    exllama_max_rq_tokens: PositiveInt | None = None
-    vllm_max_model_len: PositiveInt | None = None
-    vllm_kv_cache_dtype: str | None = None
-    vllm_kv_cache_memory_bytes: PositiveInt | None = None
-    vllm_max_pixels: PositiveInt | None = None
-    vllm_speculative_method: str | None = None
-    vllm_speculative_model: str | None = None
-    vllm_speculative_moe_backend: str | None = None
-    vllm_speculative_attention_backend: str | None = None
-    vllm_num_speculative_tokens: PositiveInt | None = None
-    trtllm_max_seq_len: PositiveInt | None = None
-    trtllm_kv_cache_memory_bytes: PositiveInt | None = None
-    trtllm_max_num_tokens: PositiveInt | None = None
-    trtllm_enable_chunked_prefill: bool | None = None
-    trtllm_kv_cache_dtype: str | None = None
-    sglang_context_length: PositiveInt | None = None
-    sglang_mem_fraction_static: float | None = None
-    sglang_max_total_tokens: PositiveInt | None = None
-    sglang_chunked_prefill_size: Annotated[int, Field(ge=-1)] | None = None
-    sglang_kv_cache_dtype: str | None = None
-    sglang_speculative_algorithm: str | None = None
-    sglang_speculative_draft_model: str | None = None
-    sglang_speculative_num_steps: PositiveInt | None = None
-    sglang_speculative_num_draft_tokens: PositiveInt | None = None
-    sglang_speculative_eagle_topk: PositiveInt | None = None
-    llama_server_n_ctx: PositiveInt | None = None
-    llama_server_image_max_tokens: PositiveInt | None = None
-    llama_server_spec_type: str | None = None
-    llama_server_spec_draft_n_max: PositiveInt | None = None
-    llama_server_spec_draft_p_min: float | None = None
-
-
+# Derived from every backend's declared overrides (runtime/backends/overrides.py).
+LoadBody = load_body_model([TARGET_INFLIGHT, *(override for spec in BACKENDS.values() for override in spec.overrides)])
 _LOAD_BODY = TypeAdapter(LoadBody)
 
 

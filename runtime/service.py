@@ -72,8 +72,8 @@ class RuntimeService:
         return model_entry(self.pool.controller(payload["name"]))
 
     async def op_load(self, payload, emit) -> dict:
+        body = parse_load_body(payload.get("body"))  # the only check of the schema: 422 before 404
         controller = self.pool.controller(payload["name"])
-        body = parse_load_body(payload.get("body"))
         replicas = body.pop("replicas", None)
         await controller.load(body, replicas)
         return model_entry(controller)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runtime.backends.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
 from runtime.model_files import locate_model_file
 
@@ -110,29 +111,30 @@ class Engine(Protocol):
 
 # ---- spec ----------------------------------------------------------------------------
 
-TARGET_INFLIGHT_CONSTRAINT = {"kind": "integer", "minimum": 1, "step": 1}
-
 
 class BackendSpec:
     """Description and validation rules of one backend (stateless, one instance each)."""
 
     name: ClassVar[str]
     definition_model: ClassVar[type[CommonDefinition]]
-    # Load-body fields this backend accepts besides ``replicas``.
-    override_fields: ClassVar[tuple[str, ...]] = ()
+    # The load-body fields this backend accepts besides ``replicas`` and ``target_inflight``,
+    # in the order load_constraints lists them: the one declaration of each override.
+    overrides: ClassVar[tuple[LoadOverride, ...]] = ()
     # Backends that may run more than one request per replica; only they take target_inflight.
     concurrent: ClassVar[bool] = False
-    # Values a load override may take beyond its load_constraints allowed_values.
-    extra_accepted_values: ClassVar[dict[str, tuple]] = {}
+
+    @property
+    def override_fields(self) -> tuple[str, ...]:
+        return tuple(override.name for override in self.overrides)
+
+    def accepted_overrides(self) -> dict[str, LoadOverride]:
+        """Every override a load body may carry for this backend, by name."""
+        accepted = (TARGET_INFLIGHT, *self.overrides) if self.concurrent else self.overrides
+        return {override.name: override for override in accepted}
 
     # -- what the admin API shows ------------------------------------------------------
-    def backend_constraints(self, definition: CommonDefinition) -> dict:
-        return {}
-
     def load_constraints(self, definition: CommonDefinition) -> dict:
-        constraints = {"target_inflight": dict(TARGET_INFLIGHT_CONSTRAINT)} if self.concurrent else {}
-        constraints.update(self.backend_constraints(definition))
-        return constraints
+        return {name: dict(override.constraint) for name, override in self.accepted_overrides().items()}
 
     def load_recommendations(self, definition: CommonDefinition) -> dict:
         return {}
@@ -173,16 +175,15 @@ class BackendSpec:
         ``overrides`` holds only the keys the client sent (null included) and
         excludes ``replicas``.  Returns the overrides to keep as ``load_override``.
         """
-        allowed = set(self.override_fields) | ({"target_inflight"} if self.concurrent else set())
+        accepted = self.accepted_overrides()
         for key in overrides:
-            if key not in allowed:
+            if key not in accepted:
                 raise InvalidLoadRequest(
                     f"{key} is not a load override of backend {self.name}", param=key
                 )
-        constraints = self.load_constraints(definition)
         for key, value in overrides.items():
-            if value is not None and key in constraints:
-                check_against_constraint(key, value, constraints[key], self.extra_accepted_values.get(key, ()))
+            if value is not None:
+                accepted[key].check(value)
         self.check_override_combination(definition, overrides)
         return dict(overrides)
 
@@ -228,21 +229,3 @@ def artifact_size_mib(path: str | None, base_dir: str) -> int | None:
         )
     return max(1, -(-total // (1024 * 1024)))
 
-
-def check_against_constraint(key: str, value: Any, constraint: dict, extra_accepted: tuple = ()) -> None:
-    """Apply a load_constraints entry to one non-null override value (400 on violation)."""
-    allowed = constraint.get("allowed_values")
-    if allowed is not None and value not in allowed and value not in extra_accepted:
-        raise InvalidLoadRequest(
-            f"{key}={value!r} is not allowed; allowed values: {', '.join(map(str, allowed))}", param=key
-        )
-    kind = constraint.get("kind")
-    if kind in ("integer", "integer_or_null", "float") and not isinstance(value, bool):
-        minimum, maximum = constraint.get("minimum"), constraint.get("maximum")
-        if minimum is not None and value < minimum:
-            raise InvalidLoadRequest(f"{key} must be at least {minimum} (got {value})", param=key)
-        if maximum is not None and value > maximum:
-            raise InvalidLoadRequest(f"{key} must be at most {maximum} (got {value})", param=key)
-        step = constraint.get("step")
-        if kind != "float" and step and step > 1 and (value - (minimum or 0)) % step:
-            raise InvalidLoadRequest(f"{key} must be a multiple of {step} (got {value})", param=key)

@@ -23,6 +23,7 @@ from runtime.backends.common_fields import (
     thinking_for_families,
 )
 from runtime.backends.exllamav3_engine import ExllamaEngine
+from runtime.backends.overrides import LoadOverride, integer_override
 from runtime.errors import InvalidLoadRequest
 
 CACHE_BITS = list(range(2, 9))
@@ -79,26 +80,17 @@ def _bits_constraint() -> dict:
 class Exllamav3Spec(BackendSpec):
     name = "exllamav3"
     definition_model = Exllamav3Definition
-    override_fields = (
-        "exllama_cache_size",
-        "exllama_cache_quant",
-        "exllama_cache_k_bits",
-        "exllama_cache_v_bits",
-        "exllama_max_rq_tokens",
+    overrides = (
+        integer_override("exllama_cache_size", 256, 256),
+        integer_override("exllama_max_rq_tokens"),
+        LoadOverride("exllama_cache_k_bits", int, _bits_constraint()),
+        LoadOverride("exllama_cache_v_bits", int, _bits_constraint()),
+        LoadOverride("exllama_cache_quant", str, {"kind": "string_or_null", "format": "<bits>|<k_bits>,<v_bits>"}),
     )
 
     def multi_turn(self, definition) -> bool:
         """The contract lists multi-turn messages only for the chat-serving backends."""
         return False
-
-    def backend_constraints(self, definition):
-        return {
-            "exllama_cache_size": {"kind": "integer", "minimum": 256, "step": 256},
-            "exllama_max_rq_tokens": {"kind": "integer", "minimum": 1, "step": 1},
-            "exllama_cache_k_bits": _bits_constraint(),
-            "exllama_cache_v_bits": _bits_constraint(),
-            "exllama_cache_quant": {"kind": "string_or_null", "format": "<bits>|<k_bits>,<v_bits>"},
-        }
 
     def load_recommendations(self, definition):
         return {

@@ -16,6 +16,7 @@ from pydantic import Field
 
 from runtime.backends import managed
 from runtime.backends.common_fields import FamilyDefinition
+from runtime.backends.overrides import LoadOverride, PositiveInt, integer_override
 from runtime.model_files import ModelFileError, locate_model_file, resolve_model_file
 
 
@@ -98,24 +99,20 @@ LLAMA_SERVER = managed.ServerProfile(
 class LlamaServerSpec(managed.ManagedServerSpec):
     profile = LLAMA_SERVER
     definition_model = LlamaServerDefinition
-    override_fields = (
-        "llama_server_n_ctx",
-        "llama_server_image_max_tokens",
-        "llama_server_spec_type",
-        "llama_server_spec_draft_n_max",
-        "llama_server_spec_draft_p_min",
+    overrides = (
+        integer_override("llama_server_n_ctx"),
+        integer_override("llama_server_image_max_tokens"),
+        LoadOverride(
+            "llama_server_spec_type",
+            str,
+            {"kind": "enum", "default": "draft-mtp", "allowed_values": ["draft-mtp"], "examples": ["draft-mtp"]},
+        ),
+        LoadOverride(
+            "llama_server_spec_draft_n_max",
+            PositiveInt,
+            {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
+        ),
+        LoadOverride(
+            "llama_server_spec_draft_p_min", float, {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0}
+        ),
     )
-
-    def backend_constraints(self, definition):
-        return {
-            "llama_server_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
-            "llama_server_image_max_tokens": {"kind": "integer", "minimum": 1, "step": 1},
-            "llama_server_spec_type": {
-                "kind": "enum",
-                "default": "draft-mtp",
-                "allowed_values": ["draft-mtp"],
-                "examples": ["draft-mtp"],
-            },
-            "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
-            "llama_server_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
-        }

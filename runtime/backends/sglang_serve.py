@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from runtime.backends import managed
 from runtime.backends.common_fields import GEMMA4, FamilyDefinition
+from runtime.backends.overrides import LoadOverride, integer_override
 from runtime.errors import InvalidLoadRequest
 
 SglangCacheDType = Literal[
@@ -113,54 +114,46 @@ def _effective(definition: SglangServeDefinition, overrides: dict[str, Any], key
     return overrides[key] if key in overrides else getattr(definition, key)
 
 
-def _integer(minimum: int, step: int, **extra) -> dict:
-    return {"kind": "integer", "minimum": minimum, "step": step, **extra}
-
-
 class SglangServeSpec(managed.ManagedServerSpec):
     profile = SGLANG_SERVE
     definition_model = SglangServeDefinition
     thinking_families = (GEMMA4,)
-    override_fields = (
-        "sglang_context_length",
-        "sglang_mem_fraction_static",
-        "sglang_max_total_tokens",
-        "sglang_chunked_prefill_size",
-        "sglang_kv_cache_dtype",
-        "sglang_speculative_algorithm",
-        "sglang_speculative_draft_model",
-        "sglang_speculative_num_steps",
-        "sglang_speculative_num_draft_tokens",
-        "sglang_speculative_eagle_topk",
-    )
-
-    def backend_constraints(self, definition):
-        return {
-            "sglang_context_length": _integer(256, 256),
-            "sglang_mem_fraction_static": {"kind": "float", "minimum": 0.01, "maximum": 1.0, "step": 0.01},
-            "sglang_max_total_tokens": _integer(256, 256, unit="tokens"),
-            "sglang_chunked_prefill_size": _integer(-1, 1),
-            "sglang_kv_cache_dtype": {
-                "kind": "enum",
-                "default": "auto",
-                "allowed_values": list(SGLANG_CACHE_DTYPES),
-            },
-            "sglang_speculative_algorithm": {
+    overrides = (
+        integer_override("sglang_context_length", 256, 256),
+        LoadOverride(
+            "sglang_mem_fraction_static", float, {"kind": "float", "minimum": 0.01, "maximum": 1.0, "step": 0.01}
+        ),
+        integer_override("sglang_max_total_tokens", 256, 256, unit="tokens"),
+        integer_override("sglang_chunked_prefill_size", -1, 1),
+        LoadOverride(
+            "sglang_kv_cache_dtype",
+            str,
+            {"kind": "enum", "default": "auto", "allowed_values": list(SGLANG_CACHE_DTYPES)},
+        ),
+        LoadOverride(
+            "sglang_speculative_algorithm",
+            str,
+            {
                 "kind": "string_or_null",
                 "format": "sglang_speculative_algorithm",
                 "default": None,
                 "examples": ["NEXTN"],
             },
-            "sglang_speculative_draft_model": {
+        ),
+        LoadOverride(
+            "sglang_speculative_draft_model",
+            str,
+            {
                 "kind": "string_or_null",
                 "format": "hf_id_or_local_path",
                 "default": None,
                 "examples": ["google/gemma-4-26B-A4B-it-assistant"],
             },
-            "sglang_speculative_num_steps": _integer(1, 1, default=DEFAULT_NUM_STEPS),
-            "sglang_speculative_num_draft_tokens": _integer(1, 1, default=DEFAULT_NUM_DRAFT_TOKENS),
-            "sglang_speculative_eagle_topk": _integer(1, 1, default=DEFAULT_EAGLE_TOPK),
-        }
+        ),
+        integer_override("sglang_speculative_num_steps", default=DEFAULT_NUM_STEPS),
+        integer_override("sglang_speculative_num_draft_tokens", default=DEFAULT_NUM_DRAFT_TOKENS),
+        integer_override("sglang_speculative_eagle_topk", default=DEFAULT_EAGLE_TOPK),
+    )
 
     def check_override_combination(self, definition, overrides):
         explicit = overrides.get("sglang_speculative_num_draft_tokens")

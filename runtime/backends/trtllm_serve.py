@@ -25,6 +25,7 @@ from pydantic import Field
 from runtime.backends import managed
 from runtime.backends.base import resolve_model_path
 from runtime.backends.common_fields import GEMMA4, FamilyDefinition
+from runtime.backends.overrides import MIB_256, LoadOverride, integer_override
 
 TRTLLM_CACHE_DTYPES = ["auto", "fp8", "nvfp4"]
 
@@ -123,30 +124,19 @@ class TrtllmServeSpec(managed.ManagedServerSpec):
     profile = TRTLLM_SERVE
     definition_model = TrtllmServeDefinition
     thinking_families = (GEMMA4,)
-    override_fields = (
-        "trtllm_max_seq_len",
-        "trtllm_kv_cache_memory_bytes",
-        "trtllm_max_num_tokens",
-        "trtllm_enable_chunked_prefill",
-        "trtllm_kv_cache_dtype",
-    )
-
-    def backend_constraints(self, definition):
-        return {
-            "trtllm_max_seq_len": {"kind": "integer", "minimum": 256, "step": 256},
-            "trtllm_kv_cache_memory_bytes": {
-                "kind": "integer",
-                "minimum": 268435456,
-                "step": 268435456,
-                "unit": "bytes",
-                "display_unit": "mib",
-            },
-            "trtllm_max_num_tokens": {"kind": "integer", "minimum": 256, "step": 256},
-            "trtllm_enable_chunked_prefill": {"kind": "boolean", "default": False},
-            "trtllm_kv_cache_dtype": {
+    overrides = (
+        integer_override("trtllm_max_seq_len", 256, 256),
+        integer_override("trtllm_kv_cache_memory_bytes", MIB_256, MIB_256, unit="bytes", display_unit="mib"),
+        integer_override("trtllm_max_num_tokens", 256, 256),
+        LoadOverride("trtllm_enable_chunked_prefill", bool, {"kind": "boolean", "default": False}),
+        LoadOverride(
+            "trtllm_kv_cache_dtype",
+            str,
+            {
                 "kind": "enum",
                 "default": "auto",
                 "allowed_values": list(TRTLLM_CACHE_DTYPES),
                 "examples": list(TRTLLM_CACHE_DTYPES),
             },
-        }
+        ),
+    )

@@ -18,6 +18,7 @@ from runtime.backends.base import (
     CommonDefinition,
 )
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
+from runtime.backends.overrides import LoadOverride, integer_override
 from runtime.gguf_info import GgufError, read_gguf_info
 from runtime.model_files import locate_model_file
 
@@ -64,20 +65,21 @@ def _cache_type_constraint() -> dict:
 class LlamaCppSpec(BackendSpec):
     name = "llama_cpp"
     definition_model = LlamaCppDefinition
-    override_fields = ("gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v")
-
-    def backend_constraints(self, definition):
-        return {
-            "gguf_n_ctx": {"kind": "integer", "minimum": 1, "step": 1},
-            "gguf_flash_attn": {
+    overrides = (
+        integer_override("gguf_n_ctx"),
+        LoadOverride(
+            "gguf_flash_attn",
+            str,
+            {
                 "kind": "enum",
                 "default": "auto",
                 "allowed_values": ["on", "off", "auto"],
                 "examples": ["auto", "on", "off"],
             },
-            "gguf_type_k": _cache_type_constraint(),
-            "gguf_type_v": _cache_type_constraint(),
-        }
+        ),
+        LoadOverride("gguf_type_k", str, _cache_type_constraint()),
+        LoadOverride("gguf_type_v", str, _cache_type_constraint()),
+    )
 
     def load_recommendations(self, definition):
         return {

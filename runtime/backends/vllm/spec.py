@@ -20,6 +20,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
+from runtime.backends.overrides import MIB_256, LoadOverride, integer_override
 from runtime.backends.vllm.engine import VllmEngine
 
 # vLLM's --kv-cache-dtype choices (vllm/config/cache.py, CacheDType).
@@ -46,19 +47,6 @@ VllmCacheDType = Literal[
 VLLM_CACHE_DTYPES = get_args(VllmCacheDType)
 # The values the UI offers; the service accepts every dtype in VLLM_CACHE_DTYPES.
 VLLM_UI_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
-
-VLLM_OVERRIDE_FIELDS = (
-    "vllm_max_model_len",
-    "vllm_kv_cache_dtype",
-    "vllm_kv_cache_memory_bytes",
-    "vllm_max_pixels",
-    "vllm_speculative_method",
-    "vllm_speculative_model",
-    "vllm_speculative_moe_backend",
-    "vllm_speculative_attention_backend",
-    "vllm_num_speculative_tokens",
-)
-
 
 class VllmFields(FamilyDefinition):
     """Engine settings of both vLLM backends; null leaves vLLM's own default."""
@@ -94,47 +82,36 @@ class VllmDefinition(VllmFields):
         return self
 
 
-def _optional_string(fmt: str, examples: list[str]) -> dict:
-    return {"kind": "string_or_null", "format": fmt, "default": None, "examples": examples}
+def _optional_string(name: str, fmt: str, examples: list[str]) -> LoadOverride:
+    return LoadOverride(name, str, {"kind": "string_or_null", "format": fmt, "default": None, "examples": examples})
 
 
 class VllmSpec(BackendSpec):
     name = "vllm"
     definition_model = VllmDefinition
-    override_fields = VLLM_OVERRIDE_FIELDS
-    extra_accepted_values = {
-        "vllm_kv_cache_dtype": tuple(d for d in VLLM_CACHE_DTYPES if d not in VLLM_UI_CACHE_DTYPES)
-    }
-
-    def backend_constraints(self, definition):
-        return {
-            "vllm_max_model_len": {"kind": "integer", "minimum": 256, "step": 256},
-            "vllm_kv_cache_dtype": {
+    overrides = (
+        integer_override("vllm_max_model_len", 256, 256),
+        LoadOverride(
+            "vllm_kv_cache_dtype",
+            str,
+            {
                 "kind": "enum",
                 "default": "auto",
                 "allowed_values": list(VLLM_UI_CACHE_DTYPES),
                 "examples": ["auto", "fp8"],
             },
-            "vllm_kv_cache_memory_bytes": {
-                "kind": "integer",
-                "minimum": 268435456,
-                "step": 268435456,
-                "unit": "bytes",
-                "display_unit": "mib",
-            },
-            "vllm_max_pixels": {"kind": "integer", "minimum": 200704, "step": 200704, "unit": "pixels"},
-            "vllm_speculative_method": _optional_string(
-                "vllm_speculative_method", ["mtp", "draft_model", "mlp_speculator"]
-            ),
-            "vllm_speculative_model": _optional_string(
-                "hf_id_or_local_path", ["google/gemma-4-26B-A4B-it-assistant"]
-            ),
-            "vllm_speculative_moe_backend": _optional_string("vllm_moe_backend", ["triton", "marlin"]),
-            "vllm_speculative_attention_backend": _optional_string(
-                "vllm_attention_backend", ["triton_attn", "flashinfer"]
-            ),
-            "vllm_num_speculative_tokens": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
-        }
+            also_accepted=tuple(d for d in VLLM_CACHE_DTYPES if d not in VLLM_UI_CACHE_DTYPES),
+        ),
+        integer_override("vllm_kv_cache_memory_bytes", MIB_256, MIB_256, unit="bytes", display_unit="mib"),
+        integer_override("vllm_max_pixels", 200704, 200704, unit="pixels"),
+        _optional_string("vllm_speculative_method", "vllm_speculative_method", ["mtp", "draft_model", "mlp_speculator"]),
+        _optional_string("vllm_speculative_model", "hf_id_or_local_path", ["google/gemma-4-26B-A4B-it-assistant"]),
+        _optional_string("vllm_speculative_moe_backend", "vllm_moe_backend", ["triton", "marlin"]),
+        _optional_string(
+            "vllm_speculative_attention_backend", "vllm_attention_backend", ["triton_attn", "flashinfer"]
+        ),
+        integer_override("vllm_num_speculative_tokens", default=1),
+    )
 
     def thinking_modes(self, definition):
         return thinking_for_families(definition, (GEMMA4, QWEN3))
