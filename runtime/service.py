@@ -31,7 +31,7 @@ from runtime.pool import ModelPool
 from runtime.scheduler import Ticket
 from runtime.supervisor import sweep_stale_processes
 from runtime.state import TransitionEvent
-from runtime.views import gpu_model_entry, model_entry
+from runtime.read_models import gpu_model_entry, model_entry
 
 logger = logging.getLogger("llmpool.runtime")
 

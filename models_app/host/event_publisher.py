@@ -31,7 +31,7 @@ from models_app.transport.messages import (
     admin_event_message,
 )
 from runtime.state import RuntimeState, TransitionEvent
-from runtime.views import model_entry
+from runtime.read_models import model_entry
 
 logger = logging.getLogger("llmpool.events")
 

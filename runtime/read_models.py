@@ -1,4 +1,4 @@
-"""Read-only views of the pool in the exact shapes of the admin API contract."""
+"""Read models of the pool: snapshots in the exact shapes of the admin API contract."""
 from __future__ import annotations
 
 from runtime.controller import ModelController
