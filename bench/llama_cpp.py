@@ -72,7 +72,7 @@ async def direct_stream(engine, tokens: int) -> dict:
     request = GenerationRequest(
         "bench", [{"role": "user", "content": [{"type": "input_text", "text": PROMPT}]}],
         max_output_tokens=tokens, temperature=0.0,
-    )
+    ).resolved()
     began = time.perf_counter()
     first = None
     finished = None

@@ -98,7 +98,7 @@ def chat_body(prompt: str, tokens: int, stream: bool, upstream: bool = False) ->
     """The chat completions body for this request (temperature 0): as a plain client sends it, or
     (``upstream``) as llm-pool's llama_server engine sends it, streamed even when the client is not."""
     message = {"role": "user", "content": [{"type": "input_text", "text": prompt}]}
-    request = GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0, stream=stream)
+    request = GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0, stream=stream).resolved()
     return chat_request(request, "smol", stream=stream or (upstream and LLAMA_SERVER.stream_always))
 
 

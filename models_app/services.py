@@ -23,7 +23,6 @@ from models_app.transport.messages import (
     admin_event_message,
 )
 from models_app.transport.runtime_client import RuntimeClient
-from runtime.config import parse_load_body
 
 logger = logging.getLogger("llmpool.api")
 
@@ -48,13 +47,12 @@ async def model_load(name: str, body: dict | None) -> dict:
     """Load a configured model and answer its AdminModelEntry once it is loaded or failed.
 
     ``body`` is the optional load body (replicas, target_inflight, backend overrides);
-    only the keys present are sent, null included.  Raises LoadBodyInvalid (422) for a
-    body that fails the schema, and the runtime's errors: UnknownModel (404),
-    InvalidLoadRequest (400), ModelStateConflict (409), RuntimeUnavailable (503).
+    it goes to the runtime as it came, which validates it (once): LoadBodyInvalid (422) for a
+    body that fails the schema, UnknownModel (404), InvalidLoadRequest (400),
+    ModelStateConflict (409); RuntimeUnavailable (503) when the runtime does not answer.
     """
-    overrides = parse_load_body(body)
     return await RuntimeClient().call(
-        OP_LOAD, {"name": name, "body": overrides}, deadline=service_settings().admin_call_timeout_seconds
+        OP_LOAD, {"name": name, "body": body}, deadline=service_settings().admin_call_timeout_seconds
     )
 
 

@@ -14,11 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime import gpu
 from runtime.backends.base import Engine
 from runtime.catalog import CatalogEntry
 from runtime.config import FairnessSettings
-from runtime.engine_process.engine import ProcessEngine
 from runtime.errors import (
     BackendError,
     InvalidLoadRequest,
@@ -30,7 +28,7 @@ from runtime.errors import (
     ModelUnloading,
     UnknownModel,
 )
-from runtime.paths import state_dir
+from runtime.replicas import load_replicas, release_replicas
 from runtime.scheduler import Scheduler, Ticket
 from runtime.state import ACTIVE_STATES, RuntimeState, StateMachine, TransitionEvent
 from runtime.vram import VramFigure
@@ -156,7 +154,7 @@ class ModelController:
         if self._work is not None:
             self._work.cancel()
             await asyncio.gather(self._work, return_exceptions=True)
-        await _release(self.engines)
+        await release_replicas(self.engines)
         self.engines = []
         gone = UnknownModel(f"model {self.name} is no longer served")
         pending: list[asyncio.Future] = []
@@ -235,37 +233,14 @@ class ModelController:
         self._work = asyncio.get_running_loop().create_task(self._load_engines(self.entry, accepted, count))
 
     async def _load_engines(self, entry: CatalogEntry, overrides: dict, count: int) -> None:
-        spec = entry.spec
-        config = spec.effective_config(entry.definition, overrides)
-        context = {
-            "base_dir": entry.base_dir,
-            "model_name": entry.name,
-            "state_dir": state_dir(),
-            # An engine calls this (from the event loop) when it dies while loaded.
-            "on_engine_failure": self.engine_failed,
-        }
-        engines: list[Engine] = []
         try:
-            used_before = await asyncio.to_thread(gpu.used_memory_mib)
-            for index in range(count):
-                if config["isolation"] == "process":
-                    engine = ProcessEngine(entry.name, config, index, context)
-                else:
-                    engine = spec.create_engine(entry.name, config, index, context)
-                engines.append(engine)
-                try:
-                    await engine.load()
-                except Exception as exc:
-                    raise _ReplicaLoadError(index, count, exc) from exc
-            used_after = await asyncio.to_thread(gpu.used_memory_mib)
+            engines, observed_mib = await load_replicas(entry, overrides, count, self.engine_failed)
         except asyncio.CancelledError:
-            await _release(engines)
             raise
         except Exception as exc:
-            await _release(engines)
             self._post("load_finished", None, str(exc) or type(exc).__name__)
             return
-        self._post("load_finished", engines, None, gpu.load_delta(used_before, used_after))
+        self._post("load_finished", engines, None, observed_mib)
 
     def _on_load_finished(
         self, future, engines: list[Engine] | None, error: str | None, observed_mib: int | None = None
@@ -301,7 +276,7 @@ class ModelController:
             self._work = asyncio.get_running_loop().create_task(self._release_engines(self.engines))
 
     async def _release_engines(self, engines: list[Engine]) -> None:
-        errors = await _release(engines)
+        errors = await release_replicas(engines)
         self._post("unload_finished", errors)
 
     def _on_unload_finished(self, future, errors: list[str]) -> None:
@@ -340,7 +315,7 @@ class ModelController:
         future.set_result(None)
 
     async def _release_failed(self, engines: list[Engine]) -> None:
-        await _release(engines)
+        await release_replicas(engines)
         self._post("failed_released")
 
     def _on_failed_released(self, future) -> None:
@@ -430,28 +405,11 @@ class ModelController:
         return self.entry.spec.effective_target_inflight(self.configured_target_inflight)
 
 
-class _ReplicaLoadError(Exception):
-    def __init__(self, index: int, count: int, cause: Exception):
-        detail = str(cause) or type(cause).__name__
-        super().__init__(f"replica {index + 1} of {count} failed to load: {detail}")
-
-
 def _resolve(waiters: list[asyncio.Future]) -> None:
     for waiter in waiters:
         if not waiter.done():
             waiter.set_result(None)
     waiters.clear()
-
-
-async def _release(engines: list[Engine]) -> list[str]:
-    errors = []
-    for index, engine in enumerate(engines):
-        try:
-            await engine.unload()
-        except Exception as exc:
-            logger.exception("unloading replica %d failed", index)
-            errors.append(f"replica {index + 1}: {exc}")
-    return errors
 
 
 def _not_serving(name: str, state: RuntimeState, last_error: str | None) -> LLMPoolError:

@@ -10,40 +10,43 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.catalog import CatalogEntry
+from dataclasses import dataclass, field
+
+from runtime.admission import check_request, estimate_prompt_tokens
+from runtime.backends.base import Finished, TextDelta
 from runtime.config import parse_load_body
-from runtime.errors import (
-    BackendError,
-    FileInputUnsupported,
-    InvalidRequest,
-    ModalityUnsupported,
-    MultiTurnUnsupported,
-    RemoteExecutionDisallowed,
-    RequestTimeout,
-    ResponseFormatUnsupported,
-    ThinkingUnsupported,
-    UnknownOperation,
-)
+from runtime.controller import Lease
+from runtime.errors import BackendError, RequestTimeout, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.paths import state_dir
 from runtime.pool import ModelPool
-from runtime.scheduler import Ticket
-from runtime.supervisor import sweep_stale_processes
-from runtime.state import TransitionEvent
 from runtime.read_models import gpu_model_entry, model_entry
+from runtime.request import GENERATE_ADMITTED, GENERATE_DELTA, GenerationRequest
+from runtime.scheduler import Ticket
+from runtime.state import TransitionEvent
+from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
 
 Emit = Callable[[dict], Awaitable[None]]
-
-PART_MODALITY = {"input_image": "image", "input_audio": "audio"}
+ReloadListener = Callable[["RuntimeService"], Awaitable[None]]
 
 
 class RuntimeService:
-    def __init__(self, settings_path: str, listeners: list[Callable[[TransitionEvent], None]] | None = None):
-        """``listeners`` get every lifecycle transition of every model (see ``runtime.state``)."""
+    def __init__(
+        self,
+        settings_path: str,
+        listeners: list[Callable[[TransitionEvent], None]] | None = None,
+        reload_listeners: list[ReloadListener] | None = None,
+    ):
+        """``listeners`` get every lifecycle transition of every model (see ``runtime.state``).
+
+        ``reload_listeners`` run (awaited, in order) after each settings reload that succeeded,
+        before its diff is answered, so the caller of a reload sees their effects; a listener
+        that raises fails the reload's answer (the reload itself stays applied).
+        """
         self.pool = ModelPool(settings_path, listeners)
+        self.reload_listeners = list(reload_listeners or [])
         self._requests: dict[str, asyncio.Task] = {}
 
     async def start(self, *, load_enabled: bool = True) -> None:
@@ -84,7 +87,10 @@ class RuntimeService:
         return model_entry(controller)
 
     async def op_reload_settings(self, payload, emit) -> dict:
-        return await self.pool.reload()
+        diff = await self.pool.reload()
+        for listener in self.reload_listeners:
+            await listener(self)
+        return diff
 
     async def op_gpu_memory(self, payload, emit) -> dict:
         gpus, error = await asyncio.to_thread(probe_gpus)
@@ -119,118 +125,59 @@ class RuntimeService:
 
     async def _generate(self, payload: dict, emit: Emit) -> dict:
         controller = self.pool.controller(payload["model"])
-        request = self._build_request(payload)
-        check_request(controller.entry, payload, self.pool.startup_service["allow_remote_execution"])
+        request = GenerationRequest.from_wire(payload).resolved(self.pool.settings.engine.decoding)
+        check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
         ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
-        pieces: list[str] = []
-        finished: Finished | None = None
+        run = _Run()
         dispatched = await controller.admit(ticket)
         try:
             if request.stream:  # the API answers a stream's headers only now: errors before this get their status
-                await emit({"event": "admitted"})
+                await emit({"event": GENERATE_ADMITTED})
             lease = await dispatched
             lease.check()
-            limit = controller.entry.definition.request_timeout_seconds
-            deadline = asyncio.timeout(limit)
-            try:
-                async with deadline:
-                    async for event in lease.engine.generate(request):
-                        lease.check()
-                        if isinstance(event, TextDelta):
-                            pieces.append(event.text)
-                            if request.stream:
-                                await emit({"event": "delta", "text": event.text})
-                        else:
-                            finished = event
-            except TimeoutError:
-                if not deadline.expired():
-                    raise  # the engine's own timeout, not the model's limit
-                # The deadline cancelled the engine's generate (its cancel path ran); the finally
-                # below frees the slot.
-                raise RequestTimeout(
-                    f"model {controller.name} did not finish the request within "
-                    f"request_timeout_seconds={limit:g}"
-                ) from None
+            await _run_on_engine(controller, lease, request, emit, run)
         finally:
-            used = finished.input_tokens + finished.output_tokens if finished else ticket.cost_estimate + len(pieces)
-            controller.finish(ticket, used)
-        if finished is None:
+            controller.finish(ticket, run.tokens_used(ticket))
+        if run.finished is None:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
         return {
-            "text": "".join(pieces),
-            "finish_reason": finished.finish_reason,
-            "usage": {"input_tokens": finished.input_tokens, "output_tokens": finished.output_tokens},
+            "text": "".join(run.pieces),
+            "finish_reason": run.finished.finish_reason,
+            "usage": {"input_tokens": run.finished.input_tokens, "output_tokens": run.finished.output_tokens},
         }
 
-    def _build_request(self, payload: dict) -> GenerationRequest:
-        decoding = self.pool.settings.engine.decoding
 
-        def pick(key, default):
-            value = payload.get(key)
-            return default if value is None else value
+@dataclass
+class _Run:
+    """What a request's engine produced so far."""
 
-        return GenerationRequest(
-            request_id=payload["request_id"],
-            messages=payload["messages"],
-            instructions=payload.get("instructions"),
-            max_output_tokens=pick("max_output_tokens", decoding.max_output_tokens),
-            temperature=pick("temperature", decoding.temperature),
-            top_p=pick("top_p", decoding.top_p),
-            thinking=pick("thinking", "default"),
-            response_format=payload.get("response_format"),
-            metadata=payload.get("metadata") or {},
-            fairness_key=payload.get("fairness_key"),
-            extra=payload.get("extra") or {},
-            stream=bool(payload.get("stream")),
-        )
+    pieces: list[str] = field(default_factory=list)
+    finished: Finished | None = None
+
+    def tokens_used(self, ticket: Ticket) -> int:
+        if self.finished is not None:
+            return self.finished.input_tokens + self.finished.output_tokens
+        return ticket.cost_estimate + len(self.pieces)
 
 
-def estimate_prompt_tokens(request: GenerationRequest) -> int:
-    """A tokenizer-free prompt size (about four characters a token) for fair-share charging."""
-    chars = len(request.instructions or "") + sum(
-        len(part.get("text", "")) for message in request.messages for part in message["content"]
-    )
-    return chars // 4 + 1
-
-
-def check_request(entry: CatalogEntry, payload: dict, allow_remote: bool) -> None:
-    """Reject what the model cannot take (400/403) before it is queued."""
-    spec, definition = entry.spec, entry.definition
-    if spec.is_remote(definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
-        )
-    capabilities = spec.capabilities(definition)
-    for message in payload["messages"]:
-        for part in message["content"]:
-            kind = part.get("type")
-            if kind == "input_file" and not capabilities["file_inputs"]:
-                raise FileInputUnsupported(f"model {entry.name} does not accept file inputs", param="input")
-            modality = PART_MODALITY.get(kind)
-            if modality and modality not in capabilities["modalities"]:
-                raise ModalityUnsupported(
-                    f"model {entry.name} does not accept {modality} input "
-                    f"(modalities: {', '.join(capabilities['modalities'])})",
-                    param="input",
-                )
-    turns = [m for m in payload["messages"] if m["role"] in ("user", "assistant")]
-    if len(turns) > 1 and not capabilities["multi_turn"]:
-        raise MultiTurnUnsupported(f"model {entry.name} accepts a single user turn only", param="input")
-    if not turns or turns[-1]["role"] != "user":
-        raise InvalidRequest("the input must end with a user message", param="input")
-    thinking = payload.get("thinking") or "default"
-    if thinking not in capabilities["thinking_modes"]:
-        raise ThinkingUnsupported(
-            f"model {entry.name} does not accept thinking={thinking!r} "
-            f"(accepted: {', '.join(capabilities['thinking_modes'])})",
-            param="thinking",
-        )
-    response_format = payload.get("response_format")
-    if response_format and response_format.get("type") != "text":
-        kind = response_format.get("type")
-        if kind not in capabilities["response_formats"] or payload.get("stream"):
-            raise ResponseFormatUnsupported(
-                f"model {entry.name} does not accept response_format {kind!r}"
-                + (" with stream" if payload.get("stream") else ""),
-                param="response_format",
-            )
+async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, emit: Emit, run: _Run) -> None:
+    """Stream the engine's events into ``run`` (and to ``emit`` when streaming), within the
+    model's request_timeout_seconds: past it the engine's generate is cancelled (504)."""
+    limit = controller.entry.definition.request_timeout_seconds
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            async for event in lease.engine.generate(request):
+                lease.check()
+                if isinstance(event, TextDelta):
+                    run.pieces.append(event.text)
+                    if request.stream:
+                        await emit({"event": GENERATE_DELTA, "text": event.text})
+                else:
+                    run.finished = event
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the engine's own timeout, not the model's limit
+        raise RequestTimeout(
+            f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
+        ) from None

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -18,25 +17,6 @@ logger = logging.getLogger("llmpool.runtime")
 _service: RuntimeService | None = None
 _publisher: RuntimeEventPublisher | None = None
 _lock: asyncio.Lock | None = None
-
-ReloadListener = Callable[[RuntimeService], Awaitable[None]]
-
-
-class HostedRuntimeService(RuntimeService):
-    """The runtime service as this process hosts it: after each settings reload that succeeded,
-    every ``reload_listeners`` entry runs (awaited, in order) before the reload's diff is answered,
-    so the caller of a reload sees their effects.  A listener that raises fails the reload's answer."""
-
-    def __init__(self, settings_path: str, *, listeners, reload_listeners: list[ReloadListener]):
-        super().__init__(settings_path, listeners)
-        self.reload_listeners = reload_listeners
-
-    async def op_reload_settings(self, payload, emit) -> dict:
-        diff = await super().op_reload_settings(payload, emit)
-        for listener in self.reload_listeners:
-            await listener(self)
-        return diff
-
 
 def channel_layer():
     return get_channel_layer()
@@ -60,7 +40,7 @@ async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
     async with _lock:
         if _service is None:
             publisher = RuntimeEventPublisher(channel_layer())
-            service = HostedRuntimeService(
+            service = RuntimeService(
                 settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync]
             )
             publisher.attach(service.pool)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.backends.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
+from runtime.request import GenerationRequest
 from runtime.model_files import locate_model_file
 
 Modality = Literal["text", "image", "audio"]
@@ -61,30 +62,6 @@ class CommonDefinition(BaseModel):
 
 
 # ---- generation protocol -------------------------------------------------------------
-
-
-@dataclass
-class GenerationRequest:
-    """One inference request as the runtime hands it to an engine."""
-
-    request_id: str
-    messages: list[dict]  # [{"role": str, "content": [ {"type": "input_text", "text": ...}, ...]}]
-    instructions: str | None = None
-    max_output_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 1.0
-    thinking: str = "default"
-    response_format: dict | None = None
-    metadata: dict = field(default_factory=dict)
-    fairness_key: str | None = None
-    extra: dict = field(default_factory=dict)  # backend-specific request fields (TranslateGemma codes)
-    stream: bool = False  # the client reads deltas as they come (engines that proxy an upstream ask it alike)
-
-    def last_user_text(self) -> str:
-        for message in reversed(self.messages):
-            if message.get("role") == "user":
-                return "".join(p.get("text", "") for p in message["content"] if p.get("type") == "input_text")
-        return ""
 
 
 @dataclass

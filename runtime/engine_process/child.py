@@ -26,6 +26,7 @@ from typing import Any
 from runtime.backends import BACKENDS
 from runtime.backends.base import Finished, TextDelta
 from runtime.engine_process import protocol as p
+from runtime.request import GenerationRequest
 
 logger = logging.getLogger("llmpool.engine_process")
 
@@ -91,7 +92,7 @@ class EngineHost:
             raise RuntimeError(f"generation {generation_id!r} is already running")
         self.generations[generation_id] = asyncio.current_task()
         try:
-            request = p.request_from_fields(message["request"])
+            request = GenerationRequest.from_wire(message["request"])
             async with aclosing(self.engine.generate(request)) as events:
                 async for event in events:
                     if isinstance(event, TextDelta):

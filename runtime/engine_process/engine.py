@@ -188,7 +188,7 @@ class ProcessEngine:
         stream = self._streams[generation_id] = _Stream()
         finished = False
         try:
-            await self._send({"op": p.GENERATE, "id": generation_id, "request": p.request_fields(request)})
+            await self._send({"op": p.GENERATE, "id": generation_id, "request": request.to_wire()})
             while True:
                 event = await stream.next_event()
                 if isinstance(event, Finished):

@@ -16,7 +16,6 @@ from models_app import selectors, services
 from models_app.host import catalog_mirror, runtime_host
 from models_app.host.consumer import RuntimeConsumer
 from models_app.host.event_publisher import RuntimeEventPublisher
-from models_app.host.runtime_host import HostedRuntimeService
 from models_app.transport.messages import (
     EVENT_CATALOG,
     EVENT_COUNTERS,
@@ -27,6 +26,7 @@ from models_app.transport.messages import (
 )
 from models_app.workbench.consumers import AdminEventsConsumer
 from runtime.errors import InvalidLoadRequest
+from runtime.service import RuntimeService
 from tests.conftest import write_settings
 
 # Channels closes old database connections around each message: the tests need database access.
@@ -48,7 +48,7 @@ async def runtime(tmp_path, monkeypatch):
     layer = get_channel_layer()
     settings_path = write_settings(tmp_path, MODELS)
     publisher = RuntimeEventPublisher(layer, counter_interval=0.05)
-    service = HostedRuntimeService(
+    service = RuntimeService(
         str(settings_path), listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync]
     )
     publisher.attach(service.pool)

@@ -37,7 +37,7 @@ VRAM_SOURCES = {"observed_load_delta", "model_artifact_size", "unavailable"}
 # Common definition fields (the "Configured Model Definition" list plus the admin example's fields).
 COMMON_FIELDS = {
     "model_path", "backend", "device", "prompt_format", "enable_thinking", "enabled", "replicas", "replica_max",
-    "target_inflight", "modalities",
+    "target_inflight", "modalities", "request_timeout_seconds", "isolation",
 }
 
 # load_recommendations of the llama_cpp AdminModelEntry example: the GGUF presets with their notes.

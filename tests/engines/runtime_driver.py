@@ -19,7 +19,8 @@ def user_input(text: str) -> list[dict]:
 
 def generation_request(text: str = "Hi there", **fields) -> GenerationRequest:
     """What an engine's ``generate`` receives, for driving an engine directly."""
-    return GenerationRequest(request_id=f"req-{next(_request_ids)}", messages=user_input(text), **fields)
+    fields = {"max_output_tokens": 256, **fields}
+    return GenerationRequest(request_id=f"req-{next(_request_ids)}", messages=user_input(text), **fields).resolved()
 
 
 async def generate(service: RuntimeService, model: str, text: str = "Hi there", **fields) -> tuple[dict, list[str]]:

@@ -13,7 +13,7 @@ CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_e
 
 
 def request(messages, **fields) -> GenerationRequest:
-    return GenerationRequest(request_id="r", messages=messages, **fields)
+    return GenerationRequest(request_id="r", messages=messages, **{"max_output_tokens": 256, **fields}).resolved()
 
 
 def test_template_messages_put_instructions_first_and_map_roles():

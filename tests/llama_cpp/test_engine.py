@@ -32,7 +32,9 @@ def ask(*turns: str, max_output_tokens: int = 8, temperature: float = 0.0, **fie
     messages = [
         {"role": roles[i % 2], "content": [{"type": "input_text", "text": text}]} for i, text in enumerate(turns)
     ]
-    return GenerationRequest("r", messages, max_output_tokens=max_output_tokens, temperature=temperature, **fields)
+    return GenerationRequest(
+        "r", messages, max_output_tokens=max_output_tokens, temperature=temperature, **fields
+    ).resolved()
 
 
 async def collect(engine: LlamaCppEngine, request: GenerationRequest) -> tuple[list[str], Finished]:

@@ -25,7 +25,7 @@ async def test_rss_returns_after_twenty_load_unload_cycles(tmp_path):
             request = GenerationRequest(
                 f"cycle-{cycle}", [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
                 max_output_tokens=3,
-            )
+            ).resolved()
             events = [event async for event in controller.engines[0].generate(request)]
             assert isinstance(events[-1], Finished) and events[-1].output_tokens > 0
             loaded_rss.append(process.memory_info().rss)

@@ -48,7 +48,7 @@ def definition(backend: str, fake_bin, tmp_path, **fields) -> dict:
 
 def ask(text: str, **fields) -> GenerationRequest:
     message = {"role": "user", "content": [{"type": "input_text", "text": text}]}
-    return GenerationRequest(request_id="r1", messages=[message], **fields)
+    return GenerationRequest(request_id="r1", messages=[message], **{"max_output_tokens": 256, **fields}).resolved()
 
 
 async def collect(engine, request) -> tuple[str, Finished]:

@@ -21,6 +21,7 @@ from models_app.api.responses.protocol import ResponseBuilder, parse_responses_b
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
+from runtime.request import GENERATE_ADMITTED
 
 logger = logging.getLogger("llmpool.api")
 
@@ -39,10 +40,10 @@ async def create_response(data, fairness_key: str | None) -> dict | AsyncIterato
     only once the runtime has admitted the request (its ``admitted`` chunk); a non-streamed
     request gets one reply, its result or its error.
     """
-    payload = parse_responses_body(data, fairness_key)
-    builder = ResponseBuilder(payload)
-    exchange = RuntimeClient().exchange(OP_GENERATE, payload)
-    if payload["stream"]:
+    request = parse_responses_body(data, fairness_key)
+    builder = ResponseBuilder(request)
+    exchange = RuntimeClient().exchange(OP_GENERATE, request.to_wire())
+    if request.stream:
         try:
             await _until_admitted(exchange)
         except BaseException:
@@ -61,7 +62,7 @@ async def create_response(data, fairness_key: str | None) -> dict | AsyncIterato
 async def _until_admitted(exchange) -> None:
     """Consume the exchange until the runtime has admitted the request (errors raise here)."""
     async for message in exchange:
-        if message["kind"] == REPLY_CHUNK and message["data"].get("event") == "admitted":
+        if message["kind"] == REPLY_CHUNK and message["data"].get("event") == GENERATE_ADMITTED:
             return
 
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
+from runtime.request import GenerationRequest
 
 
 class _Part(BaseModel):
@@ -88,8 +89,9 @@ class ResponsesBody(BaseModel):
         return [{"role": "user", "content": value}] if isinstance(value, str) else value
 
 
-def parse_responses_body(data: Any, fairness_header: str | None) -> dict:
-    """Validate a POST /v1/responses body and normalise it into the runtime's generate payload."""
+def parse_responses_body(data: Any, fairness_header: str | None) -> GenerationRequest:
+    """Validate a POST /v1/responses body into the typed request the runtime and the engine get
+    (sampling fields the client left out stay None: the runtime applies its defaults)."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:
@@ -101,24 +103,25 @@ def parse_responses_body(data: Any, fairness_header: str | None) -> dict:
     messages = [{"role": m.role, "content": _parts(m.content)} for m in body.input]
     if not messages:
         raise InvalidRequest("input must not be empty", param="input")
-    return {
-        "model": body.model,
-        "messages": messages,
-        "instructions": body.instructions,
-        "max_output_tokens": body.max_output_tokens,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "stream": body.stream,
-        "thinking": body.thinking,
-        "response_format": _response_format(body),
-        "metadata": body.metadata or {},
-        "fairness_key": fairness_header if fairness_header is not None else body.user,
-        "extra": {
+    return GenerationRequest(
+        request_id="",  # the runtime client names the exchange
+        model=body.model,
+        messages=messages,
+        instructions=body.instructions,
+        max_output_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stream=body.stream,
+        thinking=body.thinking,
+        response_format=_response_format(body),
+        metadata=body.metadata or {},
+        fairness_key=fairness_header if fairness_header is not None else body.user,
+        extra={
             key: value
             for key, value in (("source_lang_code", body.source_lang_code), ("target_lang_code", body.target_lang_code))
             if value is not None
         },
-    }
+    )
 
 
 def _field_loc(loc: tuple) -> tuple:
@@ -157,11 +160,11 @@ def _response_format(body: ResponsesBody) -> dict | None:
 class ResponseBuilder:
     """Builds the response object and the SSE events of one request."""
 
-    def __init__(self, payload: dict):
+    def __init__(self, request: GenerationRequest):
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
-        self.payload = payload
+        self.request = request
         self.sequence = 0
 
     def response(self, status: str, text: str | None = None, result: dict | None = None) -> dict:
@@ -183,21 +186,21 @@ class ResponseBuilder:
             "id": self.id,
             "object": "response",
             "created_at": self.created_at,
-            "model": self.payload["model"],
+            "model": self.request.model,
             "status": status,
             "error": None,
             "incomplete_details": incomplete,
-            "instructions": self.payload.get("instructions"),
-            "max_output_tokens": self.payload.get("max_output_tokens"),
-            "metadata": self.payload.get("metadata") or {},
+            "instructions": self.request.instructions,
+            "max_output_tokens": self.request.max_output_tokens,
+            "metadata": self.request.metadata,
             "output": output,
             "parallel_tool_calls": False,
-            "temperature": self.payload.get("temperature"),
-            "top_p": self.payload.get("top_p"),
+            "temperature": self.request.temperature,
+            "top_p": self.request.top_p,
             "tool_choice": "auto",
             "tools": [],
             "usage": usage,
-            "user": self.payload.get("fairness_key"),
+            "user": self.request.fairness_key,
         }
 
     def message(self, text: str, status: str) -> dict:

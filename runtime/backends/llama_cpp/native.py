@@ -210,7 +210,7 @@ class GgufWeights:
 
 @dataclass(frozen=True)
 class ContextSettings:
-    """What a ``llama_context`` is built with; a later issue swaps these without reloading weights."""
+    """What a ``llama_context`` is built with, apart from the weights (``GgufWeights``), which it does not own."""
 
     n_ctx: int
     n_batch: int

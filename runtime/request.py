@@ -1,0 +1,88 @@
+"""One typed inference request, from the protocol parser at the edge to the engine.
+
+Each API protocol's parser (``models_app/api/responses/protocol.py`` today, chat
+completions next) builds a ``GenerationRequest`` from its body; it crosses the
+channel layer as ``to_wire()`` and the runtime rebuilds it with ``from_wire``.
+Sampling fields the client left out stay ``None`` until the runtime applies the
+service's decoding defaults (``resolved``), so an engine always gets concrete
+values.  The events a generate operation streams are named here too.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.config import DecodingSettings
+
+# What a generate operation emits while it runs (its result ends it).
+GENERATE_ADMITTED = "admitted"  # queued: the API may answer a stream's headers now
+GENERATE_DELTA = "delta"  # {"event": "delta", "text": ...}
+
+THINKING_DEFAULT = "default"
+
+
+@dataclass
+class GenerationRequest:
+    """One inference request.
+
+    ``messages`` are ``{"role", "content": [parts]}`` with parts in the Responses API's
+    input shape (``{"type": "input_text", "text"}``, ``input_image``, ``input_file``,
+    ``input_audio``).  ``None`` in a sampling field means "the service's default".
+    ``stop``, ``seed``, ``tools`` and ``tool_choice`` are carried for the protocols that
+    have them; an engine that cannot honour one is refused before it is queued.
+    """
+
+    request_id: str
+    messages: list[dict]
+    model: str = ""
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    thinking: str | None = None
+    response_format: dict | None = None
+    metadata: dict = field(default_factory=dict)
+    fairness_key: str | None = None
+    extra: dict = field(default_factory=dict)  # backend-specific request fields (TranslateGemma codes)
+    stream: bool = False  # the client reads deltas as they come (engines that proxy an upstream ask it alike)
+    stop: list[str] | None = None
+    seed: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+
+    def resolved(self, decoding: DecodingSettings | None = None) -> GenerationRequest:
+        """A copy with every unset sampling field given the service's default: ``decoding``
+        (``engine.decoding`` of the settings), or the settings' own defaults."""
+        if decoding is None:
+            from runtime.config import DecodingSettings  # runtime.config imports the backends, which import this
+
+            decoding = DecodingSettings()
+
+        def pick(value, default):
+            return default if value is None else value
+
+        return dataclasses.replace(
+            self,
+            max_output_tokens=pick(self.max_output_tokens, decoding.max_output_tokens),
+            temperature=pick(self.temperature, decoding.temperature),
+            top_p=pick(self.top_p, decoding.top_p),
+            thinking=pick(self.thinking, THINKING_DEFAULT),
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The request as a plain dict (msgpack- and JSON-safe) for the channel layer."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> GenerationRequest:
+        """Rebuild a request from ``to_wire``'s dict; keys this version does not know are dropped."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
+
+    def last_user_text(self) -> str:
+        for message in reversed(self.messages):
+            if message.get("role") == "user":
+                return "".join(p.get("text", "") for p in message["content"] if p.get("type") == "input_text")
+        return ""
