@@ -9,7 +9,7 @@
 #                              llama.cpp's AMX kernels, which segfault on the first request
 #                              (llama.cpp issue #20824); use it only on a CPU without AMX.
 #   LLMPOOL_LLAMA_CMAKE_ARGS   extra CMake arguments appended to the default ones (part of the key)
-#   LLAMA_CPP_PYTHON_VERSION   the version (default: the requirements.txt pin)
+#   LLAMA_CPP_PYTHON_VERSION   the version (default: the requirements.txt pin, else the version in .venv)
 #   LLMPOOL_BUILD_JOBS         parallel compile jobs (default: 2)
 #
 # The default build is portable: GGML_NATIVE=OFF, AVX/AVX2/FMA/F16C/BMI2 on, AVX-512 and AMX off,
@@ -21,19 +21,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-version="${LLAMA_CPP_PYTHON_VERSION:-}"
-if [ -z "$version" ]; then
-  version=$(sed -n 's/^llama-cpp-python==\([^ ;#]*\).*/\1/p' requirements.txt | head -n 1)
-fi
-if [ -z "$version" ]; then
+# shellcheck source=scripts/llama_cmake_args.sh
+. scripts/llama_cmake_args.sh
+if ! version=$(llama_cpp_python_version); then
   echo "build_llama_cpp_python: no llama-cpp-python version (pin it in requirements.txt or set LLAMA_CPP_PYTHON_VERSION)" >&2
   exit 2
 fi
-
-# shellcheck source=scripts/llama_cmake_args.sh
-. scripts/llama_cmake_args.sh
 cmake_args=$(llama_cmake_args)
-key=$(printf '%s\n%s\n' "$version" "$cmake_args" | sha256sum | cut -c1-16)
+key=$(llama_build_key "$version" "$cmake_args")
 cache="$HOME/.cache/llmpool"
 target="$cache/wheels/llama_cpp_python-$version-$key"
 

@@ -19,22 +19,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-version="${LLAMA_CPP_PYTHON_VERSION:-}"
-if [ -z "$version" ]; then
-  version=$(sed -n 's/^llama-cpp-python==\([^ ;#]*\).*/\1/p' requirements.txt | head -n 1)
-fi
-if [ -z "$version" ] && [ -x .venv/bin/python ]; then
-  version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("llama_cpp_python"))' 2>/dev/null || true)
-fi
-if [ -z "$version" ]; then
+# shellcheck source=scripts/llama_cmake_args.sh
+. scripts/llama_cmake_args.sh
+if ! version=$(llama_cpp_python_version); then
   echo "build_llama_server: no llama-cpp-python version (pin it in requirements.txt or set LLAMA_CPP_PYTHON_VERSION)" >&2
   exit 2
 fi
-
-# shellcheck source=scripts/llama_cmake_args.sh
-. scripts/llama_cmake_args.sh
 isa_args=$(llama_cmake_args)
-key=$(printf '%s\n%s\n' "$version" "$isa_args" | sha256sum | cut -c1-16)
+key=$(llama_build_key "$version" "$isa_args")
 target="${LLMPOOL_LLAMA_SERVER_DIR:-$HOME/.cache/llmpool/llama-server-$version-$key}"
 binary="$target/bin/llama-server"
 if [ -x "$binary" ]; then

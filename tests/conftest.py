@@ -14,6 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from runtime.service import RuntimeService
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -32,6 +34,25 @@ def write_settings(folder: Path, models: dict, *, service: dict | None = None, e
     if local is not None:
         (folder / "local.json").write_text(json.dumps(local, indent=2))
     return path
+
+
+
+@pytest.fixture
+async def runtime_service(tmp_path):
+    """Factory: ``await runtime_service(models)`` -> (a started RuntimeService, its transition events)."""
+    started: list[RuntimeService] = []
+
+    async def start(models: dict):
+        service = RuntimeService(str(write_settings(tmp_path / f"settings{len(started)}", models)))
+        events: list = []
+        service.pool.listeners.append(events.append)
+        await service.start(load_enabled=False)
+        started.append(service)
+        return service, events
+
+    yield start
+    for service in started:
+        await service.shutdown()
 
 
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -9,8 +9,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from runtime.service import RuntimeService
-from tests.conftest import write_settings
 
 
 def engine_processes() -> list[psutil.Process]:
@@ -44,22 +42,3 @@ def state_dir(tmp_path, monkeypatch) -> Path:
     folder = tmp_path / "state"
     monkeypatch.setenv("LLMPOOL_STATE_DIR", str(folder))
     return folder
-
-
-@pytest.fixture
-async def runtime_service(tmp_path):
-    """Factory: ``await runtime_service(models)`` -> (a started RuntimeService, its transition events)."""
-    started: list[RuntimeService] = []
-
-    async def start(models: dict):
-        settings = write_settings(tmp_path / f"settings{len(started)}", models)
-        service = RuntimeService(str(settings))
-        events: list = []
-        service.pool.listeners.append(events.append)
-        await service.start(load_enabled=False)
-        started.append(service)
-        return service, events
-
-    yield start
-    for service in started:
-        await service.shutdown()

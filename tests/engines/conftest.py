@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.service import RuntimeService
-from tests.conftest import write_settings
 from tests.engines.engine_fakes import install_fake_exllamav3, install_fake_vllm
 from tests.engines.tiny_model import TinyModel, build_tiny_chat_model
 
@@ -25,21 +23,3 @@ def fake_vllm(monkeypatch):
 def fake_exllamav3(monkeypatch):
     """A recording ``exllamav3`` module in sys.modules; yields its ``Recorder``."""
     return install_fake_exllamav3(monkeypatch)
-
-
-@pytest.fixture
-async def runtime_service(tmp_path):
-    """Factory: ``await runtime_service(models)`` -> (a started RuntimeService, its transition events)."""
-    started: list[RuntimeService] = []
-
-    async def start(models: dict):
-        service = RuntimeService(str(write_settings(tmp_path / f"settings{len(started)}", models)))
-        events: list = []
-        service.pool.listeners.append(events.append)
-        await service.start(load_enabled=False)
-        started.append(service)
-        return service, events
-
-    yield start
-    for service in started:
-        await service.shutdown()
