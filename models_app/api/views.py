@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_serializer,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -18,6 +24,7 @@ from models_app.api.event_stream import sse_event, transition_stream
 from models_app.api.responses.endpoint import FAIRNESS_HEADER, create_response
 from models_app.transport.messages import OP_CATALOG
 from models_app.transport.runtime_client import RuntimeClient
+from runtime.config import LoadBody
 from runtime.errors import LLMPoolError
 
 ERROR = inline_serializer(
@@ -66,6 +73,7 @@ class AdminApi(APIView):
 
 
 class ModelListApi(AdminApi):
+    @extend_schema_serializer(component_name="ModelList")
     class OutputSerializer(serializers.Serializer):
         models = AdminModelEntrySerializer(many=True)
 
@@ -78,6 +86,17 @@ class ModelListApi(AdminApi):
         return Response({"models": await selectors.models_list()})
 
 
+def load_body_schema() -> dict:
+    """The load body's OpenAPI 3.0 schema, from the runtime's LoadBody (every backend's declared
+    overrides): pydantic's ``anyOf [T, null]`` becomes ``T`` with ``nullable``."""
+    schema = LoadBody.model_json_schema()
+    properties = {}
+    for name, field in schema["properties"].items():
+        kinds = [kind for kind in field.get("anyOf", [field]) if kind.get("type") != "null"]
+        properties[name] = {**kinds[0], "nullable": True}
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
 class ModelLoadApi(AdminApi):
     @extend_schema(
         summary="Load a model",
@@ -88,7 +107,7 @@ class ModelLoadApi(AdminApi):
             "422: body fails the schema; 400 invalid_load_request: values invalid for the backend or state; "
             "409 model_state_conflict: the model is unloading."
         ),
-        request=OpenApiTypes.OBJECT,
+        request={"application/json": load_body_schema()},
         parameters=[OpenApiParameter("model_name", str, OpenApiParameter.PATH)],
         responses={200: AdminModelEntrySerializer, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 422: ERROR, 503: ERROR},
     )
@@ -113,6 +132,7 @@ class ModelUnloadApi(AdminApi):
 
 
 class GpuMemoryApi(AdminApi):
+    @extend_schema_serializer(component_name="GpuMemory")
     class OutputSerializer(serializers.Serializer):
         gpus = serializers.ListField(child=serializers.DictField())
         models = serializers.ListField(child=serializers.DictField())
@@ -129,6 +149,7 @@ class GpuMemoryApi(AdminApi):
 
 
 class SettingsReloadApi(AdminApi):
+    @extend_schema_serializer(component_name="SettingsReloadResult")
     class OutputSerializer(serializers.Serializer):
         added_models = serializers.ListField(child=serializers.CharField())
         removed_models = serializers.ListField(child=serializers.CharField())

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from tests.conftest import LiveService, write_settings
+
+from runtime.config import LoadBody
 from tests.api.test_admin_models import ENTRY_KEYS
+from tests.conftest import LiveService, write_settings
 
 TOKEN = "s3cret-admin-token"
 RIGHT = {"Authorization": f"Bearer {TOKEN}"}
@@ -148,6 +150,29 @@ def test_the_admin_model_entry_schema_has_every_spec_field(schema):
     reference = load_200["content"]["application/json"]["schema"]["$ref"]
     component = schema["components"]["schemas"][reference.rsplit("/", 1)[-1]]
     assert set(component["properties"]) == ENTRY_KEYS
+
+
+def test_the_load_body_schema_lists_every_declared_override(schema):
+    body = schema["paths"]["/v1/admin/models/{model_name}/load"]["post"]["requestBody"]
+    properties = body["content"]["application/json"]["schema"]["properties"]
+    assert set(properties) == set(LoadBody.model_fields)
+    assert properties["gguf_n_ctx"] == {"type": "integer", "minimum": 1, "nullable": True}
+    assert properties["sglang_chunked_prefill_size"]["minimum"] == -1
+
+
+def test_every_operation_answers_its_own_schema_component(schema):
+    """Three views each have an ``OutputSerializer``; each must be its own component."""
+    def answer_component(path: str, method: str) -> str:
+        ok = schema["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]
+        return ok["$ref"].rsplit("/", 1)[-1]
+
+    components = {
+        answer_component("/v1/admin/models", "get"),
+        answer_component("/v1/admin/gpu-memory", "get"),
+        answer_component("/v1/admin/settings/reload", "post"),
+    }
+    assert len(components) == 3
+    assert "gpus" in schema["components"]["schemas"][answer_component("/v1/admin/gpu-memory", "get")]["properties"]
 
 
 def test_swagger_ui_is_served_at_docs(service):
