@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from runtime.backends import BACKENDS
 from runtime.backends.overrides import TARGET_INFLIGHT, load_body_model
 from runtime.errors import InvalidSettings, LoadBodyInvalid
+from runtime.request import DecodingSettings
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 
@@ -37,12 +38,6 @@ class ServiceSettings(_Strict):
     admin_call_timeout_seconds: float = Field(3600.0, gt=0)
     # Remote models (openai_remote) send prompts off this machine: opt in explicitly.
     allow_remote_execution: bool = False
-
-
-class DecodingSettings(_Strict):
-    temperature: float = Field(0.7, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_output_tokens: int = Field(512, ge=1)
 
 
 class FairnessSettings(_Strict):

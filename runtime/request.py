@@ -4,23 +4,33 @@ Each API protocol's parser (``models_app/api/responses/protocol.py`` today, chat
 completions next) builds a ``GenerationRequest`` from its body; it crosses the
 channel layer as ``to_wire()`` and the runtime rebuilds it with ``from_wire``.
 Sampling fields the client left out stay ``None`` until the runtime applies the
-service's decoding defaults (``resolved``), so an engine always gets concrete
-values.  The events a generate operation streams are named here too.
+service's decoding defaults (``resolved``, with ``DecodingSettings``: the settings'
+``engine.decoding``), so an engine always gets concrete values.  The events a
+generate operation streams are named here too.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from runtime.config import DecodingSettings
+from pydantic import BaseModel, ConfigDict, Field
 
 # What a generate operation emits while it runs (its result ends it).
 GENERATE_ADMITTED = "admitted"  # queued: the API may answer a stream's headers now
 GENERATE_DELTA = "delta"  # {"event": "delta", "text": ...}
 
 THINKING_DEFAULT = "default"
+
+
+class DecodingSettings(BaseModel):
+    """``engine.decoding`` in the settings: what a request that leaves a sampling field out gets."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    temperature: float = Field(0.7, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_output_tokens: int = Field(512, ge=1)
 
 
 @dataclass
@@ -55,10 +65,7 @@ class GenerationRequest:
     def resolved(self, decoding: DecodingSettings | None = None) -> GenerationRequest:
         """A copy with every unset sampling field given the service's default: ``decoding``
         (``engine.decoding`` of the settings), or the settings' own defaults."""
-        if decoding is None:
-            from runtime.config import DecodingSettings  # runtime.config imports the backends, which import this
-
-            decoding = DecodingSettings()
+        decoding = decoding if decoding is not None else DecodingSettings()
 
         def pick(value, default):
             return default if value is None else value

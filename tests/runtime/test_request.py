@@ -1,7 +1,6 @@
 """The one typed request: the parser leaves unset sampling to the runtime, which resolves it."""
 from models_app.api.responses.protocol import parse_responses_body
-from runtime.config import DecodingSettings
-from runtime.request import GenerationRequest
+from runtime.request import DecodingSettings, GenerationRequest
 
 MESSAGES = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
 
