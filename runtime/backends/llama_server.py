@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from runtime.backends import managed
+import runtime.backends.managed as managed
 from runtime.backends.common_fields import FamilyDefinition
 from runtime.backends.overrides import LoadOverride, PositiveInt, integer_override
 from runtime.model_files import ModelFileError, locate_model_file, resolve_model_file

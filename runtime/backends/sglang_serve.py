@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from runtime.backends import managed
+import runtime.backends.managed as managed
 from runtime.backends.common_fields import GEMMA4, FamilyDefinition
 from runtime.backends.overrides import LoadOverride, integer_override
 from runtime.errors import InvalidLoadRequest

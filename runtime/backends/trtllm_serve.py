@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
-from runtime.backends import managed
+import runtime.backends.managed as managed
 from runtime.backends.base import resolve_model_path
 from runtime.backends.common_fields import GEMMA4, FamilyDefinition
 from runtime.backends.overrides import MIB_256, LoadOverride, integer_override

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime.backends import managed
+import runtime.backends.managed as managed
 from runtime.backends.common_fields import GEMMA4
 from runtime.backends.vllm import VllmFields, VllmSpec
 from runtime.backends.vllm.arguments import mm_processor_kwargs, speculative_config
