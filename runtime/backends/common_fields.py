@@ -56,6 +56,15 @@ def require_model_target(definition: CommonDefinition, target_field: str | None 
         raise ValueError(f"{where} must name the model to load")
 
 
+def refuse_engine_process(definition: CommonDefinition, where_it_runs: str) -> None:
+    """Raise ValueError for ``isolation: "process"`` on a backend whose model runs outside the runtime already."""
+    if definition.isolation == "process":
+        raise ValueError(
+            f'isolation "process" does not apply to {definition.backend}: {where_it_runs}; '
+            'leave isolation out or set it to "none"'
+        )
+
+
 def thinking_for_families(definition: CommonDefinition, families: tuple[str, ...]) -> list[str]:
     """All thinking modes for the listed prompt-format families, only ``default`` otherwise."""
     return list(THINKING_ALL) if definition.prompt_format in families else list(THINKING_DEFAULT_ONLY)

@@ -1,4 +1,4 @@
-"""ct2: CTranslate2 generator models run in the runtime process.
+"""ct2: CTranslate2 generator models, by default in an engine process per replica.
 
 This module holds the definition schema; ct2 has no live-load overrides.  The
 engine (``runtime.backends.ct2_engine``) loads one ``ctranslate2.Generator`` per
@@ -36,6 +36,7 @@ Ct2ComputeType = Literal[
 
 class Ct2Definition(FamilyDefinition):
     backend: Literal["ct2"]
+    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     ct2_compute_type: Ct2ComputeType = "default"
     ct2_inter_threads: int = Field(1, ge=1)
     ct2_intra_threads: int = Field(0, ge=0)  # 0: CTranslate2 picks

@@ -1,4 +1,4 @@
-"""exllamav3: EXL3 models run in the runtime process through ExLlamaV3.
+"""exllamav3: EXL3 models run through ExLlamaV3, by default in an engine process per replica.
 
 This module holds the definition schema and the live-load rules; the engine is
 ``runtime.backends.exllamav3_engine``.  The KV cache quantisation is one
@@ -46,6 +46,7 @@ def parse_cache_quant(value: str) -> tuple[int, int]:
 
 class Exllamav3Definition(FamilyDefinition):
     backend: Literal["exllamav3"]
+    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     exllama_cache_size: int = Field(8192, ge=256, multiple_of=256)
     exllama_cache_quant: str | None = None
     exllama_max_rq_tokens: int = Field(2048, ge=1)

@@ -42,6 +42,7 @@ from runtime.backends.common_fields import (
     Port,
     artifact_estimate,
     check_extra_args,
+    refuse_engine_process,
     require_model_target,
     thinking_for_families,
 )
@@ -303,7 +304,8 @@ def server_fields(
     ``api_key``, ``env``, ``library_path``, ``extra_args`` and ``startup_timeout_seconds``
     (default ``startup_timeout_seconds``).  A definition is valid when model_path (or
     ``<prefix>_model``) names the model and the extra args set none of the ``owned_flags``
-    (``{owner: flags}``: the field that sets those flags itself).
+    (``{owner: flags}``: the field that sets those flags itself), and ``isolation`` is not
+    ``"process"`` (the server is a process of its own already).
     """
     declarations = {
         "binary": (NonEmptyStr, binary),
@@ -320,6 +322,7 @@ def server_fields(
     extra_args_field = f"{prefix}_extra_args"
 
     def server_rules(definition):
+        refuse_engine_process(definition, "each replica is a server process of its own already")
         require_model_target(definition, target_field)
         for owner, flags in owned_flags.items():
             check_extra_args(extra_args_field, getattr(definition, extra_args_field), flags, owner)

@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from runtime.backends.base import THINKING_ALL, THINKING_DEFAULT_ONLY, BackendSpec
-from runtime.backends.common_fields import FamilyDefinition, NonEmptyStr
+from runtime.backends.common_fields import FamilyDefinition, NonEmptyStr, refuse_engine_process
 from runtime.backends.openai_remote_engine import OpenaiRemoteEngine
 
 
@@ -42,6 +42,11 @@ class OpenaiRemoteDefinition(FamilyDefinition):
     def _one_key_source(self):
         if self.remote_api_key is not None and self.remote_api_key_env is not None:
             raise ValueError("set remote_api_key or remote_api_key_env, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _nothing_to_isolate(self):
+        refuse_engine_process(self, "its model runs on the remote server")
         return self
 
 

@@ -25,13 +25,11 @@ prefix keeps the stream in step.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import struct
 from typing import Any
 
 import msgpack
 
-from runtime.backends.base import GenerationRequest
 from runtime.errors import LLMPoolError, UnknownOperation, error_from_dict
 
 HEADER = struct.Struct(">I")
@@ -86,10 +84,11 @@ async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
 
 
 def error_message(exc: BaseException, *, reply_to: str, id: int | None = None) -> dict[str, Any]:
-    """The ``error`` frame for ``exc``, carrying its LLMPoolError code."""
-    code = exc.code if isinstance(exc, LLMPoolError) else LLMPoolError.code
-    text = exc.message if isinstance(exc, LLMPoolError) else (str(exc) or type(exc).__name__)
-    return {"op": ERROR, "id": id, "reply_to": reply_to, "code": code, "message": text}
+    """The ``error`` frame for ``exc``: an LLMPoolError's code, message, param and details."""
+    if not isinstance(exc, LLMPoolError):
+        exc = LLMPoolError(str(exc) or type(exc).__name__)
+    fields = {key: exc.to_dict()[key] for key in ("code", "message", "param", "details")}
+    return {"op": ERROR, "id": id, "reply_to": reply_to, **fields}
 
 
 def unknown_op(message: dict[str, Any]) -> dict[str, Any]:
@@ -99,16 +98,7 @@ def unknown_op(message: dict[str, Any]) -> dict[str, Any]:
 
 def error_from_message(message: dict[str, Any]) -> LLMPoolError:
     """The LLMPoolError an ``error`` frame carries (its class from the code)."""
-    return error_from_dict({"code": message.get("code"), "message": message.get("message", "")})
-
-
-def request_fields(request: GenerationRequest) -> dict[str, Any]:
-    return dataclasses.asdict(request)
-
-
-def request_from_fields(fields: dict[str, Any]) -> GenerationRequest:
-    known = {f.name for f in dataclasses.fields(GenerationRequest)}
-    return GenerationRequest(**{key: value for key, value in fields.items() if key in known})
+    return error_from_dict({key: message.get(key) for key in ("code", "message", "param", "details")})
 
 
 class Outbox:

@@ -9,7 +9,7 @@ import pytest
 
 from runtime.backends.base import GenerationRequest
 from runtime.engine_process import protocol as p
-from runtime.errors import BackendError, ContextLengthExceeded, LLMPoolError
+from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest, LLMPoolError
 from runtime.supervisor import ManagedProcess, ServerCommand
 from runtime.supervisor.pidfiles import group_members
 
@@ -17,7 +17,7 @@ MESSAGES = [
     {"op": "load", "backend": "stub", "model_name": "m", "replica_index": 0,
      "config": {"stub_reply": "a b", "replicas": 1, "modalities": ["text"], "stub_vram_mib": None},
      "context": {"base_dir": "/x", "model_name": "m", "state_dir": "/s"}},
-    {"op": "generate", "id": 7, "request": p.request_fields(GenerationRequest("r1", [{"role": "user", "content": []}]))},
+    {"op": "generate", "id": 7, "request": GenerationRequest("r1", [{"role": "user", "content": []}]).to_wire()},
     {"op": "cancel", "id": 7},
     {"op": "delta", "id": 7, "text": "héllo"},
     {"op": "finished", "id": 7, "input_tokens": 3, "output_tokens": 2, "finish_reason": "length"},
@@ -43,8 +43,8 @@ async def test_every_message_round_trips_through_a_frame():
 def test_a_generation_request_survives_the_trip():
     request = GenerationRequest("r1", [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}],
                                 instructions="be brief", max_output_tokens=9, stream=True, extra={"k": 1})
-    frame = p.encode({"op": "generate", "id": 1, "request": p.request_fields(request)})
-    assert p.request_from_fields(p.decode(frame[p.HEADER.size:])["request"]) == request
+    frame = p.encode({"op": "generate", "id": 1, "request": request.to_wire()})
+    assert GenerationRequest.from_wire(p.decode(frame[p.HEADER.size:])["request"]) == request
 
 
 async def test_a_stream_cut_mid_frame_reads_as_closed():
@@ -64,12 +64,18 @@ async def test_an_undecodable_frame_is_reported_and_the_next_one_still_reads():
     assert await p.read_frame(reader) == MESSAGES[2]
 
 
-@pytest.mark.parametrize("error", [BackendError("engine broke"), ContextLengthExceeded("prompt too long")])
-def test_an_error_frame_carries_the_code_of_the_error(error):
+@pytest.mark.parametrize("error", [
+    BackendError("engine broke"),
+    ContextLengthExceeded("prompt too long"),
+    InvalidRequest("target_lang_code is required", param="target_lang_code", details=[{"at": 1}]),
+])
+def test_an_error_frame_carries_the_code_param_and_details_of_the_error(error):
     frame = p.error_message(error, reply_to="generate", id=3)
-    assert frame == {"op": "error", "id": 3, "reply_to": "generate", "code": error.code, "message": error.message}
+    assert frame == {"op": "error", "id": 3, "reply_to": "generate", "code": error.code, "message": error.message,
+                     "param": error.param, "details": error.details}
     rebuilt = p.error_from_message(p.decode(p.encode(frame)[4:]))
-    assert type(rebuilt) is type(error) and rebuilt.message == error.message
+    assert type(rebuilt) is type(error)
+    assert (rebuilt.message, rebuilt.param, rebuilt.details) == (error.message, error.param, error.details)
 
 
 def test_any_other_exception_is_an_internal_error():
@@ -131,7 +137,8 @@ async def test_a_child_answers_an_unknown_op_with_an_error_and_goes_on(state_dir
         writer.write(p.encode({"op": "stats"}))
         unknown, undecodable, stats = [await asyncio.wait_for(p.read_frame(reader), 30) for _ in range(3)]
         assert unknown == {"op": "error", "id": 5, "reply_to": "reconfigure", "code": "unknown_operation",
-                           "message": "unknown engine process operation 'reconfigure'"}
+                           "message": "unknown engine process operation 'reconfigure'", "param": None,
+                           "details": None}
         assert (undecodable["op"], undecodable["code"]) == ("error", "internal_error")
         assert stats["op"] == "stats" and 10 * 2**20 < stats["rss_bytes"] < 2 * 2**30
     finally:

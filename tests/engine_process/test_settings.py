@@ -36,6 +36,32 @@ def test_unknown_values_are_refused_naming_the_field(field, value):
     assert [problem["path"] for problem in refused.value.details] == [f"$.models.m.{field}"]
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_isolation_defaults_to_none_for_every_backend_for_now(backend):
-    assert BACKENDS[backend].definition_model.model_fields["isolation"].default == "none"
+NATIVE_ENGINES = ["ct2", "exllamav3", "llama_cpp", "vllm"]
+OUT_OF_PROCESS = {
+    "llama_server": ({"model_path": "/m.gguf"}, "each replica is a server process of its own already"),
+    "vllm_serve": ({"model_path": "/m"}, "each replica is a server process of its own already"),
+    "sglang_serve": ({"model_path": "/m"}, "each replica is a server process of its own already"),
+    "trtllm_serve": ({"model_path": "/m"}, "each replica is a server process of its own already"),
+    "openai_remote": ({"remote_base_url": "http://remote", "remote_model": "m"}, "its model runs on the remote server"),
+}
+
+
+def test_native_engines_default_to_an_engine_process_and_the_others_to_none():
+    defaults = {name: spec.definition_model.model_fields["isolation"].default for name, spec in BACKENDS.items()}
+    assert defaults == {name: "process" if name in NATIVE_ENGINES else "none" for name in BACKENDS}
+    assert sorted([*NATIVE_ENGINES, *OUT_OF_PROCESS, "stub"]) == sorted(BACKENDS)
+
+
+@pytest.mark.parametrize("backend", sorted(OUT_OF_PROCESS))
+def test_an_engine_process_is_refused_where_the_model_runs_outside_the_runtime_already(backend):
+    fields, where = OUT_OF_PROCESS[backend]
+    with pytest.raises(InvalidSettings) as refused:
+        validate_settings({"models": {"m": {"backend": backend, "isolation": "process", **fields}}})
+    assert refused.value.details == [{
+        "path": "$.models.m",
+        "message": f'Value error, isolation "process" does not apply to {backend}: {where}; '
+                   'leave isolation out or set it to "none"',
+    }]
+    for isolation in ({}, {"isolation": "none"}):
+        settings = validate_settings({"models": {"m": {"backend": backend, **fields, **isolation}}})
+        assert settings.models["m"].isolation == "none"

@@ -188,8 +188,8 @@ async def test_unload_waits_for_a_generation_winding_down(tiny_model):
 
 
 async def test_without_ctranslate2_the_load_fails_with_a_clear_error(tmp_path, tiny_model, monkeypatch):
-    monkeypatch.setitem(sys.modules, "ctranslate2", None)
-    settings = write_settings(tmp_path, {"tiny": ct2_definition(tiny_model.ct2_path)})
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # in this process only: the engine runs here
+    settings = write_settings(tmp_path, {"tiny": ct2_definition(tiny_model.ct2_path, isolation="none")})
     service = RuntimeService(str(settings))
     await service.start(load_enabled=False)
     entry = await service.handle("load", {"name": "tiny"}, None)

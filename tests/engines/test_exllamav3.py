@@ -49,7 +49,9 @@ def model_folder(tmp_path):
 
 
 def exllama(folder, **fields) -> dict:
-    return {"backend": "exllamav3", "model_path": str(folder), "prompt_format": "qwen3_template", **fields}
+    """The recording fake lives in this process's sys.modules, so the engine runs here too (isolation none)."""
+    return {"backend": "exllamav3", "model_path": str(folder), "prompt_format": "qwen3_template",
+            "isolation": "none", **fields}
 
 
 def cache_calls(recorder) -> list[dict]:
@@ -188,6 +190,14 @@ async def test_a_missing_model_folder_is_named(fake_exllamav3, runtime_service, 
 async def test_without_exllamav3_the_load_fails_with_a_clear_error(monkeypatch, runtime_service, model_folder):
     monkeypatch.setitem(sys.modules, "exllamav3", None)
     service, _ = await runtime_service({"m": exllama(model_folder)})
+    entry = await load(service, "m")
+    assert entry["runtime_state"] == "failed"
+    assert entry["last_error"].startswith("replica 1 of 1 failed to load: ExLlamaV3 is not installed")
+
+
+async def test_in_an_engine_process_without_exllamav3_the_load_fails_with_the_same_error(runtime_service, model_folder):
+    """ExLlamaV3 is not installed in the test environment: the engine process reports what the runtime would."""
+    service, _ = await runtime_service({"m": exllama(model_folder, isolation="process")})
     entry = await load(service, "m")
     assert entry["runtime_state"] == "failed"
     assert entry["last_error"].startswith("replica 1 of 1 failed to load: ExLlamaV3 is not installed")

@@ -16,7 +16,8 @@ BASE_ARGS = {"model": GEMMA, "tensor_parallel_size": 1, "dtype": "auto", "enforc
 
 
 def gemma(**fields) -> dict:
-    return {"backend": "vllm", "model_path": GEMMA, "prompt_format": "gemma4_template", **fields}
+    """The recording fake lives in this process's sys.modules, so the engine runs here too (isolation none)."""
+    return {"backend": "vllm", "model_path": GEMMA, "prompt_format": "gemma4_template", "isolation": "none", **fields}
 
 
 async def test_the_spec_example_body_becomes_exact_engine_arguments(fake_vllm, runtime_service):
@@ -101,7 +102,7 @@ async def test_a_null_speculative_method_disables_the_configured_path(fake_vllm,
 
 
 async def test_a_local_model_folder_resolves_against_the_settings_file(fake_vllm, runtime_service, tmp_path):
-    service, _ = await runtime_service({"m": {"backend": "vllm", "model_path": "models/qwen3"}})
+    service, _ = await runtime_service({"m": {"backend": "vllm", "model_path": "models/qwen3", "isolation": "none"}})
     folder = tmp_path / "settings0" / "models" / "qwen3"
     folder.mkdir(parents=True)
     await load(service, "m")
@@ -228,6 +229,14 @@ async def test_a_tokenizer_without_chat_template_fails_the_load(fake_vllm, runti
 async def test_without_vllm_the_load_fails_with_a_clear_error(monkeypatch, runtime_service):
     monkeypatch.setitem(sys.modules, "vllm", None)
     service, _ = await runtime_service({"m": gemma()})
+    entry = await load(service, "m")
+    assert entry["runtime_state"] == "failed"
+    assert entry["last_error"].startswith("replica 1 of 1 failed to load: vLLM is not installed in this environment")
+
+
+async def test_in_an_engine_process_without_vllm_the_load_fails_with_the_same_error(runtime_service):
+    """vLLM is not installed in the test environment: the engine process reports what the runtime would."""
+    service, _ = await runtime_service({"m": gemma(isolation="process")})
     entry = await load(service, "m")
     assert entry["runtime_state"] == "failed"
     assert entry["last_error"].startswith("replica 1 of 1 failed to load: vLLM is not installed in this environment")

@@ -1,4 +1,4 @@
-"""Unload releases the engine's memory: 20 load/unload cycles through the runtime's own controller."""
+"""Unload frees the engine's memory inside the runtime process (isolation "none"): 20 load/unload cycles."""
 from __future__ import annotations
 
 import psutil
@@ -12,7 +12,7 @@ CYCLES = 20
 
 
 async def test_rss_returns_after_twenty_load_unload_cycles(tmp_path):
-    settings = write_settings(tmp_path, {"smol": {**SMOLLM2_MODEL, "gguf_n_ctx": 512}})
+    settings = write_settings(tmp_path, {"smol": {**SMOLLM2_MODEL, "gguf_n_ctx": 512, "isolation": "none"}})
     pool = ModelPool(str(settings))
     await pool.start(load_enabled=False)
     controller = pool.controller("smol")

@@ -1,4 +1,4 @@
-"""llama_cpp: GGUF models run in the runtime process through llama-cpp-python.
+"""llama_cpp: GGUF models run through llama-cpp-python, by default in an engine process per replica.
 
 This module holds the definition schema, the live-load rules and the VRAM
 estimate; the engine is ``runtime.backends.llama_cpp.engine``, over the native
@@ -37,6 +37,7 @@ MULTI_TURN_FORMATS = {"generic", "mistral_template", "qwen3_template", "gemma4_t
 
 class LlamaCppDefinition(CommonDefinition):
     backend: Literal["llama_cpp"]
+    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     gguf_n_gpu_layers: int = Field(-1, ge=-1)
     gguf_n_ctx: int = Field(4096, ge=1)
     gguf_n_batch: int = Field(512, ge=1)

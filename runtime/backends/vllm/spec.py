@@ -1,4 +1,4 @@
-"""vllm: models run in the runtime process through vLLM's engine.
+"""vllm: models run through vLLM's engine, by default in an engine process per replica.
 
 This module holds the vLLM definition fields (shared with ``vllm_serve``) and
 the live-load rules; ``runtime.backends.vllm.engine`` is the in-process engine
@@ -75,6 +75,7 @@ class VllmFields(FamilyDefinition):
 
 class VllmDefinition(VllmFields):
     backend: Literal["vllm"]
+    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
 
     @model_validator(mode="after")
     def _has_model(self):
