@@ -1,10 +1,10 @@
 """ASGI wiring: HTTP goes to Django, the admin WebSocket to its consumer; the ``llmpool-runtime``
 channel goes to the runtime consumer.
 
-POST /v1/responses, the hot path, is served by a plain ASGI app
-(``models_app.api.responses.endpoint``): Django's request handling costs several thread hops per
-request, which dominated the latency of a request to a fast model.  The rest of the machine API
-(/v1/*, /healthz) runs through ``models_app.api.handler.ApiHandler``: Django without the browser's
+POST /v1/responses and POST /v1/chat/completions, the hot paths, are served by plain ASGI apps
+(``models_app.api.inference.inference_app``): Django's request handling costs several thread hops
+per request, which dominated the latency of a request to a fast model.  The rest of the machine
+API (/v1, /v1/*, /healthz) runs through ``models_app.api.handler.ApiHandler``: Django without the browser's
 middleware and without most of those thread hops.
 """
 import os
@@ -22,6 +22,7 @@ from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  #
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from models_app.api.chat.endpoint import chat_completions_app  # noqa: E402
 from models_app.api.handler import ApiHandler  # noqa: E402
 from models_app.api.responses.endpoint import responses_app  # noqa: E402
 from models_app.host.consumer import RuntimeConsumer  # noqa: E402
@@ -30,15 +31,17 @@ from models_app.workbench.urls import websocket_urlpatterns  # noqa: E402
 
 
 api_http = ApiHandler()
+INFERENCE_APPS = {"/v1/responses": responses_app, "/v1/chat/completions": chat_completions_app}
 
 
 async def http_router(scope, receive, send):
     path = scope["path"]
-    if path == "/v1/responses":
-        await responses_app(scope, receive, send)
+    inference = INFERENCE_APPS.get(path)
+    if inference is not None:
+        await inference(scope, receive, send)
         return
-    handler = api_http if path.startswith("/v1/") and path != "/v1/openapi.json" or path == "/healthz" else browser_http
-    await handler(scope, receive, send)
+    machine_api = path.startswith("/v1/") and path != "/v1/openapi.json" or path in ("/v1", "/healthz")
+    await (api_http if machine_api else browser_http)(scope, receive, send)
 
 
 browser_http = ASGIStaticFilesHandler(django_http)

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from models_app.api import views
@@ -12,7 +12,11 @@ urlpatterns = [
     path("v1/admin/settings/reload", views.SettingsReloadApi.as_view(), name="admin-settings-reload"),
     path("v1/admin/events", views.AdminEventStreamApi.as_view(), name="admin-events"),
     path("v1/responses", views.ResponseCreateApi.as_view(), name="responses"),
+    path("v1/chat/completions", views.ChatCompletionCreateApi.as_view(), name="chat-completions"),
+    path("v1/models", views.OpenAIModelListApi.as_view(), name="models"),
+    path("v1/models/<str:model_id>", views.OpenAIModelApi.as_view(), name="model"),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),
+    re_path(r"^v1(?:/.*)?$", views.unknown_path, name="v1-not-found"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="swagger-ui"),
     path("healthz", views.HealthApi.as_view(), name="healthz"),
     path("admin/llm-pool/", include("models_app.workbench.urls")),

@@ -38,6 +38,8 @@ class ServiceSettings(_Strict):
     admin_call_timeout_seconds: float = Field(3600.0, gt=0)
     # Remote models (openai_remote) send prompts off this machine: opt in explicitly.
     allow_remote_execution: bool = False
+    # Which models GET /v1/models lists: every configured one, or only those loaded now.
+    list_models: Literal["all", "loaded"] = "all"
 
 
 class FairnessSettings(_Strict):

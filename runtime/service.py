@@ -152,32 +152,92 @@ class _Run:
     """What a request's engine produced so far."""
 
     pieces: list[str] = field(default_factory=list)
+    deltas: int = 0  # the engine's text events (a stop sequence's output_tokens)
     finished: Finished | None = None
 
     def tokens_used(self, ticket: Ticket) -> int:
         if self.finished is not None:
             return self.finished.input_tokens + self.finished.output_tokens
-        return ticket.cost_estimate + len(self.pieces)
+        return ticket.cost_estimate + self.deltas
 
 
 async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, emit: Emit, run: _Run) -> None:
     """Stream the engine's events into ``run`` (and to ``emit`` when streaming), within the
-    model's request_timeout_seconds: past it the engine's generate is cancelled (504)."""
+    model's request_timeout_seconds: past it the engine's generate is cancelled (504).
+
+    With stop sequences, the text is held back while it may be the start of one; once the
+    produced text contains one, it is cut there, the engine's generate is closed (cancelled)
+    and the request finishes with ``stop``: the same for every backend.
+    """
     limit = controller.entry.definition.request_timeout_seconds
     deadline = asyncio.timeout(limit)
+    stops = _StopWatch(request.stop)
+    events = lease.engine.generate(request)
     try:
         async with deadline:
-            async for event in lease.engine.generate(request):
+            async for event in events:
                 lease.check()
                 if isinstance(event, TextDelta):
-                    run.pieces.append(event.text)
-                    if request.stream:
-                        await emit({"event": GENERATE_DELTA, "text": event.text})
+                    run.deltas += 1
+                    text, stopped = stops.feed(event.text)
                 else:
+                    text, stopped = stops.flush(), False
                     run.finished = event
+                if text:
+                    run.pieces.append(text)
+                    if request.stream:
+                        await emit({"event": GENERATE_DELTA, "text": text})
+                if stopped:
+                    run.finished = Finished(
+                        input_tokens=estimate_prompt_tokens(request), output_tokens=run.deltas, finish_reason="stop"
+                    )
+                    break
     except TimeoutError:
         if not deadline.expired():
             raise  # the engine's own timeout, not the model's limit
         raise RequestTimeout(
             f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
         ) from None
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()  # a stop sequence ends the engine's generate here
+
+
+class _StopWatch:
+    """Finds the first stop sequence in a generation's text as it arrives.
+
+    ``feed`` answers the text that may go out now (never a piece that could begin a stop
+    sequence) and whether a stop sequence was found; ``flush`` what was held back.
+    """
+
+    def __init__(self, stops: list[str] | None):
+        self.stops = [stop for stop in stops or () if stop]
+        self.held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if not self.stops:
+            return text, False
+        self.held += text
+        found = [index for index in (self.held.find(stop) for stop in self.stops) if index >= 0]
+        if found:
+            cut, self.held = self.held[: min(found)], ""
+            return cut, True
+        keep = self._partial_stop_length()
+        ready = self.held[: len(self.held) - keep]
+        self.held = self.held[len(self.held) - keep:]
+        return ready, False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+    def _partial_stop_length(self) -> int:
+        """The longest tail of the held text that is the beginning of a stop sequence."""
+        longest = 0
+        for stop in self.stops:
+            for size in range(min(len(stop) - 1, len(self.held)), longest, -1):
+                if stop.startswith(self.held[-size:]):
+                    longest = size
+                    break
+        return longest

@@ -2,7 +2,7 @@
 they validate input, send one message to the runtime and shape its answer."""
 from __future__ import annotations
 
-from django.http import StreamingHttpResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -17,15 +17,18 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
 from models_app import selectors, services
+from models_app.api import openai_models
 from models_app.api.auth import AdminTokenPermission
 from models_app.api.base import APIView
+from models_app.api.chat.endpoint import create_chat_completion
 from models_app.api.errors import error_response
 from models_app.api.event_stream import sse_event, transition_stream
-from models_app.api.responses.endpoint import FAIRNESS_HEADER, create_response
+from models_app.api.inference import FAIRNESS_HEADER
+from models_app.api.responses.endpoint import create_response
 from models_app.transport.messages import OP_CATALOG
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import LoadBody
-from runtime.errors import LLMPoolError
+from runtime.errors import LLMPoolError, NotFound
 
 ERROR = inline_serializer(
     "ErrorEnvelope",
@@ -221,8 +224,29 @@ class JsonAnswers(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
-class ResponseCreateApi(APIView):
+class InferenceApi(APIView):
+    """A protocol's POST endpoint where the ASGI router is not in front (``llmpool/asgi.py``)."""
+
     content_negotiation_class = JsonAnswers
+
+    @staticmethod
+    async def answer(create, request):
+        answer = await create(request.data, request.headers.get(FAIRNESS_HEADER))
+        if isinstance(answer, dict):
+            return Response(answer)
+        response = StreamingHttpResponse(answer, content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
+
+
+INFERENCE_ERRORS = {
+    400: ERROR, 403: ERROR, 404: ERROR, 405: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 502: ERROR, 503: ERROR,
+    504: ERROR,
+}
+
+
+class ResponseCreateApi(InferenceApi):
     @extend_schema(
         summary="Create a response (OpenAI Responses API)",
         description=(
@@ -231,19 +255,58 @@ class ResponseCreateApi(APIView):
             "final error event). The fairness key is the X-LLMPool-Fairness-Key header, else the user field."
         ),
         request=OpenApiTypes.OBJECT,
-        responses={
-            200: OpenApiTypes.OBJECT, 400: ERROR, 403: ERROR, 404: ERROR, 405: ERROR, 409: ERROR, 413: ERROR,
-            429: ERROR, 502: ERROR, 503: ERROR,
-        },
+        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
     )
     async def post(self, request):
-        answer = await create_response(request.data, request.headers.get(FAIRNESS_HEADER))
-        if isinstance(answer, dict):
-            return Response(answer)
-        response = StreamingHttpResponse(answer, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
+        return await self.answer(create_response, request)
+
+
+class ChatCompletionCreateApi(InferenceApi):
+    @extend_schema(
+        summary="Create a chat completion (OpenAI chat completions API)",
+        description=(
+            "Runs one request on a loaded model, through the same admission, capability checks and scheduler "
+            "as /v1/responses. stream=true answers with `data: <chat.completion.chunk>` server-sent events and "
+            "`data: [DONE]`; stream_options.include_usage adds a last chunk with the usage. n must be 1; tools "
+            "are accepted only with tool_choice \"none\" (else 400 tools_unsupported). The fairness key is the "
+            "X-LLMPool-Fairness-Key header, else the user field."
+        ),
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
+    )
+    async def post(self, request):
+        return await self.answer(create_chat_completion, request)
+
+
+class OpenAIModelListApi(APIView):
+    @extend_schema(
+        summary="List models (OpenAI shape)",
+        description=(
+            "`{object: \"list\", data: [{id, object: \"model\", created, owned_by, runtime_state, backend, "
+            "capabilities}]}`: every configured model, or only the loaded ones with service.list_models "
+            "\"loaded\"."
+        ),
+        responses={200: OpenApiTypes.OBJECT, 503: ERROR},
+    )
+    async def get(self, request):
+        return Response(await openai_models.model_list())
+
+
+class OpenAIModelApi(APIView):
+    @extend_schema(
+        summary="One model (OpenAI shape)",
+        description="Any configured model, whatever service.list_models lists; 404 unknown_model otherwise.",
+        parameters=[OpenApiParameter("model_id", str, OpenApiParameter.PATH)],
+        responses={200: OpenApiTypes.OBJECT, 404: ERROR, 503: ERROR},
+    )
+    async def get(self, request, model_id: str):
+        return Response(await openai_models.model_get(model_id))
+
+
+async def unknown_path(request, *args, **kwargs):
+    """Every path under /v1 that names no endpoint: the error envelope, never Django's HTML page."""
+    error = NotFound(f"no endpoint at {request.path}")
+    return JsonResponse(error.envelope(), status=error.http_status)
 
 
 class HealthApi(APIView):

@@ -337,3 +337,16 @@ def test_an_empty_body_is_400_naming_the_missing_model(http):
     assert answer.status_code == 400
     assert answer.json()["error"]["code"] == "invalid_request"
     assert answer.json()["error"]["param"] == "model"
+
+
+def test_fields_clients_add_by_default_are_accepted_and_ignored(http):
+    """include, stream_options, prompt_cache_key, safety_identifier and reasoning change nothing."""
+    body = {
+        "model": "fixed", "input": "x", "include": ["reasoning.encrypted_content"],
+        "stream_options": {"include_obfuscation": False},
+        "prompt_cache_key": "k", "safety_identifier": "s", "reasoning": {"effort": "low", "summary": "auto"},
+    }
+    answer = http.post("/v1/responses", json=body)
+    assert answer.status_code == 200, answer.text
+    assert output_text(answer.json()) == FIXED_REPLY
+    assert answer.json()["usage"]["input_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}

@@ -1,76 +1,39 @@
 """POST /v1/responses: the one implementation, and its plain-ASGI front.
 
-``create_response`` runs one request against the runtime over the channel layer.
-``responses_app`` serves it straight from ASGI, without Django's request
-machinery: that machinery costs a new thread-sensitive executor per request and
-several thread hops (the request_started/request_finished signals, the rendering
-of a DRF response, closing it), which took about 4.5 ms of a 5.3 ms answer of a
-fast model.  The DRF view ``api.views.ResponseCreateApi`` describes the endpoint in the
-OpenAPI schema and serves it where the ASGI router is not in front (Django's test
-client); it calls the same ``create_response``.
+``create_response`` parses the body into the typed request, runs it through the shared
+``api.inference.generate`` exchange and shapes the Responses API answer.  ``responses_app``
+serves it straight from ASGI (``api.inference.inference_app``).  The DRF view
+``api.views.ResponseCreateApi`` describes the endpoint in the OpenAPI schema and serves it where
+the ASGI router is not in front (Django's test client); it calls the same ``create_response``.
 """
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
 from collections.abc import AsyncIterator
 
-from models_app.api.errors import error_headers
+from models_app.api.inference import generate, inference_app
 from models_app.api.responses.protocol import ResponseBuilder, parse_responses_body
-from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
-from models_app.transport.runtime_client import RuntimeClient
-from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
-from runtime.request import GENERATE_ADMITTED
-
-logger = logging.getLogger("llmpool.api")
-
-FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
-_FAIRNESS_HEADER_ASGI = FAIRNESS_HEADER.lower().encode("latin-1")  # ASGI header names are lower-case bytes
-MAX_BODY_BYTES = 64 * 1024 * 1024
-STREAM_HEADERS = [
-    (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
-]
+from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
+from runtime.errors import LLMPoolError
 
 
 async def create_response(data, fairness_key: str | None) -> dict | AsyncIterator[bytes]:
     """Run one Responses API request: the response object, or the SSE events of a stream.
 
-    Raises the request's error (LLMPoolError) before anything is sent: a stream is returned
-    only once the runtime has admitted the request (its ``admitted`` chunk); a non-streamed
-    request gets one reply, its result or its error.
+    Raises the request's error (LLMPoolError) before anything is sent (see ``generate``).
     """
     request = parse_responses_body(data, fairness_key)
     builder = ResponseBuilder(request)
-    exchange = RuntimeClient().exchange(OP_GENERATE, request.to_wire())
+    outcome = await generate(request)
     if request.stream:
-        try:
-            await _until_admitted(exchange)
-        except BaseException:
-            await exchange.aclose()
-            raise
-        return _sse(builder, exchange)
-    try:
-        async for message in exchange:
-            if message["kind"] == REPLY_RESULT:
-                return builder.final(message["data"])
-    finally:
-        await exchange.aclose()
-    raise LLMPoolError("the runtime closed the exchange without a result")
+        return _sse(builder, outcome)
+    return builder.final(outcome)
 
 
-async def _until_admitted(exchange) -> None:
-    """Consume the exchange until the runtime has admitted the request (errors raise here)."""
-    async for message in exchange:
-        if message["kind"] == REPLY_CHUNK and message["data"].get("event") == GENERATE_ADMITTED:
-            return
-
-
-async def _sse(builder: ResponseBuilder, exchange) -> AsyncIterator[bytes]:
+async def _sse(builder: ResponseBuilder, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     # Events that are ready together go out as one body chunk: one write, one read for the client.
     try:
         yield b"".join(builder.opening_events())
-        async for message in exchange:
+        async for message in messages:
             if message["kind"] == REPLY_CHUNK:
                 yield builder.delta_event(message["data"]["text"])
             elif message["kind"] == REPLY_RESULT:
@@ -78,110 +41,7 @@ async def _sse(builder: ResponseBuilder, exchange) -> AsyncIterator[bytes]:
     except LLMPoolError as exc:
         yield builder.error_event(exc.envelope())
     finally:
-        await exchange.aclose()
+        await messages.aclose()
 
 
-def json_bytes(data) -> bytes:
-    """JSON as DRF's JSONRenderer writes it (compact, UTF-8)."""
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-class _Disconnected(Exception):
-    pass
-
-
-async def responses_app(scope, receive, send) -> None:
-    """ASGI application for ``/v1/responses``.
-
-    A client that disconnects cancels its request: the exchange closes, which tells the
-    runtime to cancel the generation and free its slot.
-    """
-    if scope["method"] != "POST":
-        error = {"code": "method_not_allowed", "message": f'Method "{scope["method"]}" not allowed.', "param": None}
-        await _send_json(send, 405, {"error": error}, {"Allow": "POST"})
-        return
-    try:
-        body = await _read_body(receive)
-    except _Disconnected:
-        return
-    except LLMPoolError as exc:
-        await _send_error(send, exc)
-        return
-    task = asyncio.current_task()
-    watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
-    try:
-        await _serve(scope, body, send)
-    except asyncio.CancelledError:
-        if not watcher.done():
-            raise
-        task.uncancel()
-    finally:
-        watcher.cancel()
-
-
-async def _serve(scope, body: bytes, send) -> None:
-    fairness_key = None
-    for name, value in scope["headers"]:
-        if name == _FAIRNESS_HEADER_ASGI:
-            fairness_key = value.decode("latin-1")
-    try:
-        try:
-            data = json.loads(body) if body else {}
-        except ValueError as exc:
-            raise InvalidRequest(f"JSON parse error - {exc}") from None
-        answer = await create_response(data, fairness_key)
-    except LLMPoolError as exc:
-        await _send_error(send, exc)
-        return
-    except Exception as exc:
-        logger.exception("unhandled error in POST /v1/responses")
-        await _send_error(send, LLMPoolError(str(exc)))  # 500 internal_error
-        return
-    if isinstance(answer, dict):
-        await _send_json(send, 200, answer)
-        return
-    try:
-        await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
-        async for event in answer:
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-    finally:
-        await answer.aclose()
-
-
-async def _read_body(receive) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise RequestTooLarge(f"the request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
-async def _watch_disconnect(receive, task: asyncio.Task) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            task.cancel()
-            return
-
-
-async def _send_error(send, exc: LLMPoolError) -> None:
-    await _send_json(send, exc.http_status, exc.envelope(), error_headers(exc))
-
-
-async def _send_json(send, status: int, data, headers: dict[str, str] | None = None) -> None:
-    body = json_bytes(data)
-    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
-    })
-    await send({"type": "http.response.body", "body": body})
+responses_app = inference_app(create_response, "/v1/responses")

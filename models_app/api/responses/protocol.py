@@ -82,6 +82,13 @@ class ResponsesBody(BaseModel):
     truncation: str | None = None
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
+    include: list[str] | None = None
+    stream_options: dict | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    # reasoning.effort is accepted and ignored: mapping it onto ``thinking`` needs the model's
+    # thinking modes, which only the runtime knows; ``thinking`` chooses the mode.
+    reasoning: dict | None = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -176,7 +183,7 @@ class ResponseBuilder:
             used = result["usage"]
             usage = {
                 "input_tokens": used["input_tokens"],
-                "input_tokens_details": {"cached_tokens": 0},
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": used["output_tokens"],
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": used["input_tokens"] + used["output_tokens"],

@@ -1,0 +1,45 @@
+"""POST /v1/chat/completions: the second protocol on the one generate path.
+
+``create_chat_completion`` parses the body into the same typed request as /v1/responses, runs
+it through ``api.inference.generate`` (admission, capability checks, scheduler and error codes
+are the runtime's, shared by both protocols) and shapes the chat completions answer.
+``chat_completions_app`` serves it from ASGI; ``api.views.ChatCompletionCreateApi`` describes it in
+the OpenAPI schema and serves it where the ASGI router is not in front.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from models_app.api.chat.protocol import parse_chat_body
+from models_app.api.chat.shapes import ChatCompletionBuilder
+from models_app.api.inference import generate, inference_app
+from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
+from runtime.errors import LLMPoolError
+
+
+async def create_chat_completion(data, fairness_key: str | None) -> dict | AsyncIterator[bytes]:
+    """Run one chat completions request: the ``chat.completion`` object, or the SSE chunks of a
+    stream.  Raises the request's error (LLMPoolError) before anything is sent (see ``generate``)."""
+    request = parse_chat_body(data, fairness_key)
+    builder = ChatCompletionBuilder(request)
+    outcome = await generate(request.generation)
+    if request.generation.stream:
+        return _sse(builder, outcome)
+    return builder.final(outcome)
+
+
+async def _sse(builder: ChatCompletionBuilder, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    try:
+        yield builder.opening_chunk()
+        async for message in messages:
+            if message["kind"] == REPLY_CHUNK:
+                yield builder.delta_chunk(message["data"]["text"])
+            elif message["kind"] == REPLY_RESULT:
+                yield b"".join(builder.closing_chunks(message["data"]))
+    except LLMPoolError as exc:
+        yield b"".join(builder.error_chunks(exc.envelope()))
+    finally:
+        await messages.aclose()
+
+
+chat_completions_app = inference_app(create_chat_completion, "/v1/chat/completions")

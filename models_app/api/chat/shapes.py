@@ -1,0 +1,84 @@
+"""The chat completions answer shapes: the ``chat.completion`` object and the SSE chunks of a stream.
+
+A stream is ``data: <chat.completion.chunk>`` lines: the assistant role first, one chunk per
+delta, one with the ``finish_reason``, then (with ``stream_options.include_usage``) one with no
+choices and the ``usage``, then ``data: [DONE]``.  An error after the stream started is one
+``data: {"error": {code, message, param}}`` line before ``[DONE]``, which the openai client
+raises as an ``APIError``.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from models_app.api.chat.protocol import ChatRequest
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _data(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+class ChatCompletionBuilder:
+    """Builds the answer of one chat completions request."""
+
+    def __init__(self, request: ChatRequest):
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = request.generation.model
+        self.include_usage = request.include_usage
+
+    def final(self, result: dict) -> dict:
+        """The ``chat.completion`` object of a non-streamed request."""
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": result["text"], "refusal": None},
+                "finish_reason": result["finish_reason"],
+                "logprobs": None,
+            }],
+            "usage": usage(result),
+        }
+
+    # -- SSE -----------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict], **fields) -> bytes:
+        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                 "choices": choices, **fields}
+        if self.include_usage:
+            chunk.setdefault("usage", None)
+        return _data(chunk)
+
+    @staticmethod
+    def _choice(delta: dict, finish_reason: str | None = None) -> dict:
+        return {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+
+    def opening_chunk(self) -> bytes:
+        return self._chunk([self._choice({"role": "assistant", "content": ""})])
+
+    def delta_chunk(self, text: str) -> bytes:
+        return self._chunk([self._choice({"content": text})])
+
+    def closing_chunks(self, result: dict) -> list[bytes]:
+        chunks = [self._chunk([self._choice({}, result["finish_reason"])])]
+        if self.include_usage:
+            chunks.append(self._chunk([], usage=usage(result)))
+        return [*chunks, DONE]
+
+    @staticmethod
+    def error_chunks(envelope: dict) -> list[bytes]:
+        return [_data(envelope), DONE]
+
+
+def usage(result: dict) -> dict:
+    used = result["usage"]
+    return {
+        "prompt_tokens": used["input_tokens"],
+        "completion_tokens": used["output_tokens"],
+        "total_tokens": used["input_tokens"] + used["output_tokens"],
+    }
