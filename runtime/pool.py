@@ -14,7 +14,9 @@ from collections.abc import Callable
 from runtime.catalog import CatalogEntry, build_catalog
 from runtime.config import LoadedSettings, load_settings
 from runtime.controller import ModelController
+from runtime.engine_process.spares import SPARES
 from runtime.errors import SettingsReloadConflict, UnknownModel
+from runtime.paths import state_dir
 from runtime.state import TransitionEvent
 
 logger = logging.getLogger("llmpool.runtime")
@@ -38,6 +40,7 @@ class ModelPool:
         self.startup_service = self.current.settings.service.model_dump()
         for name, entry in build_catalog(self.current).items():
             self._add(entry)
+        self._keep_spares()
         if load_enabled:
             for controller in self.controllers.values():
                 if controller.entry.definition.enabled:
@@ -46,6 +49,12 @@ class ModelPool:
     async def shutdown(self) -> None:
         await asyncio.gather(*(controller.stop() for controller in self.controllers.values()))
         self.controllers.clear()
+        await SPARES.release(self)
+
+    def _keep_spares(self) -> None:
+        """A warm spare engine process for each backend that a model runs in engine processes."""
+        definitions = [controller.entry.definition for controller in self.controllers.values()]
+        SPARES.keep(self, {d.backend for d in definitions if d.isolation == "process"}, state_dir())
 
     def controller(self, name: str) -> ModelController:
         try:
@@ -92,6 +101,7 @@ class ModelPool:
             ))
             for name in diff["added_models"]:
                 self._add(new_catalog[name])
+            self._keep_spares()
             await asyncio.gather(*(controller.stop() for controller in removed))
         diff["service_restart_required"] = loaded.settings.service.model_dump() != self.startup_service
         return diff

@@ -178,6 +178,13 @@ class BackendSpec:
         """One replica's engine, not loaded yet; every backend builds its own."""
         raise NotImplementedError
 
+    def warm_up(self) -> None:
+        """Import what this backend's engine needs before any load (in a spare engine process).
+
+        Nothing by default.  A library that is missing is not an error here: the load raises
+        ``EngineUnavailable`` as it would have without the warm-up.
+        """
+
     def vram_estimate(
         self, definition: CommonDefinition, config: dict[str, Any], replicas: int, base_dir: str
     ) -> tuple[int | None, str]:

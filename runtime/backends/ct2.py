@@ -18,7 +18,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
-from runtime.backends.ct2_engine import Ct2Engine
+from runtime.backends.ct2_engine import Ct2Engine, import_ctranslate2
 
 Ct2ComputeType = Literal[
     "default",
@@ -63,6 +63,9 @@ class Ct2Spec(BackendSpec):
 
     def create_engine(self, model_name, config, replica_index, context):
         return Ct2Engine(config, context)
+
+    def warm_up(self) -> None:
+        import_ctranslate2()
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)

@@ -31,7 +31,7 @@ from runtime.backends.prompts import ChatTemplate, template_messages, template_v
 from runtime.errors import BackendError
 
 
-def _import_engine():
+def import_ctranslate2():
     try:
         import ctranslate2
         import tokenizers
@@ -113,7 +113,7 @@ class Ct2Engine:
         await asyncio.to_thread(self._load_blocking)
 
     def _load_blocking(self) -> None:
-        ctranslate2, tokenizers = _import_engine()
+        ctranslate2, tokenizers = import_ctranslate2()
         if not ctranslate2.contains_model(self.model_path):
             raise FileNotFoundError(f"no CTranslate2 model in {self.model_path}")
         tokenizer_file = os.path.join(self.tokenizer_path, "tokenizer.json")

@@ -22,7 +22,7 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
-from runtime.backends.exllamav3_engine import ExllamaEngine
+from runtime.backends.exllamav3_engine import ExllamaEngine, import_exllamav3
 from runtime.backends.overrides import LoadOverride, integer_override
 from runtime.errors import InvalidLoadRequest
 
@@ -151,6 +151,9 @@ class Exllamav3Spec(BackendSpec):
     def create_engine(self, model_name, config, replica_index, context):
         quant = config["exllama_cache_quant"]
         return ExllamaEngine(config, context, cache_bits=None if quant is None else parse_cache_quant(quant))
+
+    def warm_up(self) -> None:
+        import_exllamav3()
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)

@@ -44,7 +44,7 @@ from runtime.backends.prompts import ChatTemplate, template_messages, template_v
 from runtime.errors import BackendError
 
 
-def _import_exllamav3():
+def import_exllamav3():
     try:
         import exllamav3
     except ImportError as exc:
@@ -102,7 +102,7 @@ class ExllamaEngine:
         await asyncio.to_thread(self._load_blocking)
 
     def _load_blocking(self) -> None:
-        exllamav3 = _import_exllamav3()
+        exllamav3 = import_exllamav3()
         if not os.path.isdir(self.model_path):
             raise FileNotFoundError(f"the model folder {self.model_path} does not exist")
         template = ChatTemplate.from_folder(self.model_path)

@@ -1,8 +1,9 @@
 """The engine process: hosts one replica's engine and answers the runtime's frames.
 
-``python -m runtime.engine_process.child --fd N`` reads frames from the Unix
-socket it inherited as fd N (see ``protocol``).  It builds the engine with
-``BACKENDS[backend].create_engine(...)``, exactly as the runtime would in its own
+``python -m runtime.engine_process.child --fd N [--warm BACKEND]`` reads frames from
+the Unix socket it inherited as fd N (see ``protocol``); with ``--warm`` (a spare) it
+first imports that backend's engine library (``spec.warm_up``).  It builds the engine
+with ``BACKENDS[backend].create_engine(...)``, exactly as the runtime would in its own
 process, and runs it on this process's event loop: ``load`` once, any number of
 ``generate`` at a time (each cancellable), ``unload`` (then it exits 0).  It
 exits as soon as the socket closes: the runtime is gone.  Django is never imported.
@@ -24,7 +25,7 @@ from contextlib import aclosing
 from typing import Any
 
 from runtime.backends import BACKENDS
-from runtime.backends.base import Finished, TextDelta
+from runtime.backends.base import EngineUnavailable, Finished, TextDelta
 from runtime.engine_process import protocol as p
 from runtime.request import GenerationRequest
 
@@ -162,12 +163,23 @@ async def _read_frames(reader: asyncio.StreamReader, host: EngineHost, outbox: p
         host.dispatch(message)
 
 
+def warm_up(backend: str) -> None:
+    """Import ``backend``'s engine library; one that is missing fails the load later, as it would anyway."""
+    try:
+        BACKENDS[backend].warm_up()
+    except EngineUnavailable as exc:
+        logger.info("engine process: nothing to warm up for %s: %s", backend, exc)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fd", type=int, required=True, help="the inherited Unix socket to the runtime")
+    parser.add_argument("--warm", choices=sorted(BACKENDS), help="import this backend's engine library first")
     args = parser.parse_args(argv)
     faulthandler.enable()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    if args.warm:
+        warm_up(args.warm)
     sock = socket.socket(fileno=args.fd)
     code = 0
     try:

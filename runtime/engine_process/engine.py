@@ -1,11 +1,12 @@
 """``ProcessEngine``: the runtime's Engine for a replica hosted in an engine process.
 
-``load`` starts ``python -m runtime.engine_process.child`` through the supervisor
-(own process group, PR_SET_PDEATHSIG, a pidfile for the start-up sweep, its
-output in a ring and ``<state_dir>/logs/<model>.r<replica>.log``), hands it the
-child's end of a socket pair and sends ``load``.  ``generate`` sends ``generate``
-and yields the deltas (coalesced when the consumer lags) and the final usage;
-an ``error`` frame is raised as the LLMPoolError its code names.
+``load`` takes the warm spare engine process of its backend (``spares``) or starts
+``python -m runtime.engine_process.child`` through the supervisor (``launch``: own
+process group, PR_SET_PDEATHSIG, a pidfile for the start-up sweep, its output in a
+ring and ``<state_dir>/logs/<model>.r<replica>.log``) and sends ``load``.
+``generate`` sends ``generate`` and yields the deltas (coalesced when the consumer
+lags) and the final usage; an ``error`` frame is raised as the LLMPoolError its code
+names.
 
 When the process dies (an exit, a signal, or its socket closing), every waiting
 call fails at once with ``BackendError`` naming the signal or exit code and the
@@ -19,27 +20,24 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import signal
-import socket
-import sys
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import runtime
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.engine_process import protocol as p
+from runtime.engine_process.launch import launch_engine_process
+from runtime.engine_process.spares import SPARES
 from runtime.errors import BackendError, LLMPoolError
-from runtime.supervisor import ManagedProcess, ServerCommand
+from runtime.supervisor import ManagedProcess
 
 logger = logging.getLogger("llmpool.runtime")
 
 UNLOAD_GRACE_SECONDS = 30.0  # from ``unload`` to the process's exit, then SIGKILL
 CANCEL_WAIT_SECONDS = 5.0  # a cancelled generate waits this long for the engine to stop
 EXIT_AFTER_EOF_SECONDS = 2.0  # the socket closed: the exit should follow within this
-PROJECT_ROOT = str(Path(runtime.__file__).resolve().parent.parent)
 
 
 def describe_death(returncode: int | None) -> str:
@@ -128,26 +126,15 @@ class ProcessEngine:
 
     async def _start(self) -> None:
         state_dir = Path(self.context["state_dir"])
-        ours, theirs = socket.socketpair()
-        try:
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [PROJECT_ROOT, env.get("PYTHONPATH")]))
-            command = ServerCommand(
-                label=self.label,
-                argv=[sys.executable, "-m", "runtime.engine_process.child", "--fd", str(theirs.fileno())],
-                env=env,
-                log_path=state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log",
-                pass_fds=(theirs.fileno(),),
-            )
-            self.process = ManagedProcess(command, state_dir)
-            await self.process.start()
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        log_path = state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log"
+        handle = await SPARES.take(self.config["backend"], state_dir, self.label, log_path)
+        if handle is None:
+            handle = await launch_engine_process(self.label, log_path, state_dir)
+        self.process = handle.process
         self.process.on_exit(lambda process: self._lost())
-        reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+        if not self.process.running:  # it died between the take and here
+            self._lost()
+        reader, self._writer = await asyncio.open_unix_connection(sock=handle.sock)
         self._reading = asyncio.get_running_loop().create_task(self._read(reader), name=f"read:{self.label}")
 
     async def unload(self) -> None:

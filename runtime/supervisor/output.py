@@ -23,22 +23,30 @@ class OutputLog:
         self._rotate()
 
     def _rotate(self) -> None:
-        if self.path.exists() and self.path.stat().st_size:
-            self.path.replace(self.path.with_name(self.path.name + ".1"))
+        _keep_previous(self.path)
         self._file = open(self.path, "wb")  # noqa: SIM115 - owned by the pump thread
+
+    def move_to(self, path: Path) -> None:
+        """Carry on writing in ``path`` (the file written so far is moved there; an older one there
+        becomes ``<path>.1``)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            _keep_previous(path)
+            self.path.replace(path)
+            self.path = path
 
     def pump(self, pipe) -> None:
         """Copy ``pipe`` until every writer closed it (runs on its own thread)."""
         try:
             with pipe:
                 for raw in iter(lambda: pipe.readline(MAX_LINE_BYTES), b""):
-                    self._file.write(raw)
-                    self._file.flush()
-                    with self._lock:
+                    with self._lock:  # move_to renames the file under it
+                        self._file.write(raw)
+                        self._file.flush()
                         self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
-                    if self._file.tell() > LOG_ROTATE_BYTES:
-                        self._file.close()
-                        self._rotate()
+                        if self._file.tell() > LOG_ROTATE_BYTES:
+                            self._file.close()
+                            self._rotate()
         finally:
             self._file.close()
             self.done.set()
@@ -47,3 +55,9 @@ class OutputLog:
         with self._lock:
             lines = list(self.lines)[-count:]
         return "\n".join(lines) if lines else "(no output)"
+
+
+def _keep_previous(path: Path) -> None:
+    """A non-empty log already at ``path`` becomes ``<path>.1`` (one previous run kept)."""
+    if path.exists() and path.stat().st_size:
+        path.replace(path.with_name(path.name + ".1"))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -15,7 +16,7 @@ import httpx
 
 from runtime.supervisor.command import ServerCommand, ServerStartError
 from runtime.supervisor.output import TAIL_LINES, OutputLog
-from runtime.supervisor.pidfiles import GROUP_GONE_SECONDS, group_members, signal_group, sweep_once
+from runtime.supervisor.pidfiles import GROUP_GONE_SECONDS, group_members, signal_group, sweep_once, write_pidfile
 from runtime.supervisor.spawner import SPAWNER, kill_unclaimed, spawn
 
 logger = logging.getLogger("llmpool.runtime")
@@ -58,12 +59,31 @@ class ManagedProcess:
     def running(self) -> bool:
         return self.process is not None and not self._exited.is_set()
 
+    def has_exited(self) -> bool:
+        """True once the leader exited, even before the event loop has seen its pidfd (the zombie
+        is not reaped, so its process group id stays reserved)."""
+        if not self.running:
+            return self.process is not None
+        try:
+            return os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
     def on_exit(self, callback: Callable[[ManagedProcess], None]) -> None:
         """Call ``callback(process)`` on the event loop once the leader has exited."""
         self._exit_callbacks.append(callback)
 
     def tail(self, count: int = TAIL_LINES) -> str:
         return self._output.tail(count) if self._output else "(no output)"
+
+    def rename(self, label: str, log_path: Path) -> None:
+        """Go on as ``label`` (in messages and the pidfile), with the output so far and from now on
+        in ``log_path``: a spare engine process taken by a replica."""
+        self.command = dataclasses.replace(self.command, label=label, log_path=log_path)
+        if self._output is not None:
+            self._output.move_to(log_path)
+        if self._pidfile is not None:
+            self._pidfile = write_pidfile(self.state_dir, self.process, self.command)
 
     async def output_settled(self, timeout: float = 1.0) -> None:
         """Wait (briefly) until the output of an exited group has been read to its end."""

@@ -1,6 +1,7 @@
 """Fixtures of the engine-process tests: a state folder per test, a runtime, a leak check."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -9,28 +10,42 @@ from pathlib import Path
 import psutil
 import pytest
 
+from runtime.paths import state_dir as state_dir_path
 
 
-def engine_processes() -> list[psutil.Process]:
-    """Live engine processes started by this test process."""
+def engine_processes(spares: bool = False) -> list[psutil.Process]:
+    """Live engine processes started by this test process; spares no replica took only with ``spares``."""
     found = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if "runtime.engine_process.child" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
-                found.append(child)
+            command = child.cmdline()
+            if "runtime.engine_process.child" in command and child.status() != psutil.STATUS_ZOMBIE:
+                if spares or not is_idle_spare(child.pid, command):
+                    found.append(child)
         except psutil.NoSuchProcess:
             pass
     return found
 
 
+def is_idle_spare(pid: int, command: list[str]) -> bool:
+    """A spare (started with --warm) whose pidfile does not name a replica yet (or is not written yet)."""
+    if "--warm" not in command:
+        return False
+    try:
+        label = json.loads((state_dir_path() / "managed" / f"{pid}.json").read_text())["label"]
+    except FileNotFoundError:
+        return True
+    return label.startswith("spare engine process")
+
+
 @pytest.fixture(autouse=True)
 def no_engine_process_left():
-    """Fail a test that leaves an engine process running (and kill it)."""
+    """Fail a test that leaves an engine process running, spares included (and kill it)."""
     yield
     deadline = time.monotonic() + 5
-    while engine_processes() and time.monotonic() < deadline:
+    while engine_processes(spares=True) and time.monotonic() < deadline:
         time.sleep(0.05)
-    leaked = engine_processes()
+    leaked = engine_processes(spares=True)
     for process in leaked:
         os.kill(process.pid, signal.SIGKILL)
     assert not leaked, f"engine processes left behind: {[p.pid for p in leaked]}"

@@ -18,6 +18,7 @@ from runtime.backends.base import (
     CommonDefinition,
 )
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
+from runtime.backends.llama_cpp.native import native
 from runtime.backends.overrides import LoadOverride, integer_override
 from runtime.gguf_info import GgufError, read_gguf_info
 from runtime.model_files import locate_model_file
@@ -106,6 +107,9 @@ class LlamaCppSpec(BackendSpec):
 
     def create_engine(self, model_name, config, replica_index, context):
         return LlamaCppEngine(model_name, config, replica_index, context)
+
+    def warm_up(self) -> None:
+        native()  # maps libllama and initialises its backend
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         """Per replica: the GGUF file plus its KV cache at the effective n_ctx and cache types.

@@ -33,7 +33,7 @@ from runtime.errors import BackendError, InvalidRequest, LLMPoolError
 _live_engines: set[int] = set()
 
 
-def _import_vllm() -> SimpleNamespace:
+def import_vllm() -> SimpleNamespace:
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -67,7 +67,7 @@ class VllmEngine:
         self._tokenizer = None
 
     async def load(self) -> None:
-        self._vllm = _import_vllm()
+        self._vllm = import_vllm()
         args = self._vllm.AsyncEngineArgs(**self.engine_args)
         # Blocking: starts the EngineCore process and waits for weights, profiling and CUDA graphs.
         llm = await asyncio.to_thread(self._vllm.AsyncLLM.from_engine_args, args)

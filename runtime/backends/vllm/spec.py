@@ -21,7 +21,7 @@ from runtime.backends.common_fields import (
     thinking_for_families,
 )
 from runtime.backends.overrides import MIB_256, LoadOverride, integer_override
-from runtime.backends.vllm.engine import VllmEngine
+from runtime.backends.vllm.engine import VllmEngine, import_vllm
 
 # vLLM's --kv-cache-dtype choices (vllm/config/cache.py, CacheDType).
 VllmCacheDType = Literal[
@@ -119,6 +119,9 @@ class VllmSpec(BackendSpec):
 
     def create_engine(self, model_name, config, replica_index, context):
         return VllmEngine(config, context)
+
+    def warm_up(self) -> None:
+        import_vllm()
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)
