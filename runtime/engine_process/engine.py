@@ -106,8 +106,9 @@ class ProcessEngine:
     # ---- lifecycle -------------------------------------------------------------------
     async def load(self) -> None:
         """Start the engine process and load the engine in it; raise what stopped it."""
+        state_dir = Path(self.context["state_dir"])
         try:
-            await self._start()
+            await self._start(state_dir)
             await self._call(p.LOAD, {
                 "backend": self.config["backend"],
                 "model_name": self.model_name,
@@ -122,10 +123,12 @@ class ProcessEngine:
         except BaseException:
             await self.unload()
             raise
+        finally:
+            # The next spare starts once this load is done, so that its start-up does not slow it.
+            SPARES.replenish(self.config["backend"], state_dir)
         self._loaded = True
 
-    async def _start(self) -> None:
-        state_dir = Path(self.context["state_dir"])
+    async def _start(self, state_dir: Path) -> None:
         log_path = state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log"
         handle = await SPARES.take(self.config["backend"], state_dir, self.label, log_path)
         if handle is None:

@@ -9,9 +9,14 @@ spare per engine kind (backend) and state folder:
   per backend that a definition with ``isolation: "process"`` names, at start and
   after each settings reload; spares nobody asks for any more are stopped.  They
   start one after another in the background, so start-up does not wait for them.
-- ``take(backend, state_dir)``: a ``ProcessEngine`` load takes the spare (waiting
-  for one still starting) and a new spare starts behind it at once.  No spare, or
-  one that died while it waited, means None: the load starts a fresh process.
+- ``take(backend, state_dir, ...)``: a ``ProcessEngine`` load takes the spare
+  (waiting for one still starting); no spare, or one that died while it waited,
+  means None and the load starts a fresh process.  ``replenish`` starts the next
+  spare once that load is over, so its start-up does not compete with the load.
+  A spare runs under ``SCHED_IDLE`` from its start, so its warm-up takes only CPU time
+  nothing else wants; ``take`` sets its main thread back to ``SCHED_OTHER`` (a load
+  never waits on an idle-priority warm-up, and the engine's threads, which that thread
+  starts, serve at normal priority).
 - ``release(owner)``: at shutdown, every spare no other owner asks for is stopped
   and awaited; no spare outlives the runtime (PR_SET_PDEATHSIG covers a kill -9).
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import weakref
 from collections.abc import Iterable
@@ -68,11 +74,10 @@ class SparePool:
         await asyncio.gather(*[task for task in self._stopping if task.get_loop() is loop], return_exceptions=True)
 
     async def take(self, backend: str, state_dir: Path, label: str, log_path: Path) -> EngineProcessHandle | None:
-        """The spare for ``backend``, renamed ``label`` with its output in ``log_path`` (a new spare
-        starts behind it), or None when there is none alive."""
-        key = (backend, Path(state_dir))
+        """The spare for ``backend``, renamed ``label`` with its output in ``log_path``, or None when
+        there is none alive.  Call ``replenish`` once the load that took it is over."""
         self._forget_other_loops()
-        task = self._spares.pop(key, None)
+        task = self._spares.pop((backend, Path(state_dir)), None)
         if task is None:
             return None
         try:
@@ -80,12 +85,10 @@ class SparePool:
         except Exception as exc:
             logger.warning("the spare engine process for %s did not start: %s", backend, exc)
             return None
-        finally:
-            # The next spare starts after the rename below (in this same step), so its log is a new file.
-            asyncio.get_running_loop().call_soon(self._start_if_missing, key)
         if spare.process.has_exited():
             self._stop(task)
             return None
+        _set_policy(spare.process.pid, os.SCHED_OTHER)
         spare.process.rename(label, log_path)
         return spare
 
@@ -109,6 +112,10 @@ class SparePool:
     def _start(self, key: SpareKey) -> None:
         self._spares[key] = asyncio.get_running_loop().create_task(self._launch(key), name=f"spare:{key[0]}")
 
+    def replenish(self, backend: str, state_dir: Path) -> None:
+        """Start the spare of ``backend`` unless it runs already or nobody wants it."""
+        self._start_if_missing((backend, Path(state_dir)))
+
     def _start_if_missing(self, key: SpareKey) -> None:
         """Start the spare of ``key`` unless it runs already or nobody wants it."""
         if key in set().union(*self._wanted.values()) and key not in self._spares:
@@ -119,15 +126,25 @@ class SparePool:
         queue = self._queues.setdefault(asyncio.get_running_loop(), asyncio.Lock())
         backend, state_dir = key
         async with queue:
-            return await launch_engine_process(
+            spare = await launch_engine_process(
                 f"spare engine process for {backend}", state_dir / "logs" / f"spare-{backend}.log", state_dir,
                 warm=backend,
             )
+        _set_policy(spare.process.pid, os.SCHED_IDLE)
+        return spare
 
     def _stop(self, task: asyncio.Task[EngineProcessHandle]) -> None:
         stopping = asyncio.get_running_loop().create_task(_stop_spare(task))
         self._stopping.add(stopping)
         stopping.add_done_callback(self._stopping.discard)
+
+
+def _set_policy(pid: int, policy: int) -> None:
+    """The scheduling policy of ``pid``'s main thread; a refusal only costs speed, so it is logged."""
+    try:
+        os.sched_setscheduler(pid, policy, os.sched_param(0))
+    except OSError as exc:
+        logger.warning("cannot set the scheduling policy of engine process %d to %d: %s", pid, policy, exc)
 
 
 async def _stop_spare(task: asyncio.Task[EngineProcessHandle]) -> None:

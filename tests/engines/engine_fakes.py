@@ -5,11 +5,19 @@ layout) and records every constructor and call with its exact arguments in a
 ``Recorder``, so a test can assert what the real engine would have received.
 Generation replies with ``recorder.reply`` (a list of text pieces, one token
 each), honouring the max token count like the real engines.
+
+An engine process does not see the test's ``sys.modules``: ``tests/engines/fake_packages``
+holds a ``vllm`` and an ``exllamav3`` package that install these fakes when imported
+(``install_for_engine_process``).  A test puts that folder on ``PYTHONPATH`` (the engine
+process inherits it) and names a file in ``LLMPOOL_FAKE_RECORDS``, where the recorder in
+the engine process appends each call as one JSON line (``recorded_calls`` reads them).
 """
 from __future__ import annotations
 
 import asyncio
 import enum
+import json
+import os
 import sys
 import time
 import types
@@ -32,9 +40,14 @@ class Recorder:
     fail_load: str | None = None
     step_seconds: float = 0.0  # time each generated token takes
     die_after: int | None = None  # vLLM: the engine dies after this many tokens
+    sink: str | None = None  # in an engine process: the file each call is appended to
 
     def record(self, name: str, **arguments) -> None:
         self.calls.append((name, arguments))
+        if self.sink is not None:
+            with open(self.sink, "a") as sink:
+                sink.write(json.dumps([name, arguments], default=lambda value: getattr(value, "__name__", repr(value))))
+                sink.write("\n")
 
     def named(self, name: str) -> list[dict]:
         return [arguments for call, arguments in self.calls if call == name]
@@ -247,3 +260,38 @@ def install_fake_exllamav3(monkeypatch) -> Recorder:
     )
     recorder.CacheLayer_fp16, recorder.CacheLayer_quant = CacheLayer_fp16, CacheLayer_quant
     return recorder
+
+
+# ---- in an engine process ---------------------------------------------------------------------
+
+FAKE_PACKAGES = os.path.join(os.path.dirname(__file__), "fake_packages")
+
+
+class _ForGood:
+    """What the installers need of pytest's monkeypatch, for a process that keeps the fake."""
+
+    @staticmethod
+    def setitem(mapping, key, value) -> None:
+        mapping[key] = value
+
+
+def install_for_engine_process(package: str) -> Recorder:
+    """Install the fake of ``package`` in this process, recording to ``$LLMPOOL_FAKE_RECORDS``."""
+    install = {"vllm": install_fake_vllm, "exllamav3": install_fake_exllamav3}[package]
+    recorder = install(_ForGood)
+    recorder.sink = os.environ["LLMPOOL_FAKE_RECORDS"]
+    return recorder
+
+
+def recorded_calls(path) -> list[tuple[str, dict]]:
+    """The calls an engine process's recorder appended to ``path``."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as records:
+        return [tuple(json.loads(line)) for line in records]
+
+
+def fakes_in_engine_processes(monkeypatch, records) -> None:
+    """Engine processes started from now on import the fakes and record their calls to ``records``."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [FAKE_PACKAGES, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("LLMPOOL_FAKE_RECORDS", str(records))

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
-from tests.engines.engine_fakes import QWEN3_STYLE_TEMPLATE
+from tests.engine_process.conftest import engine_processes
+from tests.engines.engine_fakes import QWEN3_STYLE_TEMPLATE, fakes_in_engine_processes, recorded_calls
 from tests.engines.runtime_driver import assert_refused_unchanged, generate, generation_request, load, unload
 from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves
 
@@ -201,6 +202,30 @@ async def test_in_an_engine_process_without_exllamav3_the_load_fails_with_the_sa
     entry = await load(service, "m")
     assert entry["runtime_state"] == "failed"
     assert entry["last_error"].startswith("replica 1 of 1 failed to load: ExLlamaV3 is not installed")
+
+
+async def test_the_engine_runs_in_an_engine_process_with_the_same_arguments(
+    runtime_service, model_folder, tmp_path, monkeypatch
+):
+    """The fake as a package the engine process imports; its calls come back through a file."""
+    records = tmp_path / "exllamav3-calls.jsonl"
+    fakes_in_engine_processes(monkeypatch, records)
+    service, events = await runtime_service({"m": exllama(model_folder, isolation="process", exllama_max_rq_tokens=1024)})
+    entry = await load(service, "m", {"exllama_cache_size": 4096})
+    assert (entry["runtime_state"], entry["last_error"]) == ("loaded", None)
+    [engine] = service.pool.controller("m").engines
+    assert engine.process.pid in [p.pid for p in engine_processes()]
+    result, deltas = await generate(service, "m", "Hi", max_output_tokens=64, stream=True)
+    assert "".join(deltas) == result["text"] == "Hello from a fake"  # deltas coalesce on the way
+    await unload(service, "m")
+    calls = recorded_calls(records)
+    assert [arguments for name, arguments in calls if name == "Cache"] == [
+        {"max_num_tokens": 4096, "layer_type": "CacheLayer_fp16"}
+    ]
+    assert [arguments["max_rq_tokens"] for name, arguments in calls if name == "Job"] == [1024]
+    assert [name for name, _ in calls][-1] == "Model.unload"
+    assert moves(events, "m") == LOAD_CYCLE + UNLOAD_CYCLE
+    assert engine_processes() == []
 
 
 async def test_two_replicas_are_two_engines(fake_exllamav3, runtime_service, model_folder):

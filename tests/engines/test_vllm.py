@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
+from tests.engine_process.conftest import engine_processes
+from tests.engines.engine_fakes import fakes_in_engine_processes, recorded_calls
 from tests.engines.runtime_driver import assert_refused_unchanged, generate, load, unload, wait_for_state
 from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves
 from tests.spec_examples import VLLM_BODY
@@ -240,6 +242,25 @@ async def test_in_an_engine_process_without_vllm_the_load_fails_with_the_same_er
     entry = await load(service, "m")
     assert entry["runtime_state"] == "failed"
     assert entry["last_error"].startswith("replica 1 of 1 failed to load: vLLM is not installed in this environment")
+
+
+async def test_the_engine_runs_in_an_engine_process_with_the_same_arguments(runtime_service, tmp_path, monkeypatch):
+    """The fake as a package the engine process imports; its calls come back through a file."""
+    records = tmp_path / "vllm-calls.jsonl"
+    fakes_in_engine_processes(monkeypatch, records)
+    service, events = await runtime_service({"m": gemma(isolation="process")})
+    entry = await load(service, "m", {"vllm_max_model_len": 4096})
+    assert (entry["runtime_state"], entry["last_error"]) == ("loaded", None)
+    [engine] = service.pool.controller("m").engines
+    assert engine.process.pid in [p.pid for p in engine_processes()]
+    result, deltas = await generate(service, "m", "Hi", max_output_tokens=64, stream=True)
+    assert "".join(deltas) == result["text"] == "Hello from a fake"  # deltas coalesce on the way
+    await unload(service, "m")
+    calls = recorded_calls(records)
+    assert [arguments for name, arguments in calls if name == "AsyncEngineArgs"] == [{**BASE_ARGS, "max_model_len": 4096}]
+    assert [name for name, _ in calls][-2:] == ["shutdown", "cleanup_dist_env_and_memory"]
+    assert moves(events, "m") == LOAD_CYCLE + UNLOAD_CYCLE
+    assert engine_processes() == []
 
 
 async def test_a_template_that_refuses_the_messages_is_a_400(fake_vllm, runtime_service):

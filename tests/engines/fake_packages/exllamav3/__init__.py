@@ -1,0 +1,4 @@
+"""The recording ExLlamaV3 fake of tests/engines/engine_fakes.py, for an engine process (see there)."""
+from tests.engines.engine_fakes import install_for_engine_process
+
+install_for_engine_process("exllamav3")
