@@ -79,7 +79,9 @@ async def test_unload_waits_for_an_active_stream_which_finishes(runtime_service)
     service, events = await runtime_service({"smol": SMOLLM2_MODEL})
     await load(service, "smol")
     [pid] = [p.pid for p in engine_processes()]
-    stream = asyncio.create_task(generate(service, "smol", COUNTING, stream=True, max_output_tokens=48))
+    stream = asyncio.create_task(
+        generate(service, "smol", COUNTING, stream=True, max_output_tokens=48, temperature=0.0)
+    )  # at temperature 0 SmolLM2 counts on past 48 tokens: the stream ends by its length, never early
     controller = service.pool.controller("smol")
     while controller.scheduler.inflight == 0:
         await asyncio.sleep(0.01)
