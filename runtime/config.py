@@ -21,10 +21,46 @@ from runtime.errors import InvalidSettings, LoadBodyInvalid
 from runtime.request import DecodingSettings
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
+API_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP token (RFC 9110)
+DEFAULT_FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ApiKey(_Strict):
+    """One entry of ``service.api_keys``: a caller of the inference endpoints (``models_app/api/keys.py``).
+
+    Only the key's sha256 is stored.  ``models`` is the list of models the key may use, or "*"
+    for every model.  The key's fairness bucket is ``fairness_key`` when set, else its ``name``;
+    ``weight``, when set, is that bucket's fairness weight.
+    """
+
+    name: str = Field(pattern=API_KEY_NAME.pattern)
+    key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    models: list[str] | Literal["*"]
+    fairness_key: str | None = Field(None, min_length=1, max_length=256)
+    weight: float | None = Field(None, gt=0)
+
+    @field_validator("models", mode="plain")
+    @classmethod
+    def _models(cls, value):
+        # One message for the two shapes, instead of one per member of the union.
+        if value == "*":
+            return value
+        if not isinstance(value, list) or not value:
+            raise ValueError('must be "*" or a non-empty list of model names')
+        for name in value:
+            if not isinstance(name, str) or not MODEL_NAME.match(name):
+                raise ValueError(f"model name {name!r} must match {MODEL_NAME.pattern}")
+        return value
+
+    @property
+    def bucket(self) -> str:
+        """The fairness key of every request made with this key."""
+        return self.fairness_key if self.fairness_key is not None else self.name
 
 
 class ServiceSettings(_Strict):
@@ -40,6 +76,12 @@ class ServiceSettings(_Strict):
     allow_remote_execution: bool = False
     # Which models GET /v1/models lists: every configured one, or only those loaded now.
     list_models: Literal["all", "loaded"] = "all"
+    # Who may use the inference endpoints; empty: anyone who reaches the port.
+    api_keys: list[ApiKey] = Field(default_factory=list)
+    # Where a request's fairness key comes from when no API key decides it (first present wins).
+    fairness_key_headers: list[Annotated[str, Field(pattern=HEADER_NAME.pattern)]] = Field(
+        default_factory=lambda: [DEFAULT_FAIRNESS_HEADER]
+    )
 
 
 class FairnessSettings(_Strict):
@@ -135,11 +177,63 @@ def format_validation_error(error: ValidationError) -> list[dict]:
 
 def validate_settings(data: dict, *, path: str = "<settings>") -> Settings:
     try:
-        return Settings.model_validate(data)
+        settings = Settings.model_validate(data)
     except ValidationError as exc:
-        problems = format_validation_error(exc)
-        lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
-        raise InvalidSettings(f"{path}: {lines}", details=problems) from exc
+        _raise_invalid(path, format_validation_error(exc), exc)
+    problems = api_key_problems(settings)
+    if problems:
+        _raise_invalid(path, problems)
+    return settings
+
+
+def _raise_invalid(path: str, problems: list[dict], cause: Exception | None = None):
+    lines = "; ".join(f"{p['path']}: {p['message']}" for p in problems)
+    raise InvalidSettings(f"{path}: {lines}", details=problems) from cause
+
+
+def api_key_problems(settings: Settings) -> list[dict]:
+    """What the schema cannot see in ``service.api_keys``: a name or a key declared twice, and a
+    bucket's weight declared twice (by two keys, or by a key and ``engine.fairness.weights``)."""
+    problems = []
+    names: dict[str, int] = {}
+    hashes: dict[str, int] = {}
+    weights: dict[str, tuple[int, float]] = {}
+    for index, key in enumerate(settings.service.api_keys):
+        where = f"$.service.api_keys[{index}]"
+        if key.name in names:
+            message = f"the name {key.name!r} is used by api_keys[{names[key.name]}] too"
+            problems.append({"path": f"{where}.name", "message": message})
+        names.setdefault(key.name, index)
+        if key.key_sha256 in hashes:
+            message = f"the same key as api_keys[{hashes[key.key_sha256]}]"
+            problems.append({"path": f"{where}.key_sha256", "message": message})
+        hashes.setdefault(key.key_sha256, index)
+        if key.weight is None:
+            continue
+        if key.bucket in settings.engine.fairness.weights:
+            problems.append({
+                "path": f"{where}.weight",
+                "message": f"the fairness key {key.bucket!r} has a weight in engine.fairness.weights too",
+            })
+        elif key.bucket in weights and weights[key.bucket][1] != key.weight:
+            problems.append({
+                "path": f"{where}.weight",
+                "message": f"the fairness key {key.bucket!r} has another weight in api_keys[{weights[key.bucket][0]}]",
+            })
+        weights.setdefault(key.bucket, (index, key.weight))
+    return problems
+
+
+def key_weights(service: ServiceSettings) -> dict[str, float]:
+    """The fairness weight of each API key's bucket that sets one."""
+    return {key.bucket: key.weight for key in service.api_keys if key.weight is not None}
+
+
+def with_key_weights(fairness: FairnessSettings, weights: dict[str, float]) -> FairnessSettings:
+    """``engine.fairness`` with the API keys' bucket weights among its ``weights``."""
+    if not weights:
+        return fairness
+    return fairness.model_copy(update={"weights": {**fairness.weights, **weights}})
 
 
 def local_path_for(settings_path: str) -> str:

@@ -59,6 +59,9 @@ ResponseFormatUnsupported = _error("ResponseFormatUnsupported", "response_format
 MultiTurnUnsupported = _error("MultiTurnUnsupported", "multi_turn_unsupported", 400)
 # Tools and tool_choice (chat completions); only tool_choice "none", which ignores the tools, is accepted.
 ToolsUnsupported = _error("ToolsUnsupported", "tools_unsupported", 400)
+# Inference keys (service.api_keys): a missing or unknown key, and a model the key may not use.
+InvalidApiKey = _error("InvalidApiKey", "invalid_api_key", 401)
+ModelNotAllowed = _error("ModelNotAllowed", "model_not_allowed", 403)
 RemoteExecutionDisallowed = _error("RemoteExecutionDisallowed", "remote_execution_disallowed", 403)
 FairnessKeyQueueFull = _error("FairnessKeyQueueFull", "fairness_key_queue_full", 429, retry_after=1)
 ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retry_after=1)

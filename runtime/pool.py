@@ -12,7 +12,14 @@ import logging
 from collections.abc import Callable
 
 from runtime.catalog import CatalogEntry, build_catalog
-from runtime.config import LoadedSettings, load_settings
+from runtime.config import (
+    FairnessSettings,
+    LoadedSettings,
+    Settings,
+    key_weights,
+    load_settings,
+    with_key_weights,
+)
 from runtime.controller import ModelController
 from runtime.engine_process.spares import SPARES
 from runtime.errors import SettingsReloadConflict, UnknownModel
@@ -27,6 +34,7 @@ class ModelPool:
         self.listeners = listeners if listeners is not None else []
         self.current: LoadedSettings | None = None  # the settings files as last read and applied
         self.startup_service = None
+        self.key_weights: dict[str, float] = {}
         self.controllers: dict[str, ModelController] = {}
         self._reload_lock = asyncio.Lock()
 
@@ -38,6 +46,8 @@ class ModelPool:
         """Read the settings (raises InvalidSettings) and start loading enabled models in the background."""
         self.current = load_settings(self.settings_path)
         self.startup_service = self.current.settings.service.model_dump()
+        # API keys' bucket weights are service settings: read once, like the API process reads the keys.
+        self.key_weights = key_weights(self.current.settings.service)
         for name, entry in build_catalog(self.current).items():
             self._add(entry)
         self._keep_spares()
@@ -62,8 +72,12 @@ class ModelPool:
         except KeyError:
             raise UnknownModel(f"model {name!r} is not configured", param="model") from None
 
+    def fairness(self, settings: Settings) -> FairnessSettings:
+        """Every scheduler's fairness settings: ``engine.fairness`` and the API keys' weights."""
+        return with_key_weights(settings.engine.fairness, self.key_weights)
+
     def _add(self, entry: CatalogEntry) -> None:
-        controller = ModelController(entry, self.settings.engine.fairness, self.listeners)
+        controller = ModelController(entry, self.fairness(self.settings), self.listeners)
         controller.launch()
         self.controllers[entry.name] = controller
 
@@ -94,7 +108,7 @@ class ModelPool:
                 raise
             removed = [self.controllers.pop(name) for name in diff["removed_models"]]
             self.current = loaded
-            fairness = loaded.settings.engine.fairness
+            fairness = self.fairness(loaded.settings)
             await asyncio.gather(*(
                 self.controllers[name].commit_reload(new_catalog[name], fairness)
                 for name in diff["updated_models"] + diff["unchanged_models"]

@@ -6,7 +6,7 @@ import logging
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from runtime.errors import LLMPoolError
+from runtime.errors import InvalidApiKey, LLMPoolError
 
 logger = logging.getLogger("llmpool.api")
 
@@ -27,7 +27,9 @@ def error_headers(exc: LLMPoolError) -> dict[str, str]:
     headers = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
-    if exc.http_status == 401:
+    if isinstance(exc, InvalidApiKey):
+        headers["WWW-Authenticate"] = 'Bearer realm="llm-pool"'
+    elif exc.http_status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="llm-pool admin"'
     return headers
 

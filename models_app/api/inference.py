@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from models_app.api.errors import error_headers
+from models_app.api.keys import Caller, key_ring
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
@@ -25,15 +26,13 @@ from runtime.request import GENERATE_ADMITTED, GenerationRequest
 
 logger = logging.getLogger("llmpool.api")
 
-FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
-_FAIRNESS_HEADER_ASGI = FAIRNESS_HEADER.lower().encode("latin-1")  # ASGI header names are lower-case bytes
 MAX_BODY_BYTES = 64 * 1024 * 1024
 STREAM_HEADERS = [
     (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
 ]
 
-# A protocol's entry point: (the parsed JSON body, the fairness header) -> an answer object or SSE bytes.
-Create = Callable[[Any, "str | None"], Awaitable["dict | AsyncIterator[bytes]"]]
+# A protocol's entry point: (the parsed JSON body, its caller) -> an answer object or SSE bytes.
+Create = Callable[[Any, Caller], Awaitable["dict | AsyncIterator[bytes]"]]
 
 
 async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
@@ -101,6 +100,8 @@ def inference_app(create: Create, path: str):
             await _send_json(send, 405, {"error": error}, {"Allow": "POST"})
             return
         try:
+            # The key first: a caller without one is refused before its body is read.
+            caller = key_ring().caller(_headers(scope).get)
             body = await _read_body(receive)
         except _Disconnected:
             return
@@ -110,7 +111,7 @@ def inference_app(create: Create, path: str):
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
         try:
-            await _serve(create, path, scope, body, send)
+            await _serve(create, path, caller, body, send)
         except asyncio.CancelledError:
             if not watcher.done():
                 raise
@@ -121,17 +122,18 @@ def inference_app(create: Create, path: str):
     return app
 
 
-async def _serve(create: Create, path: str, scope, body: bytes, send) -> None:
-    fairness_key = None
-    for name, value in scope["headers"]:
-        if name == _FAIRNESS_HEADER_ASGI:
-            fairness_key = value.decode("latin-1")
+def _headers(scope) -> dict[str, str]:
+    """The request's headers by name (ASGI names are lower-case already); of a repeated one, the last."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+
+
+async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -> None:
     try:
         try:
             data = json.loads(body) if body else {}
         except ValueError as exc:
             raise InvalidRequest(f"JSON parse error - {exc}") from None
-        answer = await create(data, fairness_key)
+        answer = await create(data, caller)
     except LLMPoolError as exc:
         await _send_error(send, exc)
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 from models_app import selectors
+from models_app.api.keys import Caller
 from models_app.conf import service_settings
 
 OWNED_BY = "llm-pool"
@@ -28,14 +29,18 @@ def model_object(entry: dict) -> dict:
     }
 
 
-async def model_list() -> dict:
-    """The models ``service.list_models`` says to list: every configured one ("all"), or the loaded."""
-    entries = await selectors.models_list()
+async def model_list(caller: Caller) -> dict:
+    """The models ``service.list_models`` says to list (every configured one, "all", or the loaded)
+    that the caller's key may use."""
+    entries = [entry for entry in await selectors.models_list() if caller.allows(entry["name"])]
     if service_settings().list_models == "loaded":
         entries = [entry for entry in entries if entry["runtime_state"] == "loaded"]
     return {"object": "list", "data": [model_object(entry) for entry in entries]}
 
 
-async def model_get(model_id: str) -> dict:
-    """Any configured model, whatever ``list_models`` lists; UnknownModel (404) otherwise."""
+async def model_get(model_id: str, caller: Caller) -> dict:
+    """Any configured model the caller's key may use (ModelNotAllowed, 403, before the model is
+    looked up, so a key learns nothing of the others), whatever ``list_models`` lists;
+    UnknownModel (404) otherwise."""
+    caller.check_model(model_id)
     return model_object(await selectors.model_get(model_id))

@@ -23,7 +23,7 @@ from models_app.api.base import APIView
 from models_app.api.chat.endpoint import create_chat_completion
 from models_app.api.errors import error_response
 from models_app.api.event_stream import sse_event, transition_stream
-from models_app.api.inference import FAIRNESS_HEADER
+from models_app.api.keys import key_ring
 from models_app.api.responses.endpoint import create_response
 from models_app.transport.messages import OP_CATALOG
 from models_app.transport.runtime_client import RuntimeClient
@@ -231,7 +231,7 @@ class InferenceApi(APIView):
 
     @staticmethod
     async def answer(create, request):
-        answer = await create(request.data, request.headers.get(FAIRNESS_HEADER))
+        answer = await create(request.data, key_ring().caller(request.headers.get))
         if isinstance(answer, dict):
             return Response(answer)
         response = StreamingHttpResponse(answer, content_type="text/event-stream")
@@ -240,9 +240,15 @@ class InferenceApi(APIView):
         return response
 
 
+KEYS_NOTE = (
+    "With service.api_keys set, it needs Authorization: Bearer <API key> (401 invalid_api_key) and a model the "
+    "key may use (403 model_not_allowed), and the key decides the fairness key. Else the fairness key is the "
+    "first of service.fairness_key_headers present (default X-LLMPool-Fairness-Key), else the user field."
+)
+
 INFERENCE_ERRORS = {
-    400: ERROR, 403: ERROR, 404: ERROR, 405: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 502: ERROR, 503: ERROR,
-    504: ERROR,
+    400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 405: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 502: ERROR,
+    503: ERROR, 504: ERROR,
 }
 
 
@@ -252,7 +258,7 @@ class ResponseCreateApi(InferenceApi):
         description=(
             "Runs one request on a loaded model. stream=true answers with server-sent events "
             "(response.created … response.output_text.delta … response.completed; a failure mid-stream is a "
-            "final error event). The fairness key is the X-LLMPool-Fairness-Key header, else the user field."
+            "final error event). " + KEYS_NOTE
         ),
         request=OpenApiTypes.OBJECT,
         responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
@@ -268,8 +274,7 @@ class ChatCompletionCreateApi(InferenceApi):
             "Runs one request on a loaded model, through the same admission, capability checks and scheduler "
             "as /v1/responses. stream=true answers with `data: <chat.completion.chunk>` server-sent events and "
             "`data: [DONE]`; stream_options.include_usage adds a last chunk with the usage. n must be 1; tools "
-            "are accepted only with tool_choice \"none\" (else 400 tools_unsupported). The fairness key is the "
-            "X-LLMPool-Fairness-Key header, else the user field."
+            "are accepted only with tool_choice \"none\" (else 400 tools_unsupported). " + KEYS_NOTE
         ),
         request=OpenApiTypes.OBJECT,
         responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
@@ -284,23 +289,27 @@ class OpenAIModelListApi(APIView):
         description=(
             "`{object: \"list\", data: [{id, object: \"model\", created, owned_by, runtime_state, backend, "
             "capabilities}]}`: every configured model, or only the loaded ones with service.list_models "
-            "\"loaded\"."
+            "\"loaded\"; with service.api_keys set, only those the key may use (no key: 401 invalid_api_key)."
         ),
-        responses={200: OpenApiTypes.OBJECT, 503: ERROR},
+        responses={200: OpenApiTypes.OBJECT, 401: ERROR, 503: ERROR},
     )
     async def get(self, request):
-        return Response(await openai_models.model_list())
+        return Response(await openai_models.model_list(key_ring().caller(request.headers.get)))
 
 
 class OpenAIModelApi(APIView):
     @extend_schema(
         summary="One model (OpenAI shape)",
-        description="Any configured model, whatever service.list_models lists; 404 unknown_model otherwise.",
+        description=(
+            "Any configured model, whatever service.list_models lists; 404 unknown_model otherwise. With "
+            "service.api_keys set: 401 invalid_api_key without a key, 403 model_not_allowed for a model the key "
+            "may not use."
+        ),
         parameters=[OpenApiParameter("model_id", str, OpenApiParameter.PATH)],
-        responses={200: OpenApiTypes.OBJECT, 404: ERROR, 503: ERROR},
+        responses={200: OpenApiTypes.OBJECT, 401: ERROR, 403: ERROR, 404: ERROR, 503: ERROR},
     )
     async def get(self, request, model_id: str):
-        return Response(await openai_models.model_get(model_id))
+        return Response(await openai_models.model_get(model_id, key_ring().caller(request.headers.get)))
 
 
 async def unknown_path(request, *args, **kwargs):

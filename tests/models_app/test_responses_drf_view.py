@@ -4,6 +4,7 @@ what the plain-ASGI front answers, because both call ``api.responses.endpoint.cr
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 
 import pytest
@@ -65,3 +66,30 @@ async def test_errors_have_the_same_envelope(runtime):
     answer = await AsyncClient().post("/v1/responses", {"model": "nope", "input": "hi"}, content_type="application/json")
     assert answer.status_code == 404
     assert answer.json()["error"]["code"] == "unknown_model"
+
+
+@pytest.fixture
+def keyed(tmp_path, settings):
+    """Settings with one inference key (for echo only); the views refuse before they reach the runtime."""
+    path = tmp_path / "settings.json"
+    key = {"name": "alice", "key_sha256": hashlib.sha256(b"alice-key").hexdigest(), "models": ["echo"]}
+    path.write_text(json.dumps({"service": {"api_keys": [key]}, "models": {"echo": {"backend": "stub"}}}))
+    settings.LLMPOOL_SETTINGS = str(path)
+    service_settings.cache_clear()
+    yield
+    service_settings.cache_clear()
+
+
+async def test_the_keys_apply_here_too(keyed):
+    body = {"model": "other", "input": "hi"}
+    missing = await AsyncClient().post("/v1/responses", body, content_type="application/json")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+    assert missing["WWW-Authenticate"] == 'Bearer realm="llm-pool"'
+    refused = await AsyncClient().post(
+        "/v1/chat/completions", {"model": "other", "messages": [{"role": "user", "content": "x"}]},
+        content_type="application/json", headers={"Authorization": "Bearer alice-key"},
+    )
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "model_not_allowed"
+    assert (await AsyncClient().get("/v1/models")).status_code == 401

@@ -83,3 +83,56 @@ def test_load_body_schema_failures_are_422(body):
     with pytest.raises(LoadBodyInvalid) as caught:
         parse_load_body(body)
     assert caught.value.http_status == 422
+
+
+KEY_HASH = "0" * 64
+
+
+def api_key(**fields) -> dict:
+    return {"name": "alice", "key_sha256": KEY_HASH, "models": "*", **fields}
+
+
+def test_api_keys_and_fairness_headers_have_defaults_and_a_bucket():
+    service = validate_settings({}).service
+    assert (service.api_keys, service.fairness_key_headers) == ([], ["X-LLMPool-Fairness-Key"])
+    keys = validate_settings({"service": {"api_keys": [
+        api_key(models=["echo", "slow"]), api_key(name="bob", key_sha256="1" * 64, fairness_key="team-b", weight=2),
+    ]}}).service.api_keys
+    assert [(key.bucket, key.models, key.weight) for key in keys] == [
+        ("alice", ["echo", "slow"], None), ("team-b", "*", 2.0),
+    ]
+
+
+@pytest.mark.parametrize(("service", "path"), [
+    ({"api_keys": [api_key(key_sha256="A" * 64)]}, "$.service.api_keys[0].key_sha256"),
+    ({"api_keys": [api_key(key_sha256="0" * 63)]}, "$.service.api_keys[0].key_sha256"),
+    ({"api_keys": [api_key(models="all")]}, "$.service.api_keys[0].models"),
+    ({"api_keys": [api_key(models=[])]}, "$.service.api_keys[0].models"),
+    ({"api_keys": [api_key(models=["bad name"])]}, "$.service.api_keys[0].models"),
+    ({"api_keys": [api_key(name="no spaces")]}, "$.service.api_keys[0].name"),
+    ({"api_keys": [api_key(weight=0)]}, "$.service.api_keys[0].weight"),
+    ({"api_keys": [api_key(fairness_key="")]}, "$.service.api_keys[0].fairness_key"),
+    ({"api_keys": [api_key(scope="all")]}, "$.service.api_keys[0].scope"),
+    ({"api_keys": [{"name": "alice", "models": "*"}]}, "$.service.api_keys[0].key_sha256"),
+    ({"api_keys": [api_key(), api_key(key_sha256="1" * 64)]}, "$.service.api_keys[1].name"),
+    ({"api_keys": [api_key(), api_key(name="bob")]}, "$.service.api_keys[1].key_sha256"),
+    ({"api_keys": [api_key(fairness_key="t", weight=2), api_key(name="bob", key_sha256="1" * 64, fairness_key="t",
+                                                                 weight=3)]}, "$.service.api_keys[1].weight"),
+    ({"fairness_key_headers": ["Not A Header"]}, "$.service.fairness_key_headers[0]"),
+    ({"fairness_key_headers": "X-User"}, "$.service.fairness_key_headers"),
+])
+def test_invalid_api_key_entries_name_their_path(service, path):
+    with pytest.raises(InvalidSettings) as caught:
+        validate_settings({"service": service})
+    assert [problem["path"] for problem in caught.value.details] == [path]
+
+
+def test_a_bucket_weight_is_declared_once():
+    with pytest.raises(InvalidSettings) as caught:
+        validate_settings({
+            "service": {"api_keys": [api_key(weight=2)]},
+            "engine": {"fairness": {"weights": {"alice": 1}}},
+        })
+    assert [problem["path"] for problem in caught.value.details] == ["$.service.api_keys[0].weight"]
+    same = [api_key(fairness_key="t", weight=2), api_key(name="bob", key_sha256="1" * 64, fairness_key="t", weight=2)]
+    assert len(validate_settings({"service": {"api_keys": same}}).service.api_keys) == 2

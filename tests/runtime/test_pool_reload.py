@@ -106,6 +106,21 @@ async def test_service_changes_require_a_restart_but_do_not_block(tmp_path):
     await pool.shutdown()
 
 
+async def test_api_key_weights_join_the_fairness_weights_and_need_a_restart(tmp_path):
+    def keys(weight):
+        return {"api_keys": [{"name": "bob", "key_sha256": "0" * 64, "models": "*", "fairness_key": "team-b",
+                              "weight": weight}]}
+
+    fairness = {"fairness": {"weights": {"carol": 2}}}
+    pool, _ = await start_pool(tmp_path, {"m": {"backend": "stub"}}, service=keys(3), engine=fairness)
+    assert pool.controller("m").scheduler.fairness.weights == {"carol": 2, "team-b": 3}
+    rewrite(pool, {"m": {"backend": "stub"}}, service=keys(5), engine={"fairness": {"weights": {"carol": 4}}})
+    diff = await pool.reload()
+    assert diff["service_restart_required"] is True
+    assert pool.controller("m").scheduler.fairness.weights == {"carol": 4, "team-b": 3}
+    await pool.shutdown()
+
+
 async def test_removing_a_model_fails_its_pending_commands(tmp_path):
     pool, _ = await start_pool(tmp_path, {"m": {"backend": "stub"}, "other": {"backend": "stub"}})
     controller = pool.controller("m")

@@ -13,14 +13,16 @@ from collections.abc import AsyncIterator
 from models_app.api.chat.protocol import parse_chat_body
 from models_app.api.chat.shapes import ChatCompletionBuilder
 from models_app.api.inference import generate, inference_app
+from models_app.api.keys import Caller
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
 
 
-async def create_chat_completion(data, fairness_key: str | None) -> dict | AsyncIterator[bytes]:
+async def create_chat_completion(data, caller: Caller) -> dict | AsyncIterator[bytes]:
     """Run one chat completions request: the ``chat.completion`` object, or the SSE chunks of a
     stream.  Raises the request's error (LLMPoolError) before anything is sent (see ``generate``)."""
-    request = parse_chat_body(data, fairness_key)
+    request = parse_chat_body(data, caller.fairness_key)
+    caller.check_model(request.generation.model)
     builder = ChatCompletionBuilder(request)
     outcome = await generate(request.generation)
     if request.generation.stream:

@@ -139,8 +139,9 @@ class ChatRequest:
     include_usage: bool = False
 
 
-def parse_chat_body(data: Any, fairness_header: str | None) -> ChatRequest:
-    """Validate a POST /v1/chat/completions body into the typed request (unset sampling left None)."""
+def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
+    """Validate a POST /v1/chat/completions body into the typed request (unset sampling left None);
+    ``fairness_key`` as for ``parse_responses_body``."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:
@@ -165,7 +166,7 @@ def parse_chat_body(data: Any, fairness_header: str | None) -> ChatRequest:
             stream=stream,
             thinking=body.thinking,
             response_format=_response_format(body.response_format),
-            fairness_key=fairness_header if fairness_header is not None else body.user,
+            fairness_key=fairness_key if fairness_key is not None else body.user,
             stop=_stop_sequences(body.stop),
         ),
         include_usage=stream and body.stream_options is not None and bool(body.stream_options.include_usage),

@@ -11,17 +11,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from models_app.api.inference import generate, inference_app
+from models_app.api.keys import Caller
 from models_app.api.responses.protocol import ResponseBuilder, parse_responses_body
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
 
 
-async def create_response(data, fairness_key: str | None) -> dict | AsyncIterator[bytes]:
+async def create_response(data, caller: Caller) -> dict | AsyncIterator[bytes]:
     """Run one Responses API request: the response object, or the SSE events of a stream.
 
     Raises the request's error (LLMPoolError) before anything is sent (see ``generate``).
     """
-    request = parse_responses_body(data, fairness_key)
+    request = parse_responses_body(data, caller.fairness_key)
+    caller.check_model(request.model)
     builder = ResponseBuilder(request)
     outcome = await generate(request)
     if request.stream:

@@ -96,9 +96,11 @@ class ResponsesBody(BaseModel):
         return [{"role": "user", "content": value}] if isinstance(value, str) else value
 
 
-def parse_responses_body(data: Any, fairness_header: str | None) -> GenerationRequest:
+def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationRequest:
     """Validate a POST /v1/responses body into the typed request the runtime and the engine get
-    (sampling fields the client left out stay None: the runtime applies its defaults)."""
+    (sampling fields the client left out stay None: the runtime applies its defaults).
+    ``fairness_key`` is what the edge decided (``api.keys``: an API key's bucket or a fairness
+    header); None leaves the fairness key to the body's ``user``."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:
@@ -122,7 +124,7 @@ def parse_responses_body(data: Any, fairness_header: str | None) -> GenerationRe
         thinking=body.thinking,
         response_format=_response_format(body),
         metadata=body.metadata or {},
-        fairness_key=fairness_header if fairness_header is not None else body.user,
+        fairness_key=fairness_key if fairness_key is not None else body.user,
         extra={
             key: value
             for key, value in (("source_lang_code", body.source_lang_code), ("target_lang_code", body.target_lang_code))

@@ -1,0 +1,105 @@
+"""Inference keys: who may use the models (``service.api_keys``), and whose fairness share a
+request takes.
+
+Every inference endpoint (POST /v1/responses, POST /v1/chat/completions, GET /v1/models and
+/v1/models/{id}) asks ``key_ring().caller(header)`` once per request, before anything else:
+
+- no keys configured: anyone may call, every model; the fairness key is the first of
+  ``service.fairness_key_headers`` the request carries, else None (the parser then takes the
+  body's ``user``);
+- keys configured: ``Authorization: Bearer <key>`` must name one (401 ``invalid_api_key``
+  otherwise); the key may use only its models (403 ``model_not_allowed``), and its bucket
+  (``fairness_key``, else its name) is the fairness key, whatever the ``user`` field or a
+  fairness header say, so a caller cannot leave its share.
+
+A presented key is hashed (sha256) and compared with ``hmac.compare_digest`` to every configured
+hash, all of them, so the time taken does not tell which key nearly matched.  The API process
+reads the keys once (``models_app.conf.service_settings``): a change needs a restart.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from models_app.conf import service_settings
+from runtime.config import ApiKey, ServiceSettings
+from runtime.errors import InvalidApiKey, ModelNotAllowed
+
+# A request's header by lower-case name, or None: ``dict.get`` of the ASGI headers, Django's ``request.headers.get``.
+HeaderLookup = Callable[[str], "str | None"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent an inference request, as the edge decided it."""
+
+    # The fairness key the request gets: the API key's bucket, else a fairness header's value; None
+    # leaves it to the body's ``user`` field.
+    fairness_key: str | None
+    # The models the caller may use; None: every model.
+    models: frozenset[str] | None = None
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def check_model(self, model: str) -> None:
+        """Raises 403 model_not_allowed for a model the caller's key may not use."""
+        if not self.allows(model):
+            raise ModelNotAllowed(f"this API key may not use the model {model!r}", param="model")
+
+
+class KeyRing:
+    """The configured keys (only their hashes) and the fairness headers."""
+
+    def __init__(self, service: ServiceSettings):
+        self._keys: list[tuple[bytes, ApiKey]] = [(bytes.fromhex(key.key_sha256), key) for key in service.api_keys]
+        self._fairness_headers = [name.lower() for name in service.fairness_key_headers]
+
+    def caller(self, header: HeaderLookup) -> Caller:
+        """The request's caller; raises 401 invalid_api_key when keys are configured and the
+        request carries none of them."""
+        if not self._keys:
+            return Caller(fairness_key=self._fairness_header(header))
+        key = self._match(header("authorization"))
+        return Caller(fairness_key=key.bucket, models=None if key.models == "*" else frozenset(key.models))
+
+    def _fairness_header(self, header: HeaderLookup) -> str | None:
+        for name in self._fairness_headers:
+            value = header(name)
+            if value is not None:
+                return value
+        return None
+
+    def _match(self, authorization: str | None) -> ApiKey:
+        scheme, _, given = (authorization or "").partition(" ")
+        given = given.strip()
+        if scheme.lower() != "bearer" or not given:
+            raise InvalidApiKey("this endpoint requires Authorization: Bearer <API key>")
+        digest = hashlib.sha256(given.encode("latin-1", "replace")).digest()
+        found = None
+        for expected, key in self._keys:
+            # Every hash is compared, also after a match: the time taken is the same for every key.
+            if hmac.compare_digest(digest, expected) and found is None:
+                found = key
+        if found is None:
+            raise InvalidApiKey("the API key is not valid")
+        return found
+
+
+_built: list[tuple[ServiceSettings, KeyRing]] = []
+
+
+def key_ring() -> KeyRing:
+    """The API process's key ring, built once from its service settings (and again only if
+    those are read again, as tests do)."""
+    service = service_settings()
+    if not _built or _built[0][0] is not service:
+        _built[:] = [(service, KeyRing(service))]
+    return _built[0][1]
+
+
+def hash_key(key: str) -> str:
+    """The ``key_sha256`` of ``key`` in service.api_keys."""
+    return hashlib.sha256(key.encode()).hexdigest()
