@@ -15,9 +15,9 @@ run and keeping medians:
   imports paid at load time), and the CPU time the replacement spare takes to warm up.
 
 The next spare starts once a load is over; its warm-up (about half a second of CPU, under
-SCHED_IDLE) would otherwise land in whichever measurement runs next on a two-core machine, so
-each engine-process cycle waits until the serving process's spare is warm again before the
-next measurement.
+SCHED_IDLE) would otherwise land in the stream measured right after the load on a two-core
+machine, so an engine-process cycle waits until the serving process's spare is warm again
+before it streams (``spare_warm_up_cpu_s`` reports what that warm-up costs).
 
 Greedy decoding and a prompt that outlasts ``--tokens`` make every path produce the same
 tokens; after each load one 1-token request touches the freshly mapped weights first, so TTFT
@@ -179,12 +179,12 @@ async def api_cycle(http: httpx.Client, server, name: str, tokens: int) -> dict:
     """Load, warm, stream and unload ``name``: its load time, stream figures and RSS around it."""
     rss_before = server.memory_info().rss
     load_s = api_load(http, name)
+    spare_cpu_s = warm_spare(server) if name.endswith("-process") else None
     await asyncio.to_thread(api_stream, http, name, 1)
     stream = await asyncio.to_thread(api_stream, http, name, tokens)
     rss_loaded = server.memory_info().rss
     api_unload(http, name)
     rss_after = server.memory_info().rss
-    spare_cpu_s = warm_spare(server) if name.endswith("-process") else None
     return {"load_s": load_s, **stream, "rss_before": rss_before, "rss_loaded": rss_loaded,
             "rss_after": rss_after, "spare_cpu_s": spare_cpu_s}
 

@@ -8,15 +8,15 @@ spare per engine kind (backend) and state folder:
 - ``keep(owner, backends, state_dir)``: the runtime's model pool asks for one spare
   per backend that a definition with ``isolation: "process"`` names, at start and
   after each settings reload; spares nobody asks for any more are stopped.  They
-  start one after another in the background, so start-up does not wait for them.
+  start in the background, so start-up does not wait for them.
 - ``take(backend, state_dir, ...)``: a ``ProcessEngine`` load takes the spare
   (waiting for one still starting); no spare, or one that died while it waited,
   means None and the load starts a fresh process.  ``replenish`` starts the next
   spare once that load is over, so its start-up does not compete with the load.
   A spare runs under ``SCHED_IDLE`` from its start, so its warm-up takes only CPU time
-  nothing else wants; ``take`` sets its main thread back to ``SCHED_OTHER`` (a load
-  never waits on an idle-priority warm-up, and the engine's threads, which that thread
-  starts, serve at normal priority).
+  nothing else wants; ``take`` sets every thread it has back to ``SCHED_OTHER`` (a load
+  never waits on an idle-priority warm-up, and the engine's threads, which start later,
+  inherit the normal policy).
 - ``release(owner)``: at shutdown, every spare no other owner asks for is stopped
   and awaited; no spare outlives the runtime (PR_SET_PDEATHSIG covers a kill -9).
 
@@ -30,7 +30,6 @@ import asyncio
 import logging
 import os
 import signal
-import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -50,7 +49,6 @@ class SparePool:
         self._wanted: dict[object, set[SpareKey]] = {}
         self._spares: dict[SpareKey, asyncio.Task[EngineProcessHandle]] = {}
         self._stopping: set[asyncio.Task] = set()
-        self._queues: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its start lock
 
     def idle_pids(self) -> list[int]:
         """Process ids of the spares started and not taken yet."""
@@ -88,7 +86,8 @@ class SparePool:
         if spare.process.has_exited():
             self._stop(task)
             return None
-        _set_policy(spare.process.pid, os.SCHED_OTHER)
+        for thread in _threads(spare.process.pid):  # the warm-up may have started some (OpenMP, ggml)
+            _set_policy(thread, os.SCHED_OTHER)
         spare.process.rename(label, log_path)
         return spare
 
@@ -122,14 +121,10 @@ class SparePool:
             self._start(key)
 
     async def _launch(self, key: SpareKey) -> EngineProcessHandle:
-        # One spare starts at a time: a runtime that wants several does not load the CPUs all at once.
-        queue = self._queues.setdefault(asyncio.get_running_loop(), asyncio.Lock())
         backend, state_dir = key
-        async with queue:
-            spare = await launch_engine_process(
-                f"spare engine process for {backend}", state_dir / "logs" / f"spare-{backend}.log", state_dir,
-                warm=backend,
-            )
+        spare = await launch_engine_process(
+            f"spare engine process for {backend}", state_dir / "logs" / f"spare-{backend}.log", state_dir, warm=backend
+        )
         _set_policy(spare.process.pid, os.SCHED_IDLE)
         return spare
 
@@ -139,12 +134,22 @@ class SparePool:
         stopping.add_done_callback(self._stopping.discard)
 
 
-def _set_policy(pid: int, policy: int) -> None:
-    """The scheduling policy of ``pid``'s main thread; a refusal only costs speed, so it is logged."""
+def _threads(pid: int) -> list[int]:
     try:
-        os.sched_setscheduler(pid, policy, os.sched_param(0))
+        return [int(name) for name in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:
+        return []
+
+
+def _set_policy(thread: int, policy: int) -> None:
+    """The scheduling policy of one thread (a pid names its main thread); a refusal only costs
+    speed, so it is logged."""
+    try:
+        os.sched_setscheduler(thread, policy, os.sched_param(0))
+    except ProcessLookupError:
+        pass  # that thread has ended
     except OSError as exc:
-        logger.warning("cannot set the scheduling policy of engine process %d to %d: %s", pid, policy, exc)
+        logger.warning("cannot set the scheduling policy of engine process thread %d to %d: %s", thread, policy, exc)
 
 
 async def _stop_spare(task: asyncio.Task[EngineProcessHandle]) -> None:
