@@ -14,9 +14,13 @@ from runtime.paths import state_dir as state_dir_path
 
 
 def engine_processes(spares: bool = False) -> list[psutil.Process]:
-    """Live engine processes started by this test process; spares no replica took only with ``spares``."""
+    """Live engine processes started by this test process; spares no replica took only with ``spares``.
+
+    Only its own children: a live service that a test elsewhere keeps for the session (the admin
+    workbench) has engine processes and spares of its own, one level further down.
+    """
     found = []
-    for child in psutil.Process().children(recursive=True):
+    for child in psutil.Process().children(recursive=False):
         try:
             command = child.cmdline()
             if "runtime.engine_process.child" in command and child.status() != psutil.STATUS_ZOMBIE:
