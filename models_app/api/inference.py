@@ -44,21 +44,16 @@ async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
     request gets one reply, its result or its error.  Errors after admission are raised by the
     stream's iterator; closing it early cancels the request in the runtime.
     """
-    exchange = RuntimeClient().exchange(OP_GENERATE, request.to_wire())
-    if request.stream:
-        try:
-            await _until_admitted(exchange)
-        except BaseException:
-            await exchange.aclose()
-            raise
-        return _stream(exchange)
+    client = RuntimeClient()
+    if not request.stream:
+        return await client.call(OP_GENERATE, request.to_wire())
+    exchange = client.exchange(OP_GENERATE, request.to_wire())
     try:
-        async for message in exchange:
-            if message["kind"] == REPLY_RESULT:
-                return message["data"]
-    finally:
+        await _until_admitted(exchange)
+    except BaseException:
         await exchange.aclose()
-    raise LLMPoolError("the runtime closed the exchange without a result")
+        raise
+    return _stream(exchange)
 
 
 async def _until_admitted(exchange) -> None:
