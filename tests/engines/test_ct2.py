@@ -102,7 +102,9 @@ def test_load_generate_stream_and_unload_through_the_api(http, tiny_model):
     assert result["status"] == ("completed" if expected.stopped else "incomplete")
 
     deltas, final = stream_deltas(http, "tiny")
-    assert len(deltas) > 1 and "".join(deltas) == expected.text
+    # The model runs in an engine process, whose deltas coalesce while the reader lags: the tiny
+    # model's whole answer may arrive as one delta, so only the text is exact here.
+    assert deltas and "".join(deltas) == expected.text
     assert final["usage"] == result["usage"]
 
     unloaded = http.post("/v1/admin/models/tiny/unload").json()
