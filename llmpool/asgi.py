@@ -5,7 +5,8 @@ POST /v1/responses and POST /v1/chat/completions, the hot paths, are served by p
 (``models_app.api.inference.inference_app``): Django's request handling costs several thread hops
 per request, which dominated the latency of a request to a fast model.  The rest of the machine
 API (/v1, /v1/*, /healthz) runs through ``models_app.api.handler.ApiHandler``: Django without the browser's
-middleware and without most of those thread hops.
+middleware and without most of those thread hops.  CORS for browser apps
+(``models_app.api.cors``, off unless service.cors_allowed_origins is set) wraps all of HTTP.
 """
 import os
 
@@ -23,6 +24,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from models_app.api.chat.endpoint import chat_completions_app  # noqa: E402
+from models_app.api.cors import with_cors  # noqa: E402
 from models_app.api.handler import ApiHandler  # noqa: E402
 from models_app.api.responses.endpoint import responses_app  # noqa: E402
 from models_app.host.consumer import RuntimeConsumer  # noqa: E402
@@ -48,7 +50,8 @@ browser_http = ASGIStaticFilesHandler(django_http)
 
 application = ProtocolTypeRouter(
     {
-        "http": http_router,
+        # CORS (service.cors_allowed_origins) in front of every HTTP path, inference apps included.
+        "http": with_cors(http_router),
         # The admin pages' live feed: session login (staff only) and same-origin browsers only.
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))

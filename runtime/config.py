@@ -1,8 +1,8 @@
 """Settings: the pydantic schemas, the settings.json + local.json merge, and the load body.
 
 ``load_settings(path)`` reads ``path`` and the ``local.json`` beside it,
-deep-merges them (objects key by key, anything else replaces, a model set to
-``null`` in local.json is removed) and validates the result.  Every problem is
+deep-merges them (objects key by key, anything else replaces, a model or a swap
+group set to ``null`` in local.json is removed) and validates the result.  Every problem is
 reported as ``InvalidSettings`` naming the JSON path of each field.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from runtime.backends import BACKENDS
 from runtime.backends.overrides import TARGET_INFLIGHT, load_body_model
@@ -23,6 +23,8 @@ from runtime.request import DecodingSettings
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 API_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP token (RFC 9110)
+# A browser's Origin header as it sends it (lower case, no path, no trailing slash), or "*".
+CORS_ORIGIN = re.compile(r"^(\*|[a-z][a-z0-9+.-]*://([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:.]+\])(:[0-9]{1,5})?)$")
 DEFAULT_FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
 
 
@@ -63,6 +65,15 @@ class ApiKey(_Strict):
         return self.fairness_key if self.fairness_key is not None else self.name
 
 
+def _cors_origin(origin: str) -> str:
+    if not CORS_ORIGIN.match(origin):
+        raise ValueError(
+            f"{origin!r} is not an origin: scheme://host[:port] in lower case, without a path or a"
+            ' trailing slash (such as "https://chat.example.com"), or "*"'
+        )
+    return origin
+
+
 class ServiceSettings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
@@ -82,6 +93,8 @@ class ServiceSettings(_Strict):
     fairness_key_headers: list[Annotated[str, Field(pattern=HEADER_NAME.pattern)]] = Field(
         default_factory=lambda: [DEFAULT_FAIRNESS_HEADER]
     )
+    # The browser origins that may call /v1 (CORS, models_app/api/cors.py); empty: CORS off.
+    cors_allowed_origins: list[Annotated[str, AfterValidator(_cors_origin)]] = Field(default_factory=list)
 
 
 class FairnessSettings(_Strict):
@@ -103,10 +116,30 @@ ModelDefinition = Annotated[
 ]
 
 
+class GroupSettings(_Strict):
+    """One swap group (``groups.<name>``): at most ``max_loaded`` of its members are loaded or
+    loading at once; ``runtime.groups`` enforces it and docs/settings.md states the rules."""
+
+    members: list[str] = Field(min_length=1)
+    max_loaded: int = Field(1, ge=1)
+    # While another member waits for a slot, a busy member keeps its turn this long at most.
+    max_turn_seconds: float = Field(60.0, gt=0, le=86400)
+
+
 class Settings(_Strict):
     service: ServiceSettings = Field(default_factory=ServiceSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: dict[str, ModelDefinition] = Field(default_factory=dict)
+    groups: dict[str, GroupSettings] = Field(default_factory=dict)
+
+    @field_validator("groups", mode="before")
+    @classmethod
+    def _group_names(cls, value):
+        if isinstance(value, dict):
+            for name in value:
+                if not MODEL_NAME.match(name):
+                    raise ValueError(f"group name {name!r} must match {MODEL_NAME.pattern}")
+        return value
 
     @field_validator("models", mode="before")
     @classmethod
@@ -180,7 +213,7 @@ def validate_settings(data: dict, *, path: str = "<settings>") -> Settings:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
         _raise_invalid(path, format_validation_error(exc), exc)
-    problems = api_key_problems(settings)
+    problems = api_key_problems(settings) + alias_problems(settings) + group_problems(settings)
     if problems:
         _raise_invalid(path, problems)
     return settings
@@ -224,6 +257,44 @@ def api_key_problems(settings: Settings) -> list[dict]:
     return problems
 
 
+def alias_problems(settings: Settings) -> list[dict]:
+    """An alias that is a model's name, or that two models (or one model twice) declare."""
+    problems = []
+    owners: dict[str, str] = {}
+    for name, definition in settings.models.items():
+        for index, alias in enumerate(definition.aliases):
+            where = f"$.models.{name}.aliases[{index}]"
+            if alias in settings.models:
+                problems.append({"path": where, "message": f"{alias!r} is the name of a model"})
+            elif alias in owners:
+                problems.append({"path": where, "message": f"{alias!r} is an alias of {owners[alias]} already"})
+            owners.setdefault(alias, name)
+    return problems
+
+
+def group_problems(settings: Settings) -> list[dict]:
+    """Swap groups: members that are configured models, each in one group at most, and no more
+    ``enabled`` members than the group may hold (start-up would swap its own preloads out)."""
+    problems = []
+    owners: dict[str, str] = {}
+    for group, config in settings.groups.items():
+        for index, member in enumerate(config.members):
+            where = f"$.groups.{group}.members[{index}]"
+            if member not in settings.models:
+                problems.append({"path": where, "message": f"{member!r} is not a configured model"})
+            elif member in owners:
+                problems.append({"path": where, "message": f"{member!r} is a member of group {owners[member]} already"})
+            owners.setdefault(member, group)
+        enabled = [m for m in dict.fromkeys(config.members) if m in settings.models and settings.models[m].enabled]
+        if len(enabled) > config.max_loaded:
+            problems.append({
+                "path": f"$.groups.{group}.max_loaded",
+                "message": f"{len(enabled)} members are enabled ({', '.join(enabled)}) but max_loaded is "
+                f"{config.max_loaded}",
+            })
+    return problems
+
+
 def key_weights(service: ServiceSettings) -> dict[str, float]:
     """The fairness weight of each API key's bucket that sets one."""
     return {key.bucket: key.weight for key in service.api_keys if key.weight is not None}
@@ -246,9 +317,10 @@ def load_settings(path: str) -> LoadedSettings:
     local_path = local_path_for(path)
     overlay = _read_json(local_path) if os.path.exists(local_path) else {}
     merged = deep_merge(base, overlay)
-    models = merged.get("models")
-    if isinstance(models, dict):
-        merged["models"] = {name: value for name, value in models.items() if value is not None}
+    for section in ("models", "groups"):  # a model or group set to null in local.json is removed
+        entries = merged.get(section)
+        if isinstance(entries, dict):
+            merged[section] = {name: value for name, value in entries.items() if value is not None}
     settings = validate_settings(merged, path=path)
     sources: dict[str, list[str]] = {}
     for name in settings.models:
