@@ -9,6 +9,7 @@ from __future__ import annotations
 from runtime.catalog import CatalogEntry
 from runtime.errors import (
     FileInputUnsupported,
+    error_from_dict,
     InvalidRequest,
     ModalityUnsupported,
     MultiTurnUnsupported,
@@ -36,6 +37,9 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
         raise RemoteExecutionDisallowed(
             f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
         )
+    forwards = spec.forwards_requests(definition) and request.passthrough is not None
+    if request.refused and not forwards:
+        raise error_from_dict(request.refused[0])
     capabilities = spec.capabilities(definition)
     for message in request.messages:
         for part in message["content"]:
@@ -49,11 +53,12 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
                     f"(modalities: {', '.join(capabilities['modalities'])})",
                     param="input",
                 )
-    turns = [m for m in request.messages if m["role"] in ("user", "assistant")]
-    if len(turns) > 1 and not capabilities["multi_turn"]:
-        raise MultiTurnUnsupported(f"model {entry.name} accepts a single user turn only", param="input")
-    if not turns or turns[-1]["role"] != "user":
-        raise InvalidRequest("the input must end with a user message", param="input")
+    if not forwards:  # a forwarding engine's upstream judges the conversation (tool results end it, say)
+        turns = [m for m in request.messages if m["role"] in ("user", "assistant")]
+        if len(turns) > 1 and not capabilities["multi_turn"]:
+            raise MultiTurnUnsupported(f"model {entry.name} accepts a single user turn only", param="input")
+        if not turns or turns[-1]["role"] != "user":
+            raise InvalidRequest("the input must end with a user message", param="input")
     thinking = request.thinking or THINKING_DEFAULT
     if thinking not in capabilities["thinking_modes"]:
         raise ThinkingUnsupported(

@@ -42,6 +42,16 @@ class GenerationRequest:
     ``input_audio``).  ``None`` in a sampling field means "the service's default".
     ``stop``, ``seed``, ``tools`` and ``tool_choice`` are carried for the protocols that
     have them; an engine that cannot honour one is refused before it is queued.
+
+    ``prompt`` is a raw text prompt (POST /v1/completions): ``messages`` is then empty and
+    only an engine that runs raw prompts takes it.  ``passthrough`` is the client's own body
+    and the upstream path it was sent to (``{"path": "/v1/chat/completions", "body": {...}}``),
+    which an engine that forwards to an OpenAI-compatible server (the managed servers,
+    openai_remote) sends on as it is, model name rewritten.  ``refused`` lists what the typed
+    path cannot honour, as error dicts (``code``, ``message``, ``param``): the parser records
+    them instead of raising, because only the runtime knows whether the model's engine
+    forwards the body (then the upstream judges those fields) or runs it itself (then the
+    first one is the request's 400).
     """
 
     request_id: str
@@ -61,6 +71,12 @@ class GenerationRequest:
     seed: int | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: int | None = None  # top alternatives per token wanted (0: the chosen token's only); None: none
+    prompt: str | None = None
+    passthrough: dict | None = None
+    refused: list[dict] = field(default_factory=list)
 
     def resolved(self, decoding: DecodingSettings | None = None) -> GenerationRequest:
         """A copy with every unset sampling field given the service's default: ``decoding``

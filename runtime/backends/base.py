@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,6 +49,20 @@ class CommonDefinition(BaseModel):
     # "process": each replica's engine runs in an engine process of its own (runtime/engine_process),
     # so a native fault kills that process, not the runtime; "none": in the runtime's own process.
     isolation: Literal["process", "none"] = "none"
+    # Switching by itself (docs/settings.md, "Models that switch by themselves"): a request for this
+    # model while it is unloaded starts its load and waits for it, at most load_wait_timeout_seconds.
+    load_on_request: bool = False
+    load_wait_timeout_seconds: float = Field(600.0, gt=0, le=86400)
+    # Unload (gracefully) after this many seconds with nothing active or queued; null: never.
+    ttl_seconds: int | None = Field(None, ge=1, le=31_536_000)
+    # Never unloaded by its TTL or a swap group; only by an admin unload.
+    pinned: bool = False
+    # Come back (when its swap group is free again) after a swap took it away; see docs/settings.md.
+    keep_warm: bool = False
+    # Extra names clients may use for this model (unique across the catalog; runtime.config checks).
+    aliases: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")]] = Field(
+        default_factory=list
+    )
 
     @model_validator(mode="after")
     def _replicas_within_max(self):
@@ -129,6 +143,11 @@ class BackendSpec:
         return False
 
     def is_remote(self, definition: CommonDefinition) -> bool:
+        return False
+
+    def forwards_requests(self, definition: CommonDefinition) -> bool:
+        """Whether the engine sends the client's own body (``GenerationRequest.passthrough``)
+        to an OpenAI-compatible upstream, which then judges every field llm-pool does not own."""
         return False
 
     def capabilities(self, definition: CommonDefinition) -> dict:

@@ -3,8 +3,10 @@
 ``parse_chat_body`` builds the same ``GenerationRequest`` the Responses parser builds (parts in
 the Responses input shape: ``text`` -> ``input_text``, ``image_url`` -> ``input_image``), so
 the runtime checks and runs both protocols alike.  Fields that change nothing here are
-accepted and ignored; fields that would silently change the answer are refused with a 400
-naming the field.
+accepted and ignored.  Fields the typed path cannot honour (and that would silently change
+the answer) are recorded in ``GenerationRequest.refused``, with the client's body as
+``passthrough``: a model whose engine forwards the body to an OpenAI-compatible server lets
+that server judge them; any other model answers 400 naming the first of them.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runtime.config import json_path
-from runtime.errors import InvalidRequest, ToolsUnsupported
+from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
 from runtime.request import GenerationRequest
 
 
@@ -131,6 +133,9 @@ _CHANGES_THE_ANSWER = {
 }
 
 
+CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+
+
 @dataclass
 class ChatRequest:
     """A parsed chat completions request: the typed request and what only the answer's shape needs."""
@@ -150,16 +155,18 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
         problem = exc.errors()[0]
         path = json_path(_field_loc(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
-    _refuse_what_changes_the_answer(body)
-    _check_tools(body)
     if not body.messages:
         raise InvalidRequest("messages must not be empty", param="messages")
+    refused: list[LLMPoolError] = []
+    _refuse_what_changes_the_answer(body, refused)
+    _check_tools(body, refused)
+    messages = [_message(index, message, refused) for index, message in enumerate(body.messages)]
     stream = bool(body.stream)
     return ChatRequest(
         generation=GenerationRequest(
             request_id="",  # the runtime client names the exchange
             model=body.model,
-            messages=[_message(index, message) for index, message in enumerate(body.messages)],
+            messages=messages,
             max_output_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
@@ -168,6 +175,8 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
             response_format=_response_format(body.response_format),
             fairness_key=fairness_key if fairness_key is not None else body.user,
             stop=_stop_sequences(body.stop),
+            passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data},
+            refused=[error.to_dict() for error in refused],
         ),
         include_usage=stream and body.stream_options is not None and bool(body.stream_options.include_usage),
     )
@@ -180,32 +189,35 @@ def _field_loc(loc: tuple) -> tuple:
     return loc
 
 
-def _refuse_what_changes_the_answer(body: ChatBody) -> None:
+def _refuse_what_changes_the_answer(body: ChatBody, refused: list[LLMPoolError]) -> None:
     if body.n is not None and body.n > 1:
-        raise InvalidRequest("n must be 1: llm-pool generates one choice per request", param="n")
+        refused.append(InvalidRequest("n must be 1: llm-pool generates one choice per request", param="n"))
     for name, changes in _CHANGES_THE_ANSWER.items():
         value = getattr(body, name)
         if value is not None and changes(value):
-            raise InvalidRequest(f"{name} is not supported here; leave it out", param=name)
+            refused.append(InvalidRequest(f"{name} is not supported by this model; leave it out", param=name))
 
 
-def _check_tools(body: ChatBody) -> None:
+def _check_tools(body: ChatBody, refused: list[LLMPoolError]) -> None:
     """Tools are ignored under tool_choice (function_call) "none"; anything else that asks for
-    them is tools_unsupported until tool calling lands."""
+    them is tools_unsupported on the typed path until tool calling lands."""
     for tools, choice, names in (
         (body.tools, body.tool_choice, ("tools", "tool_choice")),
         (body.functions, body.function_call, ("functions", "function_call")),
     ):
         if tools and choice != "none":
-            raise ToolsUnsupported(f"{names[0]} are not supported yet; only {names[1]} \"none\" is accepted", param=names[0])
+            refused.append(ToolsUnsupported(
+                f"{names[0]} are not supported by this model; only {names[1]} \"none\" is accepted", param=names[0]
+            ))
         if not tools and choice not in (None, "none", "auto"):
-            raise ToolsUnsupported(f"{names[1]} {choice!r} needs tools, which are not supported yet", param=names[1])
+            refused.append(ToolsUnsupported(f"{names[1]} {choice!r} needs tools", param=names[1]))
 
 
-def _message(index: int, message: ChatMessage) -> dict:
+def _message(index: int, message: ChatMessage, refused: list[LLMPoolError]) -> dict:
     where = f"messages[{index}]"
     if message.role in ("tool", "function") or message.tool_calls or message.function_call:
-        raise ToolsUnsupported(f"{where}: tool calls and tool results are not supported yet", param=where)
+        refused.append(ToolsUnsupported(f"{where}: tool calls and tool results are not supported by this model", param=where))
+        return {"role": message.role, "content": [_part(part) for part in message.content or ()]}
     if message.content is None and message.role != "assistant":
         raise InvalidRequest(f"{where}.content: Field required", param=f"{where}.content")
     return {"role": message.role, "content": [_part(part) for part in message.content or ()]}
