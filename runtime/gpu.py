@@ -112,6 +112,36 @@ def _parse_smi_line(line: str) -> dict:
         raise ValueError(f"not numbers in {line!r}") from None
 
 
+def process_gpu_memory_bytes(pid: int) -> int | None:
+    """The device memory process ``pid`` holds on every GPU together (NVML's compute and
+    graphics process lists), 0 when it holds none, or None when NVML cannot be read (no GPU,
+    no driver, or a driver that hides per-process figures).  Never raises."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        count, total = pynvml.nvmlDeviceGetCount(), 0
+        for index in range(count):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for listing in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+                for process in listing(handle):
+                    if process.pid == pid and isinstance(process.usedGpuMemory, int):
+                        total += process.usedGpuMemory
+        return total if count else None
+    except pynvml.NVMLError:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+
 def used_memory_mib() -> int | None:
     """Used memory of all visible GPUs together, or None when no GPU can be read.
 

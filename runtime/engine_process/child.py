@@ -27,6 +27,7 @@ from typing import Any
 from runtime.backends import BACKENDS
 from runtime.backends.base import EngineUnavailable, Finished, TextDelta
 from runtime.engine_process import protocol as p
+from runtime.gpu import process_gpu_memory_bytes
 from runtime.request import GenerationRequest
 
 logger = logging.getLogger("llmpool.engine_process")
@@ -117,7 +118,8 @@ class EngineHost:
         self.outbox.send({"op": p.CANCELLED, "id": message["id"]})
 
     async def _on_stats(self, message: dict[str, Any]) -> None:
-        self.outbox.send({"op": p.STATS, "rss_bytes": rss_bytes()})
+        gpu_bytes = await asyncio.to_thread(process_gpu_memory_bytes, os.getpid())
+        self.outbox.send({"op": p.STATS, "rss_bytes": rss_bytes(), "gpu_memory_bytes": gpu_bytes})
 
     async def _on_unload(self, message: dict[str, Any]) -> None:
         if self.loading is not None:  # the runtime gave up on the load (its load was cancelled)

@@ -164,7 +164,8 @@ class ProcessEngine:
         self._loaded = False
 
     async def stats(self) -> dict[str, Any]:
-        """``{"rss_bytes": ...}`` of the engine process."""
+        """``{"rss_bytes", "gpu_memory_bytes"}`` of the engine process (the second None where
+        NVML cannot be read)."""
         reply = await self._call(p.STATS, {}, p.STATS)
         return {key: value for key, value in reply.items() if key != "op"}
 

@@ -7,7 +7,7 @@ runtime -> engine process
     ``load`` {backend, model_name, config, replica_index, context}   answered by ``loaded`` or ``error``
     ``generate`` {id, request}   answered by ``delta``* then ``finished`` or ``error``
     ``cancel`` {id}              answered by ``cancelled`` once that generate has stopped
-    ``stats``                    answered by ``stats`` {rss_bytes}
+    ``stats``                    answered by ``stats`` {rss_bytes, gpu_memory_bytes}
     ``unload``                   answered by ``unloaded``; the process then exits 0
 
 engine process -> runtime

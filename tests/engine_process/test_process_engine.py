@@ -89,11 +89,14 @@ async def test_a_request_timeout_cancels_the_generation_in_the_engine_process(ru
     assert result["text"] == "The quick"
 
 
-async def test_stats_report_the_engine_process_rss(runtime_service):
+async def test_stats_report_the_engine_process_rss_and_gpu_memory(runtime_service):
     service, _ = await runtime_service({"proc": stub(isolation="process")})
     await load(service, "proc")
     stats = await service.pool.controller("proc").engines[0].stats()
     assert 10 * 2**20 < stats["rss_bytes"] < 2 * 2**30
+    # The child reads its own device memory from NVML: none here (a stub holds no GPU memory).
+    assert set(stats) == {"rss_bytes", "gpu_memory_bytes"}
+    assert stats["gpu_memory_bytes"] in (None, 0)
 
 
 async def test_unloading_twice_and_after_a_failed_load_is_safe(runtime_service):

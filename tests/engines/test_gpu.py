@@ -267,3 +267,25 @@ def test_gpu_memory_endpoint_with_nvidia_smi_and_an_observed_load(tmp_path):
             )
     finally:
         assert live.stop() == 0
+
+
+# ---- one process's device memory (an engine process's stats) ----------------------------
+def test_process_gpu_memory_sums_the_process_on_every_gpu(monkeypatch):
+    fake = install_nvml(monkeypatch, FakeNvml([(RTX, 10, 100), (RTX, 20, 100)]))
+    module = sys.modules["pynvml"]
+    listed = {
+        0: [types.SimpleNamespace(pid=41, usedGpuMemory=3 * MIB), types.SimpleNamespace(pid=7, usedGpuMemory=9 * MIB)],
+        1: [types.SimpleNamespace(pid=41, usedGpuMemory=2 * MIB), types.SimpleNamespace(pid=41, usedGpuMemory=None)],
+    }
+    module.nvmlDeviceGetComputeRunningProcesses = lambda handle: listed[handle]
+    module.nvmlDeviceGetGraphicsRunningProcesses = lambda handle: []
+    assert gpu.process_gpu_memory_bytes(41) == 5 * MIB  # None: a driver that hides the figure
+    assert gpu.process_gpu_memory_bytes(99) == 0
+    assert fake.calls.count("shutdown") == 2
+
+
+def test_process_gpu_memory_is_none_without_nvml_or_gpus(monkeypatch):
+    install_nvml(monkeypatch, FakeNvml(init_error="Driver Not Loaded"))
+    assert gpu.process_gpu_memory_bytes(os.getpid()) is None
+    install_nvml(monkeypatch, FakeNvml([]))
+    assert gpu.process_gpu_memory_bytes(os.getpid()) is None
