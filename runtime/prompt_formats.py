@@ -9,16 +9,26 @@ markup part, as llama.cpp's own server treats it.
 
 The conversation first becomes ``ChatMessage``s (``conversation_turns``): the
 request's ``instructions`` and every system/developer message join into one
-leading system message; user and assistant turns follow in order; the text
+leading system message; user, assistant and tool turns follow in order; the text
 parts of one message are joined with a newline.
+
+Tools (``render_prompt(..., tools=...)``): a GGUF template that takes ``tools`` gets them,
+and the conversation's tool calls and results, as llama.cpp's server passes them (OpenAI
+message shape, arguments as an object).  Every other format gets them as text
+(``tools_as_text``): the tools described in the system message in the Hermes format (the
+one most open models were tuned on), earlier calls as ``<tool_call>`` blocks and results as
+``<tool_response>`` user turns; the model then answers in the ``hermes`` format
+(``tool_call_format``).
 """
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
 from runtime.errors import BackendError, InvalidRequest
+from runtime.tool_calls import detect_format
 
 GENERIC = "generic"
 MISTRAL = "mistral_template"
@@ -30,8 +40,10 @@ GGUF_TEMPLATE = "gguf_template"
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     content: str
+    tool_calls: tuple[dict, ...] = ()  # an assistant's calls: {"id", "name", "arguments": JSON text}
+    tool_call_id: str | None = None  # a tool result: the call it answers
 
 
 @dataclass(frozen=True)
@@ -72,7 +84,10 @@ def conversation_turns(instructions: str | None, messages: list[dict]) -> list[C
         if message["role"] in ("system", "developer"):
             system.append(text)
         else:
-            turns.append(ChatMessage(message["role"], text))
+            turns.append(ChatMessage(
+                message["role"], text,
+                tool_calls=tuple(message.get("tool_calls") or ()), tool_call_id=message.get("tool_call_id"),
+            ))
     if system:
         return [ChatMessage("system", "\n\n".join(system)), *turns]
     return turns
@@ -249,9 +264,9 @@ class GgufChatTemplate:
 
 
 def render_gguf_template(
-    template: GgufChatTemplate, messages: list[ChatMessage], thinking: bool | None
+    template: GgufChatTemplate, messages: list[ChatMessage], thinking: bool | None, tools: list[dict] | None = None
 ) -> RenderedPrompt:
-    """The GGUF's Jinja chat template, sandboxed.
+    """The GGUF's Jinja chat template, sandboxed (``tools`` only for a template that takes them).
 
     A template that raises for this conversation (``raise_exception``, bad Jinja) is the
     request's 400 invalid_request; one the sandbox refuses is the model's fault (502).
@@ -259,15 +274,99 @@ def render_gguf_template(
     variables = {"bos_token": template.bos_token, "eos_token": template.eos_token}
     if thinking is not None:
         variables["enable_thinking"] = thinking
+    if tools:
+        variables["tools"] = tools
     try:
-        text = render_chat_template(
-            template.template, [{"role": m.role, "content": m.content} for m in messages], **variables
-        )
+        text = render_chat_template(template.template, [_template_message(m) for m in messages], **variables)
     except UnsafeTemplate as exc:
         raise BackendError(str(exc)) from exc
     except TemplateRenderError as exc:
         raise InvalidRequest(f"the model's chat template rejected this conversation: {exc}", param="input") from exc
     return RenderedPrompt(((text, True),))
+
+
+def _template_message(message: ChatMessage) -> dict:
+    """A message as chat templates read it: OpenAI's shape, a call's arguments as an object."""
+    rendered: dict = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        rendered["tool_calls"] = [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": _arguments(call)}}
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    return rendered
+
+
+def _arguments(call: dict) -> dict:
+    try:
+        arguments = json.loads(call.get("arguments") or "{}")
+    except ValueError:
+        raise InvalidRequest(f"the arguments of tool call {call.get('id')!r} are not JSON", param="messages") from None
+    return arguments if isinstance(arguments, dict) else {"value": arguments}
+
+
+# ---- tools as text (formats and templates that do not take tools) -------------------------
+
+HERMES_TOOLS_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def takes_tools(prompt_format: str, gguf_template: GgufChatTemplate | None) -> bool:
+    """Whether the format renders ``tools`` itself (a GGUF template that names them)."""
+    return prompt_format == GGUF_TEMPLATE and gguf_template is not None and (
+        detect_format(gguf_template.template) is not None
+    )
+
+
+def tool_call_format(prompt_format: str, gguf_template: GgufChatTemplate | None) -> str:
+    """The format the model answers tool calls in: its template's, else ``hermes`` (tools as text)."""
+    if takes_tools(prompt_format, gguf_template):
+        return detect_format(gguf_template.template)
+    return "hermes"
+
+
+def tools_as_text(messages: list[ChatMessage], tools: list[dict] | None) -> list[ChatMessage]:
+    """The conversation for a format without tools: the tools in the system message, earlier
+    calls as ``<tool_call>`` blocks of the assistant's text, results as one user turn of
+    ``<tool_response>`` blocks per run of tool messages."""
+    described = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools or ())
+    system, turns = _split_system(messages)
+    out: list[ChatMessage] = []
+    if tools:
+        prompt = HERMES_TOOLS_PROMPT.format(tools=described)
+        out.append(ChatMessage("system", f"{system}\n\n{prompt}" if system else prompt))
+    elif system is not None:
+        out.append(ChatMessage("system", system))
+    for message in turns:
+        if message.role == "tool":
+            block = f"<tool_response>\n{message.content}\n</tool_response>"
+            if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
+                out[-1] = replace(out[-1], content=f"{out[-1].content}\n{block}")
+            else:
+                out.append(ChatMessage("user", block))
+        elif message.tool_calls:
+            calls = "\n".join(
+                "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": _arguments(call)}, ensure_ascii=False)
+                + "\n</tool_call>"
+                for call in message.tool_calls
+            )
+            text = f"{message.content}\n{calls}" if message.content else calls
+            out.append(ChatMessage("assistant", text))
+        else:
+            out.append(message)
+    return out
 
 
 # ---- dispatch ----------------------------------------------------------------------------
@@ -282,8 +381,15 @@ def render_prompt(
     thinking: bool | None = None,
     extra: dict | None = None,
     gguf_template: GgufChatTemplate | None = None,
+    tools: list[dict] | None = None,
 ) -> RenderedPrompt:
-    """Render ``messages`` in ``prompt_format``; ``thinking`` None keeps the family's default."""
+    """Render ``messages`` in ``prompt_format``; ``thinking`` None keeps the family's default;
+    ``tools`` (chat completions' tool objects) are offered to the model (see the module's doc)."""
+    has_tool_turns = any(m.role == "tool" or m.tool_calls for m in messages)
+    if takes_tools(prompt_format, gguf_template):
+        return render_gguf_template(gguf_template, messages, thinking, tools)
+    if tools or has_tool_turns:
+        messages = tools_as_text(messages, tools)
     if prompt_format == GENERIC:
         return render_generic(messages)
     if prompt_format == MISTRAL:
