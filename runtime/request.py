@@ -18,7 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # What a generate operation emits while it runs (its result ends it).
 GENERATE_ADMITTED = "admitted"  # queued: the API may answer a stream's headers now
-GENERATE_DELTA = "delta"  # {"event": "delta", "text": ...}
+# {"event": "waiting", "model": ...}: the request waits for its model to load (load_on_request); a
+# stream may open now (errors from here on come as its error event) and tell the client it waits.
+GENERATE_WAITING = "waiting"
+GENERATE_DELTA = "delta"  # {"event": "delta", "text": ..., "logprobs": [...] when asked}
+GENERATE_REASONING = "reasoning"  # {"event": "reasoning", "text": ...}: the model's reasoning, not its answer
+# {"event": "upstream", "chunk": {...}}: a forwarded stream's chunk, the upstream's JSON as it wrote
+# it (see GenerationRequest.passthrough); a forwarded request that does not stream has its
+# upstream's answer in the result's "upstream".
+GENERATE_UPSTREAM = "upstream"
 
 THINKING_DEFAULT = "default"
 
@@ -41,7 +49,10 @@ class GenerationRequest:
     input shape (``{"type": "input_text", "text"}``, ``input_image``, ``input_file``,
     ``input_audio``).  ``None`` in a sampling field means "the service's default".
     ``stop``, ``seed``, ``tools`` and ``tool_choice`` are carried for the protocols that
-    have them; an engine that cannot honour one is refused before it is queued.
+    have them; an engine that cannot honour one is refused before it is queued.  ``seed``,
+    the penalties and ``logprobs`` need the backend's ``capabilities.sampling_options``.
+    ``reasoning_effort`` (an OpenAI effort name) becomes ``thinking`` where the model has
+    thinking modes; the parser leaves it None when the client chose ``thinking`` itself.
 
     ``prompt`` is a raw text prompt (POST /v1/completions): ``messages`` is then empty and
     only an engine that runs raw prompts takes it.  ``passthrough`` is the client's own body
@@ -74,6 +85,7 @@ class GenerationRequest:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: int | None = None  # top alternatives per token wanted (0: the chosen token's only); None: none
+    reasoning_effort: str | None = None  # mapped onto ``thinking`` by the runtime (runtime.admission)
     prompt: str | None = None
     passthrough: dict | None = None
     refused: list[dict] = field(default_factory=list)

@@ -12,16 +12,19 @@ from collections.abc import Awaitable, Callable
 
 from dataclasses import dataclass, field
 
-from runtime.admission import check_request, estimate_prompt_tokens
+from runtime.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
 from runtime.backends.base import Finished, TextDelta
+from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk
 from runtime.config import parse_load_body
 from runtime.controller import Lease
+from runtime.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
 from runtime.errors import BackendError, RequestTimeout, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.paths import state_dir
 from runtime.pool import ModelPool
+from runtime.reasoning import ReasoningDelta, split_reasoning
 from runtime.read_models import gpu_model_entry, model_entry
-from runtime.request import GENERATE_ADMITTED, GENERATE_DELTA, GenerationRequest
+from runtime.request import GENERATE_ADMITTED, GENERATE_DELTA, GENERATE_REASONING, GENERATE_UPSTREAM, GENERATE_WAITING, GenerationRequest
 from runtime.scheduler import Ticket
 from runtime.state import TransitionEvent
 from runtime.supervisor import sweep_stale_processes
@@ -124,27 +127,67 @@ class RuntimeService:
             self._requests.pop(request_id, None)
 
     async def _generate(self, payload: dict, emit: Emit) -> dict:
-        controller = self.pool.controller(payload["model"])
+        controller = self.pool.lookup(payload["model"])  # a name or an alias
         request = GenerationRequest.from_wire(payload).resolved(self.pool.settings.engine.decoding)
+        request = with_reasoning_effort(controller.entry, request)
         check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
         ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
-        run = _Run()
-        dispatched = await controller.admit(ticket)
+        # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
+        forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)
+        run = _Run(open_on_first_chunk=request.stream and forwarded)
+
+        async def waiting() -> None:  # the model loads for this request: a stream may open now
+            if request.stream:
+                await emit({"event": GENERATE_WAITING, "model": controller.name})
+
+        dispatched = await controller.admit(ticket, waiting)
         try:
-            if request.stream:  # the API answers a stream's headers only now: errors before this get their status
-                await emit({"event": GENERATE_ADMITTED})
+            if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
+                await emit({"event": GENERATE_ADMITTED})  # this get their status
             lease = await dispatched
             lease.check()
             await _run_on_engine(controller, lease, request, emit, run)
+            await run.open_stream(emit)  # a forwarded stream the upstream ended without a chunk
         finally:
             controller.finish(ticket, run.tokens_used(ticket))
         if run.finished is None:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
-        return {
+        result = {
             "text": "".join(run.pieces),
             "finish_reason": run.finished.finish_reason,
             "usage": {"input_tokens": run.finished.input_tokens, "output_tokens": run.finished.output_tokens},
         }
+        run.add_reasoning_and_logprobs(result)
+        if run.answer is not None:
+            result["upstream"] = run.answer  # a forwarded request's answer, as the upstream wrote it
+        return result
+
+    # ---- embeddings ------------------------------------------------------------------
+    async def op_embed(self, payload, emit) -> dict:
+        """One POST /v1/embeddings request: ``{"vectors": [[float]], "usage": {"prompt_tokens"}}``.
+
+        The same path as generate (runtime.embedding): lookup, checks, admission, the
+        scheduler's fair share, a replica's lease, the request timeout; cancellable the same way.
+        """
+        request_id = payload["request_id"]
+        self._requests[request_id] = asyncio.current_task()
+        try:
+            controller = self.pool.lookup(payload["model"])  # a name or an alias
+            request = EmbeddingRequest.from_wire(payload)
+            check_embedding_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
+            ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_input_tokens(request))
+            dispatched = await controller.admit(ticket)
+            used = None
+            try:
+                lease = await dispatched
+                lease.check()
+                vectors, used = await embed_on_engine(controller, lease.engine, request)
+                lease.check()
+            finally:
+                controller.finish(ticket, used)
+            return {"vectors": vectors, "usage": {"prompt_tokens": used}}
+        finally:
+            self._requests.pop(request_id, None)
 
 
 @dataclass
@@ -152,8 +195,35 @@ class _Run:
     """What a request's engine produced so far."""
 
     pieces: list[str] = field(default_factory=list)
-    deltas: int = 0  # the engine's text events (a stop sequence's output_tokens)
+    deltas: int = 0  # the engine's text events or upstream chunks (a stop sequence's output_tokens)
     finished: Finished | None = None
+    answer: dict | None = None  # a forwarded request's upstream answer (not streamed)
+    open_on_first_chunk: bool = False  # a forwarded stream not opened yet
+    reasoning: list[str] = field(default_factory=list)  # split off the answer (runtime.reasoning)
+    reasoning_tokens: int = 0
+    logprobs: list[dict] | None = None  # the answer's, when the request asked for them
+    unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
+
+    def answer_delta(self, text: str) -> dict:
+        """The ``delta`` event of answer text, with the logprobs of the tokens since the last."""
+        delta = {"event": GENERATE_DELTA, "text": text}
+        if self.logprobs is not None:
+            delta["logprobs"], self.unsent_logprobs = self.unsent_logprobs, []
+            self.logprobs.extend(delta["logprobs"])
+        return delta
+
+    def add_reasoning_and_logprobs(self, result: dict) -> None:
+        if self.reasoning:
+            result["reasoning"] = "".join(self.reasoning)
+            result["usage"]["reasoning_tokens"] = min(self.reasoning_tokens, self.finished.output_tokens)
+        if self.logprobs is not None:
+            result["logprobs"] = self.logprobs
+
+    async def open_stream(self, emit: Emit) -> None:
+        """Tell the API to open a forwarded stream (once): its upstream has answered."""
+        if self.open_on_first_chunk:
+            self.open_on_first_chunk = False
+            await emit({"event": GENERATE_ADMITTED})
 
     def tokens_used(self, ticket: Ticket) -> int:
         if self.finished is not None:
@@ -165,28 +235,55 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
     """Stream the engine's events into ``run`` (and to ``emit`` when streaming), within the
     model's request_timeout_seconds: past it the engine's generate is cancelled (504).
 
+    A thinking model's reasoning is split off the answer first (runtime.reasoning): it goes
+    out as ``reasoning`` events, and stop sequences and logprobs are the answer's only.
     With stop sequences, the text is held back while it may be the start of one; once the
     produced text contains one, it is cut there, the engine's generate is closed (cancelled)
-    and the request finishes with ``stop``: the same for every backend.
+    and the request finishes with ``stop``: the same for every backend.  A forwarded request's
+    events are the upstream's (``UpstreamChunk``, ``UpstreamAnswer``), which go on as they are:
+    its upstream has applied the stop sequences.
     """
     limit = controller.entry.definition.request_timeout_seconds
     deadline = asyncio.timeout(limit)
     stops = _StopWatch(request.stop)
-    events = lease.engine.generate(request)
+    entry = controller.entry
+    run.logprobs = None if request.logprobs is None else []
+    events = split_reasoning(lease.engine.generate(request), entry.spec.reasoning_tags(entry.definition, entry.base_dir))
     try:
         async with deadline:
             async for event in events:
                 lease.check()
-                if isinstance(event, TextDelta):
+                if isinstance(event, UpstreamChunk):
                     run.deltas += 1
+                    if request.stream:
+                        await run.open_stream(emit)
+                        await emit({"event": GENERATE_UPSTREAM, "chunk": event.chunk})
+                    continue
+                if isinstance(event, UpstreamAnswer):
+                    run.answer = event.answer
+                    continue
+                if isinstance(event, ReasoningDelta):
+                    run.deltas += event.tokens
+                    run.reasoning_tokens += event.tokens
+                    if event.text:
+                        run.reasoning.append(event.text)
+                        if request.stream:
+                            await emit({"event": GENERATE_REASONING, "text": event.text})
+                    continue
+                if isinstance(event, TextDelta):
+                    run.deltas += event.tokens
+                    run.unsent_logprobs.extend(event.logprobs or ())
                     text, stopped = stops.feed(event.text)
                 else:
                     text, stopped = stops.flush(), False
                     run.finished = event
-                if text:
+                if stopped:
+                    run.unsent_logprobs = []  # the stop sequence's tokens, cut with it
+                if text or (run.finished is not None and run.unsent_logprobs):
                     run.pieces.append(text)
+                    delta = run.answer_delta(text)
                     if request.stream:
-                        await emit({"event": GENERATE_DELTA, "text": text})
+                        await emit(delta)
                 if stopped:
                     run.finished = Finished(
                         input_tokens=estimate_prompt_tokens(request), output_tokens=run.deltas, finish_reason="stop"

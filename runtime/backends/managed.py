@@ -7,10 +7,13 @@ backend has, and ``server_argv`` the shape every server command has.
 One replica is one server process (``runtime.supervisor``): ``load`` picks the
 port, builds the exact command line from the effective config (the profile's
 ``build``), starts the server and polls its health endpoint until it answers
-200.  Requests go to the server's ``/v1/chat/completions`` over a pooled
-``httpx`` client (``runtime.backends.openai_chat``; streamed when the client
-streams, or always where the profile says so) and come back as ``TextDelta`` /
-``Finished``.
+200.  A request that carries the client's own body (``passthrough``: chat
+completions, completions) is forwarded as it is, model renamed
+(``runtime.backends.forwarding``), and the server's chunks or answer come back
+as they are; a typed request (/v1/responses) goes to the server's
+``/v1/chat/completions`` translated (``runtime.backends.openai_chat``; streamed
+when the client streams, or always where the profile says so) and comes back as
+``TextDelta`` / ``Finished``.  Both go over one pooled ``httpx`` client.
 
 A server that exits while loaded reports to ``context["on_engine_failure"]``
 (the model moves to failed, its queue gets backend_error); requests in flight
@@ -20,6 +23,7 @@ exit code and the tail of the server's output.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -46,7 +50,10 @@ from runtime.backends.common_fields import (
     require_model_target,
     thinking_for_families,
 )
+from runtime.backends.forwarding import forward
 from runtime.backends.openai_chat import chat_completion, chat_request
+from runtime.backends.openai_embeddings import create_embeddings
+from runtime.backends.prompts import template_variables
 from runtime.errors import BackendError
 from runtime.supervisor import (
     ManagedProcess,
@@ -204,25 +211,52 @@ class ManagedServerEngine:
             raise BackendError(self._failure)
         if self._client is None:
             raise BackendError(f"{self.label} is not loaded")
-        body = chat_request(
-            request,
-            self._served_model,
-            configured_thinking=self.config.get("enable_thinking"),
-            json_schema=self.profile.json_schema,
-            stream=request.stream or self.profile.stream_always,
-        )
         for attempt in (1, 2):
             answered = False
             try:
-                upstream = chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
-                async for event in upstream:
-                    answered = True
-                    yield event
+                async with contextlib.aclosing(self._upstream(request)) as upstream:  # closed with this one
+                    async for event in upstream:
+                        answered = True
+                        yield event
                 return
             except httpx.TransportError as exc:
                 # Once more on a fresh connection when a kept-alive one was closed under us
                 # (nothing came back yet and the server still runs); otherwise the request fails.
                 if answered or attempt == 2 or not self.process.running:
+                    raise await self._connection_lost(exc) from None
+
+    def _upstream(self, request: GenerationRequest) -> AsyncIterator[Any]:
+        """The server's answer: the client's own body forwarded (``passthrough``) or the typed
+        request as a chat completion."""
+        thinking = self.config.get("enable_thinking")
+        if request.passthrough is not None:
+            return forward(
+                self._client, request.passthrough["path"], request.passthrough["body"], self._served_model,
+                self.label, BackendError, template_variables(request, thinking),
+            )
+        body = chat_request(
+            request,
+            self._served_model,
+            configured_thinking=thinking,
+            json_schema=self.profile.json_schema,
+            stream=request.stream or self.profile.stream_always,
+        )
+        return chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
+
+    async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
+        """POST the server's /v1/embeddings (``embeddings: true``), the model name rewritten to
+        the one it serves; once more on a fresh connection, as for generate."""
+        if self._failure is not None:
+            raise BackendError(self._failure)
+        if self._client is None:
+            raise BackendError(f"{self.label} is not loaded")
+        for attempt in (1, 2):
+            try:
+                return await create_embeddings(
+                    self._client, "/v1/embeddings", self._served_model, inputs, dimensions, self.label, BackendError
+                )
+            except httpx.TransportError as exc:
+                if attempt == 2 or not self.process.running:
                     raise await self._connection_lost(exc) from None
 
     async def _connection_lost(self, exc: httpx.TransportError) -> BackendError:
@@ -357,6 +391,9 @@ class ManagedServerSpec(BackendSpec):
 
     def thinking_modes(self, definition):
         return thinking_for_families(definition, self.thinking_families)
+
+    def forwards_requests(self, definition):
+        return True
 
     def response_formats(self, definition):
         return ["text", "json_schema"] if self.profile.json_schema else ["text"]

@@ -118,7 +118,7 @@ async def chat_completion(
     if not isinstance(answer, dict):
         raise failure(f"{upstream} answered 200 with {type(answer).__name__}, not a chat completion")
     if answer.get("error"):
-        raise failure(f"{upstream} failed while generating: {_error_text(answer)}")
+        raise failure(f"{upstream} failed while generating: {error_text(answer)}")
     choices = answer.get("choices") or []
     if not choices or not isinstance(choices[0], dict):
         raise failure(f"{upstream} answered without a choice")
@@ -151,7 +151,7 @@ async def stream_chat(
                 break
             chunk = json.loads(data)
             if chunk.get("error"):
-                raise failure(f"{upstream} failed while generating: {_error_text(chunk)}")
+                raise failure(f"{upstream} failed while generating: {error_text(chunk)}")
             for choice in chunk.get("choices") or ():
                 text = (choice.get("delta") or {}).get("content")
                 if text:
@@ -171,7 +171,7 @@ async def stream_chat(
 def upstream_error(status: int, body: bytes, upstream: str, failure: type[LLMPoolError]) -> LLMPoolError:
     """An upstream error answer as our error: a refused request is 400, anything else ``failure``."""
     try:
-        detail = _error_text(json.loads(body))
+        detail = error_text(json.loads(body))
     except ValueError:
         detail = body.decode("utf-8", "replace").strip()[:500] or "(empty body)"
     message = f"{upstream} answered {status}: {detail}"
@@ -182,7 +182,7 @@ def upstream_error(status: int, body: bytes, upstream: str, failure: type[LLMPoo
     return failure(message)
 
 
-def _error_text(payload: Any) -> str:
+def error_text(payload: Any) -> str:
     """The message of an OpenAI-style ``{"error": {"message"}}`` body (or of a looser one)."""
     if not isinstance(payload, dict):
         return str(payload)

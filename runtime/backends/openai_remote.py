@@ -30,6 +30,8 @@ class OpenaiRemoteDefinition(FamilyDefinition):
     remote_headers: dict[str, str] = Field(default_factory=dict)
     # Whether the remote honours per-request thinking control.
     remote_thinking: bool = False
+    # Whether the remote model computes embeddings (POST /v1/embeddings goes to <remote_base_url>/embeddings).
+    embeddings: bool = False
 
     @field_validator("remote_base_url")
     @classmethod
@@ -62,6 +64,13 @@ class OpenaiRemoteSpec(BackendSpec):
         return definition.remote_file_mode is not None
 
     def is_remote(self, definition):
+        return True
+
+    def embedding_dimensions(self, definition):
+        """The remote judges ``dimensions``."""
+        return True
+
+    def forwards_requests(self, definition):
         return True
 
     def create_engine(self, model_name, config, replica_index, context):

@@ -3,7 +3,10 @@
 Nothing runs locally.  ``load`` resolves the API key (``remote_api_key``, or the
 environment variable named by ``remote_api_key_env``: a load fails when that
 variable is unset) and opens a pooled ``httpx`` client on ``remote_base_url``;
-``generate`` streams ``<remote_base_url>/chat/completions``.
+``generate`` forwards a request that carries the client's own body (``passthrough``)
+to the same path under ``remote_base_url`` (``runtime.backends.forwarding``: model
+renamed to ``remote_model``), and sends a typed request (/v1/responses) to
+``<remote_base_url>/chat/completions`` translated.
 
 File inputs (only with ``remote_file_mode``): ``inline`` sends ``file_data`` /
 ``file_id`` as chat ``file`` parts; ``upload`` first uploads each ``file_data``
@@ -26,7 +29,10 @@ from typing import Any
 import httpx
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
+from runtime.backends.forwarding import forward
 from runtime.backends.openai_chat import chat_completion, chat_request, upstream_error
+from runtime.backends.openai_embeddings import create_embeddings
+from runtime.backends.prompts import template_variables
 from runtime.errors import InvalidRequest, UpstreamError
 
 
@@ -65,6 +71,16 @@ class OpenaiRemoteEngine:
             raise UpstreamError(f"model {self.model_name} is not loaded")
         uploads: dict[int, str] = {}
         try:
+            if request.passthrough is not None:
+                # remote_base_url ends with the API version (.../v1), which the path begins with.
+                path = request.passthrough["path"].removeprefix("/v1/")
+                thinking = template_variables(request, self.config.get("enable_thinking"))
+                upstream = forward(self._client, path, request.passthrough["body"], self.config["remote_model"],
+                                   self.label, UpstreamError, thinking)
+                async with contextlib.aclosing(upstream):  # closing this generator closes the upstream call
+                    async for event in upstream:
+                        yield event
+                return
             if self.config["remote_file_mode"] == "upload":
                 await self._upload_files(request, uploads)
             body = chat_request(
@@ -85,6 +101,21 @@ class OpenaiRemoteEngine:
             for file_id in uploads.values():
                 with contextlib.suppress(httpx.HTTPError):
                     await self._client.delete(f"files/{file_id}")
+
+    async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
+        """POST ``<remote_base_url>/embeddings`` with ``remote_model`` (``embeddings: true``)."""
+        if self._client is None:
+            raise UpstreamError(f"model {self.model_name} is not loaded")
+        try:
+            return await create_embeddings(
+                self._client, "embeddings", self.config["remote_model"], inputs, dimensions, self.label, UpstreamError
+            )
+        except httpx.TimeoutException:
+            raise UpstreamError(
+                f"{self.label} did not answer within {self.config['remote_timeout_seconds']:g} s"
+            ) from None
+        except httpx.TransportError as exc:
+            raise UpstreamError(f"cannot reach {self.label}: {exc!r}") from None
 
     async def _upload_files(self, request: GenerationRequest, uploads: dict[int, str]) -> None:
         for message in request.messages:

@@ -3,7 +3,11 @@
 ``parse_chat_body`` builds the same ``GenerationRequest`` the Responses parser builds (parts in
 the Responses input shape: ``text`` -> ``input_text``, ``image_url`` -> ``input_image``), so
 the runtime checks and runs both protocols alike.  Fields that change nothing here are
-accepted and ignored.  Fields the typed path cannot honour (and that would silently change
+accepted and ignored.  ``seed``, the penalties and ``logprobs``/``top_logprobs`` are carried
+in the typed request; the runtime refuses them for a model whose engine does not honour them
+(``capabilities.sampling_options``).  ``reasoning_effort`` is carried too (the runtime maps it
+onto the model's thinking modes) unless ``thinking`` is set, which wins.  Fields the typed
+path cannot honour (and that would silently change
 the answer) are recorded in ``GenerationRequest.refused``, with the client's body as
 ``passthrough``: a model whose engine forwards the body to an OpenAI-compatible server lets
 that server judge them; any other model answers 400 naming the first of them.
@@ -78,7 +82,9 @@ class StreamOptions(BaseModel):
 
 
 class ChatBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Fields it does not declare are kept (model_extra) and recorded as refused: an upstream that
+    # the body is forwarded to may know them (llama-server's n_probs and grammar, vLLM's top_k ...).
+    model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     messages: list[ChatMessage]
     max_tokens: int | None = Field(None, ge=1)
@@ -96,19 +102,20 @@ class ChatBody(BaseModel):
     tool_choice: str | dict | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
-    # Refused when set to anything that would change the answer (see _CHANGES_THE_ANSWER).
+    # Carried in the typed request (a penalty of 0 and logprobs false change nothing: left out).
     seed: int | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    # Refused when set to anything that would change the answer (see _CHANGES_THE_ANSWER).
     logit_bias: dict[str, float] | None = None
     modalities: list[str] | None = None
     audio: dict | None = None
     web_search_options: dict | None = None
     verbosity: str | None = None
-    # Accepted for client compatibility; they change nothing here.  reasoning_effort is ignored
-    # too: mapping it onto ``thinking`` needs the model's thinking modes, which only the runtime knows.
+    # Accepted for client compatibility; they change nothing here.
     store: bool | None = None
     metadata: dict | None = None
     parallel_tool_calls: bool | None = None
@@ -116,15 +123,9 @@ class ChatBody(BaseModel):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     prediction: dict | None = None
-    reasoning_effort: str | None = None
 
 
 _CHANGES_THE_ANSWER = {
-    "seed": lambda value: True,  # no engine gets a seed yet: a fixed seed would be a silent no-op
-    "logprobs": bool,
-    "top_logprobs": bool,
-    "presence_penalty": bool,
-    "frequency_penalty": bool,
     "logit_bias": bool,
     "modalities": lambda value: value != ["text"],
     "audio": lambda value: True,
@@ -160,6 +161,8 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
     refused: list[LLMPoolError] = []
     _refuse_what_changes_the_answer(body, refused)
     _check_tools(body, refused)
+    for name in body.model_extra or {}:
+        refused.append(InvalidRequest(f"{name} is not a field of /v1/chat/completions for this model", param=name))
     messages = [_message(index, message, refused) for index, message in enumerate(body.messages)]
     stream = bool(body.stream)
     return ChatRequest(
@@ -175,6 +178,11 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
             response_format=_response_format(body.response_format),
             fairness_key=fairness_key if fairness_key is not None else body.user,
             stop=_stop_sequences(body.stop),
+            seed=body.seed,
+            presence_penalty=body.presence_penalty or None,
+            frequency_penalty=body.frequency_penalty or None,
+            logprobs=_logprobs(body),
+            reasoning_effort=None if body.thinking is not None else body.reasoning_effort,
             passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data},
             refused=[error.to_dict() for error in refused],
         ),
@@ -247,6 +255,14 @@ def _response_format(fmt: dict | None) -> dict | None:
     if fmt["type"] == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
         raise InvalidRequest("a json_schema response_format needs a json_schema object", param="response_format")
     return fmt
+
+
+def _logprobs(body: ChatBody) -> int | None:
+    """How many alternatives per token the client wants (0: the chosen token's logprob only), or
+    None for no logprobs; top_logprobs needs logprobs true, as on OpenAI's API."""
+    if body.top_logprobs and not body.logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    return (body.top_logprobs or 0) if body.logprobs else None
 
 
 def _stop_sequences(stop: str | list[str] | None) -> list[str] | None:

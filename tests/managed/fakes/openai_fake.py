@@ -2,8 +2,8 @@
 
 Each fake parses its command line like the real program (exactly the flags it
 knows; anything else exits 2 with a message), records what it was started with,
-then serves /health, /v1/models, /v1/chat/completions (streamed or not) and
-/v1/files (upload, list, delete) on the host and port it was given.
+then serves /health, /v1/models, /v1/chat/completions (streamed or not),
+/v1/embeddings and /v1/files (upload, list, delete) on the host and port it was given.
 
 Knobs, all from the environment (the model definition's ``*_env``):
 
@@ -233,9 +233,47 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/files":
             self._upload(body)
         elif self.path == "/v1/chat/completions":
+            if self.state["settings"].get("runner") == "pooling":
+                self._error(400, "The model does not support Chat Completions API")
+                return
             self._chat(json.loads(body))
+        elif self.path == "/v1/embeddings":
+            self._embeddings(json.loads(body))
         else:
             self._error(404, f"no route {self.path}", "NotFoundError")
+
+    def _embeddings(self, request: dict) -> None:
+        """Input ``i`` (a string, or a token array as its ids joined by spaces) gets the vector
+        ``[len(text), i, 0.5, 0.5, ...]`` of ``dimensions`` values (default 4); its tokens are its
+        words (or ids).  Only a server started with ``--runner pooling`` (vLLM) or any other
+        program serves it; ``__error_400__`` as an input gets a 400."""
+        log = os.environ.get("FAKE_REQUEST_LOG")
+        if log:
+            with open(log, "a", encoding="utf-8") as target:
+                target.write(json.dumps(request) + "\n")
+        if self.state["settings"].get("runner") not in (None, "pooling"):
+            self._error(400, "The model does not support Embeddings API")
+            return
+        if request.get("model") != self.state["settings"]["model"]:
+            self._error(404, f"The model `{request.get('model')}` does not exist.", "NotFoundError")
+            return
+        if request.get("encoding_format", "float") != "float":
+            self._error(400, "this fake answers floats only")
+            return
+        given = request["input"]
+        inputs = [given] if isinstance(given, str) or (given and isinstance(given[0], int)) else given
+        if "__error_400__" in inputs:
+            self._error(400, "input refused (__error_400__)")
+            return
+        texts = [item if isinstance(item, str) else " ".join(str(token) for token in item) for item in inputs]
+        size = request.get("dimensions") or 4
+        data = [
+            {"object": "embedding", "index": index, "embedding": [float(len(text)), float(index)] + [0.5] * (size - 2)}
+            for index, text in enumerate(texts)
+        ]
+        tokens = sum(len(text.split()) for text in texts)
+        self._json(200, {"object": "list", "data": data, "model": request["model"],
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     def _upload(self, body: bytes) -> None:
         header = f"Content-Type: {self.headers['Content-Type']}\r\n\r\n".encode()
@@ -285,13 +323,13 @@ class _Handler(BaseHTTPRequestHandler):
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         if request.get("stream"):
             include_usage = (request.get("stream_options") or {}).get("include_usage")
-            self._stream(tokens, finish, usage if include_usage else None)
+            self._stream(request["model"], tokens, finish, usage if include_usage else None)
         else:
             if self.state["token_delay"]:  # the same compute time as a streamed answer, all before the answer
                 time.sleep(self.state["token_delay"] * len(tokens))
             message = {"role": "assistant", "content": "".join(tokens)}
             self._json(200, {
-                "id": "chatcmpl-fake", "object": "chat.completion", "model": request["model"],
+                "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": request["model"],
                 "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage,
             })
 
@@ -320,7 +358,7 @@ class _Handler(BaseHTTPRequestHandler):
                 pieces.append(f"[{part['type']}]")
         return " ".join(pieces)
 
-    def _stream(self, tokens: list[str], finish: str, usage: dict | None) -> None:
+    def _stream(self, model: str, tokens: list[str], finish: str, usage: dict | None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -331,9 +369,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
+        created = int(time.time())
+
         def chunk(delta: dict, finish_reason=None) -> dict:
             choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
-            return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [choice]}
+            return {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [choice]}
 
         event(chunk({"role": "assistant", "content": ""}))
         for token in tokens:
@@ -342,13 +383,14 @@ class _Handler(BaseHTTPRequestHandler):
             event(chunk({"content": token}))
         event(chunk({}, finish))
         if usage is not None:
-            event({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [], "usage": usage})
+            event({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": [], "usage": usage})
         event("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
 
 def _text(content) -> str:
-    if isinstance(content, str):
-        return content
+    if isinstance(content, str) or content is None:  # an assistant's tool calls have no content
+        return content or ""
     return " ".join(part.get("text", "") for part in content if part.get("type") == "text")

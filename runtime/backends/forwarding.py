@@ -1,0 +1,162 @@
+"""Pass-through: the client's own body sent to an OpenAI-compatible upstream, its answer sent back.
+
+The managed servers and openai_remote forward a request that carries a ``passthrough``
+(``{"path", "body"}``: the client's JSON body and the path it was posted to) instead of
+re-encoding it, so every field the upstream supports (logprobs, tools, n, grammar, n_probs...)
+works as the upstream documents it.  ``forwarded_body`` is what the upstream gets: the client's
+body with ``model`` set to the upstream's name, llm-pool's own fields (``thinking``) left out
+(its choice goes in ``chat_template_kwargs`` where the body has messages, as on the typed path),
+and, for a stream, ``stream_options.include_usage`` forced on, so the upstream's usage counts
+the request's tokens for the fair-share scheduler.
+
+``forward`` posts it to the same path on the upstream and yields:
+
+- streamed: one ``UpstreamChunk`` per SSE data event, the upstream's JSON as it wrote it (the
+  usage-only chunk and the ``usage`` fields left out again when the client did not ask for
+  them), then ``Finished``;
+- not streamed: one ``UpstreamAnswer`` with the upstream's JSON answer, then ``Finished``.
+
+``Finished`` carries the upstream's usage (``prompt_tokens``, ``completion_tokens``); an upstream
+that reports none is charged no prompt and one token per chunk (streamed) or about four
+characters a token of the answer's text.  Nothing here depends on the path: /v1/chat/completions
+and /v1/completions are forwarded alike.  An upstream's refusal (400, 413, 422) is our 400 with
+its message (``openai_chat.upstream_error``); anything else the caller's ``failure`` class.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from runtime.backends.base import Finished
+from runtime.backends.openai_chat import error_text, upstream_error
+from runtime.errors import LLMPoolError
+
+# Request fields that are llm-pool's own and that no upstream knows.
+LLM_POOL_FIELDS = ("thinking",)
+
+
+@dataclass
+class UpstreamChunk:
+    """One event of a forwarded stream: the upstream's parsed JSON chunk."""
+
+    chunk: dict
+
+
+@dataclass
+class UpstreamAnswer:
+    """The upstream's whole JSON answer to a forwarded request that does not stream."""
+
+    answer: dict
+
+
+def forwarded_body(body: dict, model: str, template_kwargs: dict | None = None) -> dict:
+    """The body the upstream gets for the client's ``body`` (see the module docstring)."""
+    sent = {key: value for key, value in body.items() if key not in LLM_POOL_FIELDS}
+    sent["model"] = model
+    if sent.get("stream"):
+        options = sent.get("stream_options")
+        sent["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    if template_kwargs and "messages" in sent:  # only a chat has a template
+        chosen = sent.get("chat_template_kwargs")
+        sent["chat_template_kwargs"] = {**template_kwargs, **(chosen if isinstance(chosen, dict) else {})}
+    return sent
+
+
+def usage_wanted(body: dict) -> bool:
+    """Whether the client's own stream asked for the usage chunk."""
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
+
+
+async def forward(
+    client: httpx.AsyncClient,
+    path: str,
+    passthrough_body: dict,
+    model: str,
+    upstream: str,
+    failure: type[LLMPoolError],
+    template_kwargs: dict | None = None,
+) -> AsyncIterator[UpstreamChunk | UpstreamAnswer | Finished]:
+    """POST the client's body (see ``forwarded_body``) to ``path`` and yield the upstream's answer."""
+    body = forwarded_body(passthrough_body, model, template_kwargs)
+    if body.get("stream"):
+        # aclosing: closing this generator closes the stream (and its connection) at once, not when
+        # the inner generator is collected.
+        async with aclosing(_stream(client, path, body, usage_wanted(passthrough_body), upstream, failure)) as events:
+            async for event in events:
+                yield event
+        return
+    response = await client.post(path, json=body)
+    if response.status_code != 200:
+        raise upstream_error(response.status_code, response.content, upstream, failure)
+    answer = _json_object(response.content, upstream, failure)
+    yield UpstreamAnswer(answer)
+    choices = answer.get("choices") or []
+    text = "".join(_choice_text(choice) for choice in choices)
+    yield _finished(answer.get("usage"), choices, fallback_output=max(1, len(text) // 4) if text else 0)
+
+
+async def _stream(
+    client: httpx.AsyncClient, path: str, body: dict, wanted: bool, upstream: str, failure: type[LLMPoolError]
+) -> AsyncIterator[UpstreamChunk | Finished]:
+    """The upstream's SSE stream, chunk by chunk; closing this generator closes the connection,
+    which is how the upstream learns that the client went away."""
+    async with client.stream("POST", path, json=body) as response:
+        if response.status_code != 200:
+            raise upstream_error(response.status_code, await response.aread(), upstream, failure)
+        usage, choices, done = None, [], False
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # blank separators, comments (": ping"), event names
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = _json_object(data.encode(), upstream, failure)
+            usage = chunk.get("usage") or usage
+            choices.extend(choice for choice in chunk.get("choices") or () if isinstance(choice, dict))
+            if not wanted:
+                if "usage" in chunk and not chunk.get("choices"):
+                    continue  # the usage-only chunk the client did not ask for
+                chunk.pop("usage", None)
+            yield UpstreamChunk(chunk)
+        if not done:
+            raise failure(f"{upstream} ended the stream without [DONE]")
+    yield _finished(usage, choices, fallback_output=sum(1 for choice in choices if _choice_text(choice)))
+
+
+def _finished(usage: Any, choices: list, fallback_output: int) -> Finished:
+    usage = usage if isinstance(usage, dict) else {}
+    reasons = {choice.get("finish_reason") for choice in choices if isinstance(choice, dict)}
+    return Finished(
+        input_tokens=usage.get("prompt_tokens") or 0,
+        output_tokens=usage.get("completion_tokens") or fallback_output,
+        finish_reason="length" if "length" in reasons else "stop",
+    )
+
+
+def _choice_text(choice: Any) -> str:
+    """A choice's text: a chat message's or delta's content, or a completion's text."""
+    if not isinstance(choice, dict):
+        return ""
+    message = choice.get("message") or choice.get("delta") or {}
+    text = message.get("content") if isinstance(message, dict) else None
+    text = text if isinstance(text, str) else choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def _json_object(data: bytes, upstream: str, failure: type[LLMPoolError]) -> dict:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        raise failure(f"{upstream} answered with a body that is not JSON: {data[:200]!r}") from None
+    if not isinstance(value, dict):
+        raise failure(f"{upstream} answered {type(value).__name__}, not a JSON object")
+    if value.get("error"):
+        raise failure(f"{upstream} failed while generating: {error_text(value)}")
+    return value
