@@ -5,12 +5,18 @@ commands in its inbox and await the answer; the task handles one command at a
 time with synchronous handlers, so nothing can interleave between the read of
 a state and the transition that follows it.  Long work (loading replicas,
 releasing them) runs in a side task that reports back through the inbox.
+
+A model may switch by itself (docs/settings.md): with ``load_on_request`` a request
+that finds it unloaded starts its load and waits (``runtime.on_demand``); its TTL
+unloads it once idle; a swap group (``runtime.groups``) hands out the slots its
+members load into and asks this writer to give one back.  Every transition carries
+the reason of the operation it belongs to (``runtime.state``'s REASON_*).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,9 +34,23 @@ from runtime.errors import (
     ModelUnloading,
     UnknownModel,
 )
+from runtime.groups import SwapGroup
+from runtime.on_demand import IdleClock, Waiters, Waiting
 from runtime.replicas import load_replicas, release_replicas
 from runtime.scheduler import Scheduler, Ticket
-from runtime.state import ACTIVE_STATES, RuntimeState, StateMachine, TransitionEvent
+from runtime.state import (
+    ACTIVE_STATES,
+    REASON_ADMIN,
+    REASON_ENGINE_FAILURE,
+    REASON_GROUP_SWAP,
+    REASON_KEEP_WARM,
+    REASON_REQUEST,
+    REASON_STARTUP,
+    REASON_TTL,
+    RuntimeState,
+    StateMachine,
+    TransitionEvent,
+)
 from runtime.vram import VramFigure
 
 logger = logging.getLogger("llmpool.runtime")
@@ -72,7 +92,11 @@ class ReloadVote:
 
 
 # Changing only these definition fields never conflicts with an active model.
-RELOAD_SAFE_FIELDS = frozenset({"enabled"})
+RELOAD_SAFE_FIELDS = frozenset(
+    {"enabled", "load_on_request", "load_wait_timeout_seconds", "ttl_seconds", "pinned", "keep_warm", "aliases"}
+)
+# The commands a swap group sends a member (``SwapGroup._tell``).
+GROUP_COMMANDS = frozenset({"slot_granted", "swap_out", "end_turn", "resume_turn", "warm_up"})
 
 
 class ModelController:
@@ -81,8 +105,10 @@ class ModelController:
         entry: CatalogEntry,
         fairness: FairnessSettings,
         listeners: list[Callable[[TransitionEvent], None]] | None = None,
+        group: SwapGroup | None = None,
     ):
         self.entry = entry
+        self.group = group
         self.machine = StateMachine(entry.name, listeners)
         self.last_error: str | None = None
         self.load_override: dict[str, Any] = {}
@@ -102,6 +128,14 @@ class ModelController:
         self._task: asyncio.Task | None = None
         self._stopped = False
         self.vram = VramFigure()
+        self.waiters = Waiters()  # requests waiting for a load (load_on_request)
+        self.clock = IdleClock()
+        self.reason: str | None = None  # of the lifecycle operation under way, or of the last one
+        self._awaiting_slot = False  # loading, but the swap group has no slot for it yet
+        self._yielding = False  # its group turn is over: new requests wait for its next turn
+        self._swapped_out = False  # the last unload was a group swap (keep_warm brings it back)
+        self._idle: bool | None = None  # as last told to the clock (None: tell it again)
+        self._drained: bool | None = None  # as last reported to the group
 
     @property
     def name(self) -> str:
@@ -116,30 +150,62 @@ class ModelController:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"model:{self.name}")
 
     async def load(self, overrides: dict[str, Any], replicas: int | None) -> None:
-        """Start a load (or join/ignore per the state rules); returns once it has settled."""
-        await self._post("load", overrides, replicas)
+        """Start a load (or join/ignore per the state rules); returns once it has settled.
+
+        In a swap group the load first waits for a slot (the model is ``loading`` meanwhile)."""
+        await self._post("load", overrides, replicas, REASON_ADMIN)
 
     def begin_load(self) -> asyncio.Future:
         """Start a load with the configured definition without waiting (start-up loading)."""
-        return self._post("load", {}, None)
+        return self._post("load", {}, None, REASON_STARTUP)
 
     async def unload(self) -> None:
         await self._post("unload")
 
-    async def admit(self, ticket: Ticket) -> asyncio.Future:
-        """Queue a request; returns a future resolving to the ``Lease`` of the replica it runs on."""
+    async def admit(self, ticket: Ticket, on_wait: Callable[[], Awaitable[None]] | None = None) -> asyncio.Future:
+        """Queue a request; returns a future resolving to the ``Lease`` of the replica it runs on.
+
+        A ``load_on_request`` model that cannot serve yet (unloaded, loading, unloading after its
+        TTL or a swap, its group turn over) makes the request wait: ``on_wait`` is awaited (a
+        stream tells its client), then the wait lasts until the request is queued, at most
+        ``load_wait_timeout_seconds`` (then ModelLoading, 503), or until the error that ends it
+        (ModelFailed with the load's last_error, 409).  Any other refusal raises at once.
+        """
         admitted = self._post("admit", ticket)
         try:
-            return await asyncio.shield(admitted)
+            answer = await asyncio.shield(admitted)
         except asyncio.CancelledError:
             # The caller went away; a request the writer admits anyway must not keep its slot.
             admitted.add_done_callback(lambda f: f.cancelled() or f.exception() or self.finish(ticket))
+            raise
+        if not isinstance(answer, Waiting):
+            return answer
+        limit = self.entry.definition.load_wait_timeout_seconds
+        try:
+            if on_wait is not None:
+                await on_wait()
+            async with asyncio.timeout(limit):
+                return await asyncio.shield(answer.queued)
+        except TimeoutError:
+            self.finish(ticket)
+            raise ModelLoading(
+                f"model {self.name} did not finish loading within load_wait_timeout_seconds={limit:g}; retry shortly"
+            ) from None
+        except BaseException:
+            self.finish(ticket)  # gone while waiting, or the wait failed: it holds nothing
             raise
 
     def finish(self, ticket: Ticket, tokens: int | None = None) -> None:
         """A request ended (done, failed or withdrawn while queued); ``tokens`` it really used."""
         if not self._stopped:
             self._post("finish", ticket, tokens)
+
+    def group_command(self, command: str) -> None:
+        """A command from the model's swap group (``GROUP_COMMANDS``); its writer decides."""
+        if command not in GROUP_COMMANDS:
+            raise ValueError(f"unknown group command {command!r}")
+        if not self._stopped:
+            self._post(command)
 
     def engine_failed(self, message: str) -> None:
         """A loaded engine died (a managed server exited, a device was lost)."""
@@ -149,6 +215,9 @@ class ModelController:
     async def stop(self) -> None:
         """Stop the controller (model removed or service shutting down); release its engines."""
         self._stopped = True
+        self.clock.disarm()
+        if self.group is not None:
+            self.group.forget(self.name)
         if self._task is not None:
             self._task.cancel()
         if self._work is not None:
@@ -160,8 +229,9 @@ class ModelController:
         pending: list[asyncio.Future] = []
         while not self._inbox.empty():
             pending.append(self._inbox.get_nowait()[2])
-        held = [waiter for _, _, waiter in self._held_loads]
-        for future in [*pending, *held, *self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
+        held = [waiter for *_, waiter in self._held_loads]
+        waiting = self.waiters.futures()
+        for future in [*pending, *held, *waiting, *self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
             if not future.done():
                 future.set_exception(gone)
                 future.exception()  # callers that await still get it; nobody else is told it was lost
@@ -171,9 +241,11 @@ class ModelController:
         loads wait until ``commit_reload`` or ``release_reload``.  Resolves to a ``ReloadVote``."""
         return self._post("hold_for_reload", entry)
 
-    def commit_reload(self, entry: CatalogEntry, fairness: FairnessSettings) -> asyncio.Future:
-        """Take the reloaded entry and fairness settings, then release the hold."""
-        return self._post("commit_reload", entry, fairness)
+    def commit_reload(
+        self, entry: CatalogEntry, fairness: FairnessSettings, group: SwapGroup | None = None
+    ) -> asyncio.Future:
+        """Take the reloaded entry, fairness settings and swap group, then release the hold."""
+        return self._post("commit_reload", entry, fairness, group)
 
     def release_reload(self) -> asyncio.Future:
         """The reload was refused: release the hold, changing nothing."""
@@ -200,10 +272,14 @@ class ModelController:
                 logger.exception("model %s: command %s failed", self.name, command)
                 if not future.done():
                     future.set_exception(exc)
+            try:
+                self._settle()
+            except Exception:
+                logger.exception("model %s: settling after %s failed", self.name, command)
 
-    def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None) -> None:
+    def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None, reason: str) -> None:
         if self._reload_held:
-            self._held_loads.append((overrides, replicas, future))
+            self._held_loads.append((overrides, replicas, reason, future))
             return
         state = self.state
         if state in (S.LOADED, S.LOADING):
@@ -224,13 +300,29 @@ class ModelController:
                 param="replicas",
             )
         accepted = self.entry.spec.validate_overrides(definition, overrides)
+        if reason == REASON_ADMIN:
+            self._swapped_out = False  # the operator decides again what it is loaded for
+        self._load_waiters.append(future)
+        self._begin_load(state, reason, accepted, count)
+
+    def _begin_load(self, state: RuntimeState, reason: str, overrides: dict | None = None, count: int | None = None) -> None:
+        """state -> loading; the engines load at once, or once the swap group grants a slot."""
         # Fields first, transition last: listeners read a consistent entry.
         self.last_error = None
-        self.load_override = accepted
-        self.replicas = count
-        self.machine.transition(state, S.LOADING)
-        self._load_waiters.append(future)
-        self._work = asyncio.get_running_loop().create_task(self._load_engines(self.entry, accepted, count))
+        self.load_override = overrides or {}
+        self.replicas = self.entry.definition.replicas if count is None else count
+        self.reason = reason
+        self._yielding = False
+        self.machine.transition(state, S.LOADING, reason)
+        if self.group is None or self.group.want(self.name):
+            self._start_engines()
+        else:
+            self._awaiting_slot = True
+
+    def _start_engines(self) -> None:
+        self._work = asyncio.get_running_loop().create_task(
+            self._load_engines(self.entry, self.load_override, self.replicas)
+        )
 
     async def _load_engines(self, entry: CatalogEntry, overrides: dict, count: int) -> None:
         try:
@@ -250,25 +342,38 @@ class ModelController:
             self.engines = engines
             self.vram.observe(observed_mib, len(engines))
             self.scheduler.open(len(engines), self.effective_target_inflight)
-            self.machine.transition(S.LOADING, S.LOADED)
+            self.machine.transition(S.LOADING, S.LOADED, self.reason)
+            self.waiters.release(self._queue)  # they waited for this turn, even if the group ended it
         else:
             self.last_error = error
             self.load_override = {}
             self.replicas = self.entry.definition.replicas
-            self.machine.transition(S.LOADING, S.FAILED)
+            self.machine.transition(S.LOADING, S.FAILED, self.reason)
+            self._release_slot()
+            self.waiters.fail(_not_serving(self.name, S.FAILED, error))
         _resolve(self._load_waiters)
         future.set_result(None)
 
     def _on_unload(self, future: asyncio.Future) -> None:
+        """The admin unload: requests are refused from then on (waiting ones too), as the contract says."""
         state = self.state
-        if state in (S.UNLOADED, S.FAILED, S.UNLOADING):
-            future.set_result(None)
-            return
         if state is S.LOADING:
             raise ModelStateConflict(f"model {self.name} is loading; unload it once the load has finished")
-        self.machine.transition(S.LOADED, S.UNLOADING)
+        self._swapped_out = False
+        self.waiters.fail(ModelUnloading(f"model {self.name} is unloading"))
+        if state is S.LOADED:
+            self._unload_waiters.append(future)
+            self._start_unload(REASON_ADMIN)
+            return
+        if state is S.UNLOADING:
+            self.reason = REASON_ADMIN  # an automatic unload under way becomes the operator's
+        future.set_result(None)
+
+    def _start_unload(self, reason: str) -> None:
+        """loaded -> unloading: queued requests are refused, active ones finish first."""
+        self.reason = reason
+        self.machine.transition(S.LOADED, S.UNLOADING, reason)
         self.scheduler.close(ModelUnloading(f"model {self.name} is unloading"))
-        self._unload_waiters.append(future)
         self._release_when_idle()
 
     def _release_when_idle(self) -> None:
@@ -285,13 +390,27 @@ class ModelController:
         self.scheduler.reset()
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
+        self._yielding = False
         if errors:
             self.last_error = "unload failed: " + "; ".join(errors)
-            self.machine.transition(S.UNLOADING, S.FAILED)
+            self.machine.transition(S.UNLOADING, S.FAILED, self.reason)
         else:
-            self.machine.transition(S.UNLOADING, S.UNLOADED)
+            self.machine.transition(S.UNLOADING, S.UNLOADED, self.reason)
         _resolve(self._unload_waiters)
+        self._release_slot()
+        if self.state is S.FAILED:
+            self.waiters.fail(_not_serving(self.name, S.FAILED, self.last_error))
+        self._load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
+
+    def _load_for_waiters(self) -> None:
+        if self.waiters and self.state is S.UNLOADED and not self._reload_held:
+            self._begin_load(S.UNLOADED, REASON_REQUEST)
+
+    def _release_slot(self) -> None:
+        self._awaiting_slot = False
+        if self.group is not None:
+            self.group.release(self.name)
 
     def _on_engine_failed(self, future, message: str) -> None:
         """Loaded -> failed: queued requests get backend_error, active ones fail on their own.
@@ -310,7 +429,10 @@ class ModelController:
         engines, self.engines = self.engines, []
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
-        self.machine.transition(S.LOADED, S.FAILED)
+        self._yielding = False
+        self.reason = REASON_ENGINE_FAILURE
+        self.machine.transition(S.LOADED, S.FAILED, REASON_ENGINE_FAILURE)
+        self.waiters.fail(_not_serving(self.name, S.FAILED, message))
         self._work = asyncio.get_running_loop().create_task(self._release_failed(engines))
         future.set_result(None)
 
@@ -321,6 +443,8 @@ class ModelController:
     def _on_failed_released(self, future) -> None:
         if self._work is not None and self._work.done():  # a new load may already be running
             self._work = None
+        if self.state is S.FAILED:  # its engines are gone now: so is its claim on the group's slot
+            self._release_slot()
         future.set_result(None)
 
     def _on_hold_for_reload(self, future, entry: CatalogEntry | None) -> None:
@@ -340,10 +464,12 @@ class ModelController:
         self._reload_held = True
         future.set_result(ReloadVote(change, active, conflict))
 
-    def _on_commit_reload(self, future, entry: CatalogEntry, fairness: FairnessSettings) -> None:
-        if not self.entry.same_definition(entry):
+    def _on_commit_reload(self, future, entry: CatalogEntry, fairness: FairnessSettings, group) -> None:
+        if not self.entry.same_definition(entry, ignore=RELOAD_SAFE_FIELDS):
             self.vram.forget()  # measured for a definition that no longer exists
         self.entry = entry
+        self.group = group
+        self._idle = self._drained = None  # tell the clock (a new ttl_seconds) and the group again
         if self.state not in ACTIVE_STATES:
             self.replicas = entry.definition.replicas
         self.scheduler.fairness = fairness
@@ -351,15 +477,34 @@ class ModelController:
 
     def _on_release_reload(self, future) -> None:
         self._reload_held = False
-        for overrides, replicas, waiter in self._held_loads:
-            self._inbox.put_nowait(("load", (overrides, replicas), waiter))
+        for overrides, replicas, reason, waiter in self._held_loads:
+            self._inbox.put_nowait(("load", (overrides, replicas, reason), waiter))
         self._held_loads.clear()
+        self._load_for_waiters()
         future.set_result(None)
 
     def _on_admit(self, future: asyncio.Future, ticket: Ticket) -> None:
+        """Queue the request, make it wait for a load, or refuse it; a refused one changes nothing."""
         state = self.state
-        if state is not S.LOADED:
-            raise _not_serving(self.name, state, self.last_error)
+        if state is S.LOADED and not self._yielding:
+            future.set_result(self._queue(ticket))
+        elif self._may_wait(state):
+            future.set_result(self.waiters.add(ticket))
+            self._load_for_waiters()
+        else:
+            raise _not_serving(self.name, S.UNLOADING if state is S.LOADED else state, self.last_error)
+        self.clock.touch()
+
+    def _may_wait(self, state: RuntimeState) -> bool:
+        """Whether a request may wait for this model rather than be refused now: only with
+        load_on_request, never for a failed model (an admin load is needed), and never during an
+        admin unload (the contract refuses requests once it starts)."""
+        if not self.entry.definition.load_on_request or state is S.FAILED:
+            return False
+        return not (state is S.UNLOADING and self.reason == REASON_ADMIN)
+
+    def _queue(self, ticket: Ticket) -> asyncio.Future:
+        """Put a request in the scheduler (its 429s raise); the future it will be dispatched by."""
         dispatched = asyncio.get_running_loop().create_future()
         self._dispatch[ticket] = dispatched
         try:
@@ -367,15 +512,97 @@ class ModelController:
         except LLMPoolError:
             del self._dispatch[ticket]
             raise
-        future.set_result(dispatched)
+        return dispatched
 
     def _on_finish(self, future, ticket: Ticket, tokens: int | None) -> None:
-        if not self.scheduler.on_cancel(ticket):
+        if self.waiters.remove(ticket):
+            self._withdraw_unwanted_load()
+        elif not self.scheduler.on_cancel(ticket):
             self.scheduler.on_done(ticket, tokens)
         self._dispatch.pop(ticket, None)
         self._leases.pop(ticket, None)
         self._release_when_idle()
         future.set_result(None)
+
+    def _withdraw_unwanted_load(self) -> None:
+        """A load that waits for a group slot for requests only, all gone now, does not happen."""
+        if (
+            self.state is S.LOADING and self._awaiting_slot and not self.waiters and not self._load_waiters
+            and self.group is not None and self.group.withdraw(self.name)
+        ):
+            self._awaiting_slot = False
+            self.machine.transition(S.LOADING, S.UNLOADED, REASON_REQUEST)
+
+    def _on_ttl_expired(self, future, idle_since: float) -> None:
+        future.set_result(None)
+        if self._idle and self.clock.idle_since == idle_since and self._ttl() is not None:
+            self._start_unload(REASON_TTL)
+
+    # ---- what the swap group asks (its writer decides) ----------------------------------
+    def _on_slot_granted(self, future) -> None:
+        future.set_result(None)
+        if self.state is S.LOADING and self._awaiting_slot:
+            self._awaiting_slot = False
+            self._start_engines()
+        elif self.group is not None and self.state not in ACTIVE_STATES:
+            self.group.release(self.name)  # withdrawn meanwhile
+
+    def _on_swap_out(self, future) -> None:
+        future.set_result(None)
+        if self.group is None:
+            return
+        if self.state is S.LOADED and self._is_drained() and not self.entry.definition.pinned:
+            self._swapped_out = True
+            self.group.swapping_out(self.name)
+            self._start_unload(REASON_GROUP_SWAP)
+        else:
+            self.group.declined(self.name)
+
+    def _on_end_turn(self, future) -> None:
+        future.set_result(None)
+        if self.state in (S.LOADING, S.LOADED) and not self.entry.definition.pinned:
+            self._yielding = True
+
+    def _on_resume_turn(self, future) -> None:
+        future.set_result(None)
+        self._yielding = False
+        if self.state is S.LOADED:
+            self.waiters.release(self._queue)
+
+    def _on_warm_up(self, future) -> None:
+        """A free slot in the group: a keep_warm model that enabled loaded and a swap took comes back."""
+        future.set_result(None)
+        definition = self.entry.definition
+        if (
+            self.state is S.UNLOADED and definition.keep_warm and definition.enabled and self._swapped_out
+            and not self._reload_held and self.group is not None and self.group.has_free_slot()
+        ):
+            self._begin_load(S.UNLOADED, REASON_KEEP_WARM)
+
+    def _settle(self) -> None:
+        """After each command: tell the idle clock (TTL) and the swap group what the step left."""
+        drained = self._is_drained()
+        idle = drained and not self.waiters
+        if idle != self._idle:
+            self._idle = idle
+            if idle:
+                self.clock.idle(self._ttl(), self._ttl_expired)
+            else:
+                self.clock.busy()
+        if drained != self._drained and self.group is not None:
+            self._drained = drained
+            self.group.report(self.name, drained, self.clock.last_request_at)
+
+    def _is_drained(self) -> bool:
+        return self.state is S.LOADED and self.scheduler.inflight == 0 and self.scheduler.queue_depth == 0
+
+    def _ttl(self) -> int | None:
+        definition = self.entry.definition
+        return None if definition.pinned else definition.ttl_seconds
+
+    def _ttl_expired(self, idle_since: float) -> None:
+        if not self._stopped:
+            self._post("ttl_expired", idle_since)
 
     # ---- scheduler effects (called from inside the writer) ----------------------------
     def start(self, ticket: Ticket, replica: int) -> None:
@@ -391,6 +618,11 @@ class ModelController:
             dispatched.set_exception(error)
 
     # ---- views -----------------------------------------------------------------------
+    @property
+    def idle_expires_at(self) -> float | None:
+        """When the TTL unloads the model if nothing comes (epoch seconds), or None."""
+        return self.clock.expires_at(self._ttl()) if self._idle else None
+
     def vram_estimate(self) -> tuple[int | None, int, str]:
         """(MiB, replica count it is for, source); see ``runtime.vram.VramFigure``."""
         return self.vram.value(self.entry, self.load_override, self.replicas)

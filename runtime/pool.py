@@ -3,7 +3,9 @@
 Reads (snapshots) go straight to the controllers.  A settings reload reads and
 validates the files first, then asks every model's writer to vote on the change
 (holding its loads until the reload ends), and swaps the catalog only when no
-vote is a conflict: all or nothing.
+vote is a conflict: all or nothing.  The pool also holds the swap groups
+(``runtime.groups``) and the aliases: ``lookup`` is how every inference operation
+finds the model a request names.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from runtime.config import (
     with_key_weights,
 )
 from runtime.controller import ModelController
+from runtime.groups import SwapGroup
 from runtime.engine_process.spares import SPARES
 from runtime.errors import SettingsReloadConflict, UnknownModel
 from runtime.paths import state_dir
@@ -36,6 +39,8 @@ class ModelPool:
         self.startup_service = None
         self.key_weights: dict[str, float] = {}
         self.controllers: dict[str, ModelController] = {}
+        self.groups: dict[str, SwapGroup] = {}
+        self.aliases: dict[str, str] = {}  # alias -> model name
         self._reload_lock = asyncio.Lock()
 
     @property
@@ -48,8 +53,10 @@ class ModelPool:
         self.startup_service = self.current.settings.service.model_dump()
         # API keys' bucket weights are service settings: read once, like the API process reads the keys.
         self.key_weights = key_weights(self.current.settings.service)
+        self.groups = self._build_groups(self.current.settings, {})
         for name, entry in build_catalog(self.current).items():
             self._add(entry)
+        self.aliases = _aliases(self.current.settings)
         self._keep_spares()
         if load_enabled:
             for controller in self.controllers.values():
@@ -59,6 +66,8 @@ class ModelPool:
     async def shutdown(self) -> None:
         await asyncio.gather(*(controller.stop() for controller in self.controllers.values()))
         self.controllers.clear()
+        for group in self.groups.values():
+            group.close()
         await SPARES.release(self)
 
     def _keep_spares(self) -> None:
@@ -72,12 +81,38 @@ class ModelPool:
         except KeyError:
             raise UnknownModel(f"model {name!r} is not configured", param="model") from None
 
+    def lookup(self, name: str) -> ModelController:
+        """The controller of the model a request names: by its name or one of its aliases.
+
+        Every inference operation finds its model here (admin operations use ``controller``,
+        which takes names only)."""
+        controller = self.controllers.get(name) or self.controllers.get(self.aliases.get(name, ""))
+        if controller is None:
+            raise UnknownModel(f"model {name!r} is not configured", param="model")
+        return controller
+
+    def group_of(self, name: str) -> SwapGroup | None:
+        return next((group for group in self.groups.values() if name in group.settings.members), None)
+
+    def _build_groups(self, settings: Settings, keep: dict[str, SwapGroup]) -> dict[str, SwapGroup]:
+        """The swap groups of ``settings``; a group in ``keep`` with the same members and
+        max_loaded stays the same object (its slots carry on) with the new max_turn_seconds."""
+        groups = {}
+        for name, config in settings.groups.items():
+            group = keep.get(name)
+            if group is not None and _same_slots(group.settings, config):
+                group.settings = config
+            else:
+                group = SwapGroup(name, config, self.controllers.get)
+            groups[name] = group
+        return groups
+
     def fairness(self, settings: Settings) -> FairnessSettings:
         """Every scheduler's fairness settings: ``engine.fairness`` and the API keys' weights."""
         return with_key_weights(settings.engine.fairness, self.key_weights)
 
     def _add(self, entry: CatalogEntry) -> None:
-        controller = ModelController(entry, self.fairness(self.settings), self.listeners)
+        controller = ModelController(entry, self.fairness(self.settings), self.listeners, self.group_of(entry.name))
         controller.launch()
         self.controllers[entry.name] = controller
 
@@ -109,12 +144,17 @@ class ModelPool:
             removed = [self.controllers.pop(name) for name in diff["removed_models"]]
             self.current = loaded
             fairness = self.fairness(loaded.settings)
+            old_groups, self.groups = self.groups, self._build_groups(loaded.settings, self.groups)
+            for name, group in old_groups.items():
+                if self.groups.get(name) is not group:
+                    group.close()
             await asyncio.gather(*(
-                self.controllers[name].commit_reload(new_catalog[name], fairness)
+                self.controllers[name].commit_reload(new_catalog[name], fairness, self.group_of(name))
                 for name in diff["updated_models"] + diff["unchanged_models"]
             ))
             for name in diff["added_models"]:
                 self._add(new_catalog[name])
+            self.aliases = _aliases(loaded.settings)
             self._keep_spares()
             await asyncio.gather(*(controller.stop() for controller in removed))
         diff["service_restart_required"] = loaded.settings.service.model_dump() != self.startup_service
@@ -134,6 +174,7 @@ class ModelPool:
                 "engine.decoding / engine.fairness would change while models are active: "
                 + ", ".join(sorted(active_names))
             )
+        conflicts += self._group_conflicts(loaded.settings, votes)
         if conflicts:
             raise SettingsReloadConflict("settings reload rejected: " + "; ".join(conflicts), details=conflicts)
         return {
@@ -142,3 +183,25 @@ class ModelPool:
             "updated_models": sorted(changes["updated"]),
             "unchanged_models": sorted(changes["unchanged"]),
         }
+
+    def _group_conflicts(self, settings: Settings, votes: dict) -> list[str]:
+        """A swap group whose members or max_loaded change while one of its members (before or
+        after) is active: its slots are in use, so the reload is refused."""
+        conflicts = []
+        for name in sorted(set(self.settings.groups) | set(settings.groups)):
+            old, new = self.settings.groups.get(name), settings.groups.get(name)
+            if old is not None and new is not None and _same_slots(old, new):
+                continue
+            members = set(old.members if old else ()) | set(new.members if new else ())
+            active = sorted(m for m in members if m in votes and votes[m].active)
+            if active:
+                conflicts.append(f"group {name} would change while {', '.join(active)} active; unload them first")
+        return conflicts
+
+
+def _same_slots(old, new) -> bool:
+    return old.members == new.members and old.max_loaded == new.max_loaded
+
+
+def _aliases(settings: Settings) -> dict[str, str]:
+    return {alias: name for name, definition in settings.models.items() for alias in definition.aliases}

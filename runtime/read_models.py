@@ -1,6 +1,8 @@
 """Read models of the pool: snapshots in the exact shapes of the admin API contract."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from runtime.controller import ModelController
 from runtime.state import RuntimeState
 
@@ -40,7 +42,21 @@ def model_entry(controller: ModelController) -> dict:
         "load_override": dict(controller.load_override),
         "capabilities": spec.capabilities(definition),
         "definition": entry.definition_dict(),
+        # Switching by itself (additive to the contract; docs/api.md): the definition carries
+        # load_on_request, ttl_seconds, pinned, keep_warm, aliases and load_wait_timeout_seconds.
+        "group": controller.group.name if controller.group is not None else None,
+        "idle_expires_at": iso_time(controller.idle_expires_at),
+        "last_request_at": iso_time(controller.clock.last_request_at),
+        "waiting_requests": len(controller.waiters),
+        "last_reason": controller.reason,
     }
+
+
+def iso_time(timestamp: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC with milliseconds (the event stream's ``at``), or None."""
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def gpu_model_entry(controller: ModelController) -> dict:

@@ -13,7 +13,7 @@ from channels.layers import get_channel_layer
 
 from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_TRANSITION
 
-TRANSITION_FIELDS = ("model", "from", "to", "at", "last_error")
+TRANSITION_FIELDS = ("model", "from", "to", "at", "reason", "last_error")
 SSE_KEEPALIVE_SECONDS = 15.0
 
 

@@ -8,6 +8,13 @@ there).  ``inference_app`` serves a protocol's ``create`` function straight from
 request handling costs a new thread-sensitive executor per request and several thread hops
 (the request_started/request_finished signals, rendering a DRF response, closing it), which
 took about 4.5 ms of a 5.3 ms answer of a fast model.
+
+A stream whose model loads for it (``load_on_request``) opens before the runtime admits it:
+the runtime says it waits (its ``waiting`` chunk), the front answers the stream's headers and
+sends an SSE comment ``: loading <model>`` at once and every ``LOADING_NOTICE_SECONDS`` until
+the wait ends, then the protocol's stream.  Errors before the wait keep their HTTP status; an
+error that ends the wait (model_failed, model_loading after load_wait_timeout_seconds) is the
+stream's error event.
 """
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from typing import Any
 
 from models_app.api.errors import error_headers
@@ -22,7 +30,7 @@ from models_app.api.keys import Caller, key_ring
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
-from runtime.request import GENERATE_ADMITTED, GenerationRequest
+from runtime.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
 
 logger = logging.getLogger("llmpool.api")
 
@@ -31,8 +39,33 @@ STREAM_HEADERS = [
     (b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
 ]
 
+# How often a stream that waits for its model's load says so (an SSE comment: clients ignore it,
+# and it keeps idle proxies and client read timeouts from closing the stream).
+LOADING_NOTICE_SECONDS = 3.0
+
 # A protocol's entry point: (the parsed JSON body, its caller) -> an answer object or SSE bytes.
 Create = Callable[[Any, Caller], Awaitable["dict | AsyncIterator[bytes]"]]
+
+
+class _EarlyStream:
+    """Set by the ASGI front for its request (``_EARLY``): lets ``generate`` return a stream while
+    the runtime still waits for the model's load (``admission``, the rest of that wait)."""
+
+    def __init__(self):
+        self.model: str | None = None
+        self.admission: asyncio.Task | None = None
+        self.exchange = None
+
+    async def close(self) -> None:
+        """End the wait and the exchange (the runtime cancels the request) unless already over."""
+        if self.admission is not None and not self.admission.done():
+            self.admission.cancel()
+            await asyncio.gather(self.admission, return_exceptions=True)
+        if self.exchange is not None:
+            await self.exchange.aclose()
+
+
+_EARLY: ContextVar[_EarlyStream | None] = ContextVar("llmpool_early_stream", default=None)
 
 
 async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
@@ -40,35 +73,53 @@ async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
     for a stream, an iterator of the runtime's messages (``chunk`` deltas, then the ``result``).
 
     Raises the request's error (LLMPoolError) before anything is sent: a stream is returned
-    only once the runtime has admitted the request (its ``admitted`` chunk); a non-streamed
-    request gets one reply, its result or its error.  Errors after admission are raised by the
-    stream's iterator; closing it early cancels the request in the runtime.
+    only once the runtime has admitted the request (its ``admitted`` chunk), or, under the ASGI
+    front, once it waits for the model's load (the front then says so until the wait ends); a
+    non-streamed request gets one reply, its result or its error.  Errors after that are raised
+    by the stream's iterator; closing it early cancels the request in the runtime.
     """
     client = RuntimeClient()
     if not request.stream:
         return await client.call(OP_GENERATE, request.to_wire())
     exchange = client.exchange(OP_GENERATE, request.to_wire())
+    early = _EARLY.get()
     try:
-        await _until_admitted(exchange)
+        waiting_for = await _until_admitted(exchange, stop_when_waiting=early is not None)
     except BaseException:
         await exchange.aclose()
         raise
-    return _stream(exchange)
+    if waiting_for is None:
+        return _stream(exchange)
+    early.model, early.exchange = waiting_for, exchange
+    early.admission = asyncio.ensure_future(_until_admitted(exchange, stop_when_waiting=False))
+    return _stream(exchange, early.admission)
 
 
-async def _until_admitted(exchange) -> None:
-    """Consume the exchange until the runtime has admitted the request (errors raise here)."""
+async def _until_admitted(exchange, *, stop_when_waiting: bool) -> str | None:
+    """Consume the exchange until the runtime has admitted the request (errors raise here), or,
+    with ``stop_when_waiting``, until it says the request waits for a load: then the model's name."""
     async for message in exchange:
-        if message["kind"] == REPLY_CHUNK and message["data"].get("event") == GENERATE_ADMITTED:
-            return
+        if message["kind"] != REPLY_CHUNK:
+            continue
+        event = message["data"].get("event")
+        if event == GENERATE_ADMITTED:
+            return None
+        if event == GENERATE_WAITING and stop_when_waiting:
+            return message["data"].get("model") or "model"
+    return None
 
 
-async def _stream(exchange) -> AsyncIterator[dict]:
+async def _stream(exchange, admission: asyncio.Task | None = None) -> AsyncIterator[dict]:
     try:
+        if admission is not None:
+            await admission  # the end of the wait for the load: its error raises here
         async for message in exchange:
             if message["kind"] in (REPLY_CHUNK, REPLY_RESULT):
                 yield message
     finally:
+        if admission is not None and not admission.done():
+            admission.cancel()
+            await asyncio.gather(admission, return_exceptions=True)
         await exchange.aclose()
 
 
@@ -123,6 +174,8 @@ def _headers(scope) -> dict[str, str]:
 
 
 async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -> None:
+    early = _EarlyStream()
+    token = _EARLY.set(early)
     try:
         try:
             data = json.loads(body) if body else {}
@@ -136,16 +189,32 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         logger.exception("unhandled error in POST %s", path)
         await _send_error(send, LLMPoolError(str(exc)))  # 500 internal_error
         return
+    finally:
+        _EARLY.reset(token)
     if isinstance(answer, dict):
         await _send_json(send, 200, answer)
         return
     try:
         await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+        if early.admission is not None:
+            await _send_loading_notices(send, early)
         async for event in answer:
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         await answer.aclose()
+        await early.close()
+
+
+async def _send_loading_notices(send, early: _EarlyStream) -> None:
+    """While the request waits for its model's load: ``: loading <model>`` now and every
+    ``LOADING_NOTICE_SECONDS`` until the wait is over (how it ended, the stream then tells)."""
+    notice = f": loading {early.model}\n\n".encode()
+    while True:
+        await send({"type": "http.response.body", "body": notice, "more_body": True})
+        done, _ = await asyncio.wait((early.admission,), timeout=LOADING_NOTICE_SECONDS)
+        if done:
+            return
 
 
 async def _read_body(receive) -> bytes:

@@ -3,7 +3,9 @@
 The OpenAI keys (``id``, ``object``, ``created``, ``owned_by``) come first; llm-pool's own
 (``runtime_state``, ``backend``, ``capabilities``) sit under their own keys next to them, which
 OpenAI clients ignore.  llm-pool keeps no creation time per model: ``created`` is when this API
-process started, the same for every model.
+process started, the same for every model.  A model's aliases (``aliases`` in its definition)
+are listed as models of their own, each with ``alias_of`` naming the model it resolves to; the
+object of a model that has aliases lists them (``aliases``).
 """
 from __future__ import annotations
 
@@ -12,35 +14,59 @@ import time
 from models_app import selectors
 from models_app.api.keys import Caller
 from models_app.conf import service_settings
+from runtime.errors import UnknownModel
 
 OWNED_BY = "llm-pool"
 STARTED_AT = int(time.time())
 
 
-def model_object(entry: dict) -> dict:
+def model_object(entry: dict, model_id: str | None = None) -> dict:
+    """The model object of ``entry`` under its name, or under one of its aliases (``model_id``)."""
+    model_id = model_id or entry["name"]
+    if model_id != entry["name"]:
+        names = {"alias_of": entry["name"]}
+    else:
+        names = {"aliases": _aliases(entry)} if _aliases(entry) else {}
     return {
-        "id": entry["name"],
+        "id": model_id,
         "object": "model",
         "created": STARTED_AT,
         "owned_by": OWNED_BY,
         "runtime_state": entry["runtime_state"],
         "backend": entry["resolved_backend"],
         "capabilities": entry["capabilities"],
+        **names,
     }
+
+
+def _aliases(entry: dict) -> list[str]:
+    return list(entry["definition"].get("aliases") or [])
 
 
 async def model_list(caller: Caller) -> dict:
     """The models ``service.list_models`` says to list (every configured one, "all", or the loaded)
     that the caller's key may use."""
-    entries = [entry for entry in await selectors.models_list() if caller.allows(entry["name"])]
+    entries = await selectors.models_list()
     if service_settings().list_models == "loaded":
         entries = [entry for entry in entries if entry["runtime_state"] == "loaded"]
-    return {"object": "list", "data": [model_object(entry) for entry in entries]}
+    data = [
+        model_object(entry, model_id)
+        for entry in entries
+        for model_id in (entry["name"], *_aliases(entry))
+        if caller.allows(model_id)
+    ]
+    return {"object": "list", "data": data}
 
 
 async def model_get(model_id: str, caller: Caller) -> dict:
-    """Any configured model the caller's key may use (ModelNotAllowed, 403, before the model is
+    """Any configured model (or alias) the caller's key may use (ModelNotAllowed, 403, before the model is
     looked up, so a key learns nothing of the others), whatever ``list_models`` lists;
     UnknownModel (404) otherwise."""
     caller.check_model(model_id)
-    return model_object(await selectors.model_get(model_id))
+    try:
+        return model_object(await selectors.model_get(model_id))
+    except UnknownModel:
+        for entry in await selectors.models_list():
+            if model_id in _aliases(entry):
+                return model_object(entry, model_id)
+        raise

@@ -21,6 +21,8 @@ from models_app.api import openai_models
 from models_app.api.auth import AdminTokenPermission
 from models_app.api.base import APIView
 from models_app.api.chat.endpoint import create_chat_completion
+from models_app.api.completions.endpoint import create_completion
+from models_app.api.embeddings.endpoint import create_embedding
 from models_app.api.errors import error_response
 from models_app.api.event_stream import sse_event, transition_stream
 from models_app.api.keys import key_ring
@@ -69,6 +71,20 @@ class AdminModelEntrySerializer(serializers.Serializer):
     load_override = serializers.DictField(help_text="Sparse runtime-only patch; key presence matters.")
     capabilities = serializers.DictField()
     definition = serializers.DictField(help_text="Common fields plus the resolved backend's fields.")
+    # Additive: models that switch by themselves (docs/api.md, docs/settings.md).
+    group = serializers.CharField(allow_null=True, help_text="The swap group the model is a member of.")
+    idle_expires_at = serializers.DateTimeField(
+        allow_null=True, help_text="When ttl_seconds unloads the idle model if no request comes (UTC); null when "
+        "not counting down (busy, not loaded, no TTL, pinned)."
+    )
+    last_request_at = serializers.DateTimeField(allow_null=True, help_text="When the last request arrived (UTC).")
+    waiting_requests = serializers.IntegerField(
+        help_text="Requests waiting for the model to load (load_on_request), not yet queued."
+    )
+    last_reason = serializers.ChoiceField(
+        ["admin", "startup", "request", "ttl", "group_swap", "keep_warm", "engine_failure"],
+        allow_null=True, help_text="Why the last lifecycle operation (load or unload) happened.",
+    )
 
 
 class AdminApi(APIView):
@@ -281,6 +297,43 @@ class ChatCompletionCreateApi(InferenceApi):
     )
     async def post(self, request):
         return await self.answer(create_chat_completion, request)
+
+
+class CompletionCreateApi(InferenceApi):
+    @extend_schema(
+        summary="Create a text completion (OpenAI legacy completions API)",
+        description=(
+            "Runs one raw text prompt (no chat template) on a loaded model whose capabilities.raw_prompt is true "
+            "(else 400 raw_prompt_unsupported), through the same admission, capability checks and scheduler as "
+            "/v1/responses. prompt is one string (or a list of one); several prompts, token-id prompts, n or "
+            "best_of > 1, echo, suffix, logit_bias and the fields chat completions refuses are 400 naming the "
+            "field, except on a model that forwards the body to its upstream. stream=true answers with "
+            "`data: <text_completion>` server-sent events and `data: [DONE]`; stream_options.include_usage adds "
+            "a last chunk with the usage. " + KEYS_NOTE
+        ),
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
+    )
+    async def post(self, request):
+        return await self.answer(create_completion, request)
+
+
+class EmbeddingCreateApi(InferenceApi):
+    @extend_schema(
+        summary="Create embeddings (OpenAI embeddings API)",
+        description=(
+            "The vectors of input (a string, a list of strings, a token array or a list of token arrays; at most "
+            "2048 inputs, none empty) from a model whose capabilities.embeddings is true (else 400 "
+            "embeddings_unsupported), through the same model lookup, lifecycle rejections, admission and scheduler "
+            "as /v1/responses. encoding_format float (default) or base64 (little-endian float32, as OpenAI); "
+            "dimensions only where the upstream judges it (vllm_serve, openai_remote), else 400 naming the field. "
+            + KEYS_NOTE
+        ),
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
+    )
+    async def post(self, request):
+        return await self.answer(create_embedding, request)
 
 
 class OpenAIModelListApi(APIView):

@@ -10,8 +10,9 @@ them to the browser; the Server-Sent Events stream at GET /v1/admin/events
 Every group message is ``{"type": "admin.event", "event": {...}}`` where the
 event's ``kind`` is one of (``models_app.transport.messages`` names them):
 
-- ``transition``: model, from, to, at (ISO 8601 UTC), last_error (set when
-  ``to`` is failed), entry (the model's AdminModelEntry right after it);
+- ``transition``: model, from, to, at (ISO 8601 UTC), reason (why: admin, startup,
+  request, ttl, group_swap, keep_warm, engine_failure; see ``runtime.state``),
+  last_error (set when ``to`` is failed), entry (the model's AdminModelEntry right after it);
 - ``counters``: model and its inflight_requests, queue_depth,
   runtime_inflight, loaded_replicas, replicas and fairness, sent when any of
   them changed (sampled every ``COUNTER_INTERVAL_SECONDS``);
@@ -93,6 +94,7 @@ class RuntimeEventPublisher:
                 "from": event.old.value,
                 "to": event.new.value,
                 "at": _iso(event.at),
+                "reason": event.reason,
                 "last_error": last_error,
                 "entry": entry,
             }

@@ -23,6 +23,14 @@ from runtime.model_files import locate_model_file
 Modality = Literal["text", "image", "audio"]
 THINKING_ALL = ["default", "enabled", "disabled"]
 THINKING_DEFAULT_ONLY = ["default"]
+# The request fields an engine may honour beyond temperature and top_p (capabilities.sampling_options).
+SAMPLING_OPTIONS = ("seed", "presence_penalty", "frequency_penalty", "logprobs")
+# OpenAI's reasoning efforts and the thinking mode each one means (runtime.admission maps them).
+REASONING_EFFORT_THINKING = {
+    "none": "disabled", "minimal": "disabled", "low": "enabled", "medium": "enabled", "high": "enabled",
+    "xhigh": "enabled", "max": "enabled",
+}
+THINK_TAGS = ("<think>", "</think>")
 
 
 class EngineUnavailable(RuntimeError):
@@ -63,6 +71,9 @@ class CommonDefinition(BaseModel):
     aliases: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")]] = Field(
         default_factory=list
     )
+    # The tags around a thinking model's reasoning in its output (docs/settings.md, "Reasoning"):
+    # null: the backend detects them (BackendSpec.reasoning_tags); []: never split; [start, end].
+    reasoning_tags: list[Annotated[str, Field(min_length=1)]] | None = None
 
     @model_validator(mode="after")
     def _replicas_within_max(self):
@@ -72,6 +83,8 @@ class CommonDefinition(BaseModel):
             raise ValueError(f"replicas ({self.replicas}) must not exceed replica_max ({self.replica_max})")
         if "text" not in self.modalities:
             self.modalities = ["text", *self.modalities]
+        if self.reasoning_tags is not None and len(self.reasoning_tags) not in (0, 2):
+            raise ValueError("reasoning_tags must be [] or [start, end]")
         return self
 
 
@@ -80,7 +93,13 @@ class CommonDefinition(BaseModel):
 
 @dataclass
 class TextDelta:
+    """Text the engine produced since its last event.  ``tokens``: how many tokens it holds;
+    ``logprobs``: one entry per token (``{"token", "logprob", "bytes", "top_logprobs"}``, the
+    chat completions shape) when the request asked for them."""
+
     text: str
+    tokens: int = 1
+    logprobs: list[dict] | None = None
 
 
 @dataclass
@@ -98,6 +117,9 @@ class Engine(Protocol):
     async def unload(self) -> None: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]: ...
+
+    # An engine of an embedding model (BackendSpec.embeddings) also has
+    # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.embedding.
 
 
 # ---- spec ----------------------------------------------------------------------------
@@ -150,15 +172,51 @@ class BackendSpec:
         to an OpenAI-compatible upstream, which then judges every field llm-pool does not own."""
         return False
 
+    def embeddings(self, definition: CommonDefinition) -> bool:
+        """Whether the model answers POST /v1/embeddings: its definition's ``embeddings`` field,
+        which only the backends that can embed declare (false everywhere else)."""
+        return bool(getattr(definition, "embeddings", False))
+
+    def embedding_dimensions(self, definition: CommonDefinition) -> bool:
+        """Whether an embedding request may ask for ``dimensions``: only where the upstream is
+        sent it and judges it (a local engine answers vectors of the model's own size)."""
+        return False
+
+    def raw_prompt(self, definition: CommonDefinition) -> bool:
+        """Whether the model takes a raw text prompt (``GenerationRequest.prompt``, POST
+        /v1/completions): an engine that tokenizes it as it is, without a chat template, or one
+        that forwards the client's body to an upstream (which then runs it)."""
+        return self.forwards_requests(definition)
+
+    def sampling_options(self, definition: CommonDefinition) -> list[str]:
+        """Which of SAMPLING_OPTIONS the engine honours; a request that sets another is refused
+        (400 naming the field) unless the engine forwards the client's body (its upstream then
+        judges them all)."""
+        return list(SAMPLING_OPTIONS) if self.forwards_requests(definition) else []
+
+    def reasoning_tags(self, definition: CommonDefinition, base_dir: str) -> tuple[str, str] | None:
+        """The (start, end) tags around the model's reasoning in its output, or None: the runtime
+        splits the text between them off the answer (runtime.reasoning).  The definition's
+        ``reasoning_tags`` first; else ``<think>``/``</think>`` for the Qwen3 family."""
+        if definition.reasoning_tags is not None:
+            return tuple(definition.reasoning_tags) or None
+        return THINK_TAGS if definition.prompt_format == "qwen3_template" else None
+
     def capabilities(self, definition: CommonDefinition) -> dict:
+        thinking_modes = self.thinking_modes(definition)
         return {
             "modalities": list(definition.modalities),
             "file_inputs": self.file_inputs(definition),
             "multi_turn": self.multi_turn(definition),
-            "thinking_modes": self.thinking_modes(definition),
+            "raw_prompt": self.raw_prompt(definition),
+            "thinking_modes": thinking_modes,
             "response_formats": self.response_formats(definition),
-            "reasoning_efforts": [],
+            "sampling_options": self.sampling_options(definition),
+            "reasoning_efforts": [
+                effort for effort, mode in REASONING_EFFORT_THINKING.items() if mode in thinking_modes
+            ],
             "thinking_token_budget": None,
+            "embeddings": self.embeddings(definition),
         }
 
     def effective_target_inflight(self, configured: int) -> int:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.admin_ui.helpers import AUTH, EventStream
 
-EVENT_FIELDS = {"model", "from", "to", "at", "last_error"}
+EVENT_FIELDS = {"model", "from", "to", "at", "reason", "last_error"}
 
 
 @pytest.fixture(scope="module", params=["embedded", "split"])
@@ -61,6 +61,7 @@ def test_a_load_and_an_unload_are_one_event_per_transition(service, http):
         ("sse-quick", "unloading", "unloaded"),
     ]
     assert all(e["last_error"] is None for e in sequence)
+    assert [e["reason"] for e in sequence] == ["admin"] * 4
     times = [e["at"] for e in sequence]
     assert times == sorted(times) and all(t.endswith("Z") and "T" in t for t in times)
 

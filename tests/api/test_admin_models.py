@@ -25,6 +25,8 @@ ENTRY_KEYS = {
     "effective_target_inflight", "fairness", "last_error", "vram_estimate_mib", "vram_estimate_replica_count",
     "vram_estimate_source", "load_constraints", "load_recommendations", "load_override", "capabilities",
     "definition",
+    # additive (docs/api.md): models that switch by themselves
+    "group", "idle_expires_at", "last_request_at", "waiting_requests", "last_reason",
 }
 # The keys of each item of "models" in the GET /v1/admin/gpu-memory example.
 GPU_MODEL_KEYS = {
@@ -38,6 +40,7 @@ VRAM_SOURCES = {"observed_load_delta", "model_artifact_size", "unavailable"}
 COMMON_FIELDS = {
     "model_path", "backend", "device", "prompt_format", "enable_thinking", "enabled", "replicas", "replica_max",
     "target_inflight", "modalities", "request_timeout_seconds", "isolation",
+    "load_on_request", "load_wait_timeout_seconds", "ttl_seconds", "pinned", "keep_warm", "aliases",
 }
 
 # load_recommendations of the llama_cpp AdminModelEntry example: the GGUF presets with their notes.
