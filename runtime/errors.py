@@ -59,6 +59,10 @@ ResponseFormatUnsupported = _error("ResponseFormatUnsupported", "response_format
 MultiTurnUnsupported = _error("MultiTurnUnsupported", "multi_turn_unsupported", 400)
 # Tools and tool_choice (chat completions); only tool_choice "none", which ignores the tools, is accepted.
 ToolsUnsupported = _error("ToolsUnsupported", "tools_unsupported", 400)
+# POST /v1/embeddings to a model whose definition does not say embeddings: true.
+EmbeddingsUnsupported = _error("EmbeddingsUnsupported", "embeddings_unsupported", 400)
+# A raw text prompt (POST /v1/completions) for a model whose engine runs chat messages only.
+RawPromptUnsupported = _error("RawPromptUnsupported", "raw_prompt_unsupported", 400)
 # Inference keys (service.api_keys): a missing or unknown key, and a model the key may not use.
 InvalidApiKey = _error("InvalidApiKey", "invalid_api_key", 401)
 ModelNotAllowed = _error("ModelNotAllowed", "model_not_allowed", 403)

@@ -1,8 +1,8 @@
 """Inference keys: who may use the models (``service.api_keys``), and whose fairness share a
 request takes.
 
-Every inference endpoint (POST /v1/responses, POST /v1/chat/completions, GET /v1/models and
-/v1/models/{id}) asks ``key_ring().caller(header)`` once per request, before anything else:
+Every inference endpoint (POST /v1/responses, /v1/chat/completions, /v1/completions, /v1/embeddings,
+GET /v1/models and /v1/models/{id}) asks ``key_ring().caller(header)`` once per request, before anything else:
 
 - no keys configured: anyone may call, every model; the fairness key is the first of
   ``service.fairness_key_headers`` the request carries, else None (the parser then takes the

@@ -32,6 +32,7 @@ OP_RELOAD_SETTINGS = "reload_settings"
 OP_GPU_MEMORY = "gpu_memory"
 OP_CATALOG = "catalog"
 OP_GENERATE = "generate"
+OP_EMBED = "embed"
 
 # The kinds of a runtime reply: ``ack`` and ``heartbeat`` only keep the exchange alive; a
 # ``chunk`` is streamed data; ``result`` and ``error`` end the exchange.

@@ -4,10 +4,16 @@ Every knob is in the definition: load time, load failure (for all replicas or
 one), per-token delay, the reply, a reported VRAM size, and the capabilities
 the model advertises, so every lifecycle and request rule can be exercised
 without a real model.
+
+The reply is ``stub_reply`` when set, else the text of the last user message, or, for a raw
+prompt (``GenerationRequest.prompt``, POST /v1/completions), the prompt itself; it streams as
+``stub_tokens`` pieces (whitespace-led words) and its ``input_tokens`` count the words of the
+instructions and text parts, or of the raw prompt.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import re
 import signal
@@ -16,12 +22,14 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from runtime.backends.base import (
+    THINK_TAGS,
     BackendSpec,
     CommonDefinition,
     Finished,
     GenerationRequest,
     TextDelta,
 )
+from runtime.embedding import normalized
 from runtime.errors import BackendError
 
 _TOKEN = re.compile(r"\s*\S+")
@@ -54,6 +62,20 @@ class StubDefinition(CommonDefinition):
     response_formats: list[Literal["text", "json_schema"]] = Field(default_factory=lambda: ["text"])
     multi_turn: bool = True
     file_inputs: bool = False
+    raw_prompt: bool = True
+    # What the stub honours of the sampling options: a seed (its answer is the same whatever the
+    # seed) and logprobs (each token is certain: logprob 0.0, its only alternative itself).
+    sampling_options: list[Literal["seed", "presence_penalty", "frequency_penalty", "logprobs"]] = Field(
+        default_factory=lambda: ["seed", "logprobs"]
+    )
+    # A thinking model's reasoning, scripted: unless the request's thinking is "disabled", the
+    # output is <start tag> stub_reasoning <end tag> "\n\n" before the reply (the tags are
+    # reasoning_tags, <think>/</think> by default), so the runtime's split can be tested exactly.
+    stub_reasoning: str | None = None
+    # POST /v1/embeddings (runtime.embedding): each input's vector is ``stub_embedding`` of it, of
+    # this size; stub_token_delay_ms is waited once per input.
+    embeddings: bool = False
+    stub_embedding_dimensions: int = Field(8, ge=1, le=65536)
 
     @model_validator(mode="after")
     def _crash_only_in_an_engine_process(self):
@@ -87,6 +109,26 @@ class StubEngine:
         if self.config["stub_crash"] == moment:
             os.kill(os.getpid(), signal.Signals[self.config["stub_crash_signal"]])
 
+    def _reasoning_tokens(self, request: GenerationRequest) -> list[str]:
+        reasoning = self.config["stub_reasoning"]
+        if reasoning is None or request.thinking == "disabled":
+            return []
+        start, end = self.config["reasoning_tags"] or THINK_TAGS
+        return [start, *stub_tokens(reasoning), end, "\n\n"]
+
+    async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
+        """``stub_embedding`` of each input; its tokens are its words (``stub_tokens``) or its ids."""
+        if not self.loaded:
+            raise BackendError("the stub engine is not loaded")
+        delay = self.config["stub_token_delay_ms"] / 1000.0
+        vectors, tokens = [], 0
+        for item in inputs:
+            if delay:
+                await asyncio.sleep(delay)
+            vectors.append(stub_embedding(item, self.config["stub_embedding_dimensions"]))
+            tokens += len(stub_tokens(item)) if isinstance(item, str) else len(item)
+        return vectors, tokens
+
     async def unload(self) -> None:
         await asyncio.sleep(self.config["stub_unload_seconds"])
         if self.gpu_block is not None:
@@ -98,12 +140,15 @@ class StubEngine:
         self._crash_if("on_generate")
         reply = self.config["stub_reply"]
         if reply is None:
-            reply = request.last_user_text()
-        tokens = stub_tokens(reply)
-        prompt_text = " ".join(
-            [request.instructions or ""]
-            + [p.get("text", "") for m in request.messages for p in m["content"] if p.get("type") == "input_text"]
-        )
+            reply = request.prompt if request.prompt is not None else request.last_user_text()
+        tokens = self._reasoning_tokens(request) + stub_tokens(reply)
+        if request.prompt is not None:
+            prompt_text = request.prompt
+        else:
+            prompt_text = " ".join(
+                [request.instructions or ""]
+                + [p.get("text", "") for m in request.messages for p in m["content"] if p.get("type") == "input_text"]
+            )
         input_tokens = len(stub_tokens(prompt_text))
         delay = self.config["stub_token_delay_ms"] / 1000.0
         fail_after = self.config["stub_fail_after_tokens"]
@@ -114,9 +159,24 @@ class StubEngine:
             if delay:
                 await asyncio.sleep(delay)
             emitted += 1
-            yield TextDelta(token)
+            yield TextDelta(token, logprobs=None if request.logprobs is None else [_certain(token, request.logprobs)])
         reason = "length" if len(tokens) > request.max_output_tokens else "stop"
         yield Finished(input_tokens=input_tokens, output_tokens=emitted, finish_reason=reason)
+
+
+def stub_embedding(item: str | list[int], dimensions: int) -> list[float]:
+    """The stub's vector of one input, for exact tests: the first ``dimensions`` bytes of the
+    SHAKE-256 digest of its UTF-8 text (a token array: its ids joined by single spaces), each byte
+    ``b`` as ``(b - 127.5) / 127.5``, the whole scaled to unit length."""
+    text = item if isinstance(item, str) else " ".join(str(token) for token in item)
+    digest = hashlib.shake_256(text.encode("utf-8")).digest(dimensions)
+    return normalized([(byte - 127.5) / 127.5 for byte in digest])
+
+
+def _certain(token: str, alternatives: int) -> dict:
+    """The logprobs entry of a token the stub was certain of (its only alternative is itself)."""
+    entry = {"token": token, "logprob": 0.0, "bytes": list(token.encode("utf-8"))}
+    return {**entry, "top_logprobs": [entry] if alternatives else []}
 
 
 def _allocate_gpu_mib(mib: int):
@@ -152,6 +212,17 @@ class StubSpec(BackendSpec):
 
     def file_inputs(self, definition: StubDefinition) -> bool:
         return definition.file_inputs
+
+    def raw_prompt(self, definition: StubDefinition) -> bool:
+        return definition.raw_prompt
+
+    def sampling_options(self, definition: StubDefinition) -> list[str]:
+        return list(definition.sampling_options)
+
+    def reasoning_tags(self, definition: StubDefinition, base_dir: str) -> tuple[str, str] | None:
+        if definition.reasoning_tags is None and definition.stub_reasoning is not None:
+            return THINK_TAGS
+        return super().reasoning_tags(definition, base_dir)
 
     def is_remote(self, definition: StubDefinition) -> bool:
         return definition.stub_remote

@@ -5,7 +5,7 @@ the Unix socket it inherited as fd N (see ``protocol``); with ``--warm`` (a spar
 first imports that backend's engine library (``spec.warm_up``).  It builds the engine
 with ``BACKENDS[backend].create_engine(...)``, exactly as the runtime would in its own
 process, and runs it on this process's event loop: ``load`` once, any number of
-``generate`` at a time (each cancellable), ``unload`` (then it exits 0).  It
+``generate`` and ``embed`` at a time (each cancellable), ``unload`` (then it exits 0).  It
 exits as soon as the socket closes: the runtime is gone.  Django is never imported.
 
 A native fault kills this process, not the runtime; ``faulthandler`` writes the
@@ -98,7 +98,10 @@ class EngineHost:
             async with aclosing(self.engine.generate(request)) as events:
                 async for event in events:
                     if isinstance(event, TextDelta):
-                        self.outbox.send({"op": p.DELTA, "id": generation_id, "text": event.text})
+                        delta = {"op": p.DELTA, "id": generation_id, "text": event.text, "tokens": event.tokens}
+                        if event.logprobs is not None:
+                            delta["logprobs"] = event.logprobs
+                        self.outbox.send(delta)
                     elif isinstance(event, Finished):
                         self.outbox.send({
                             "op": p.FINISHED,
@@ -109,6 +112,20 @@ class EngineHost:
                         })
         finally:
             del self.generations[generation_id]
+
+    async def _on_embed(self, message: dict[str, Any]) -> None:
+        """The engine's ``embed``, cancellable like a generation (they share the ids)."""
+        if self.engine is None:
+            raise RuntimeError("no engine is loaded in this engine process")
+        embed_id = message["id"]
+        if embed_id in self.generations:
+            raise RuntimeError(f"request {embed_id!r} is already running")
+        self.generations[embed_id] = asyncio.current_task()
+        try:
+            vectors, prompt_tokens = await self.engine.embed(message["inputs"], dimensions=message.get("dimensions"))
+            self.outbox.send({"op": p.EMBEDDED, "id": embed_id, "vectors": vectors, "prompt_tokens": prompt_tokens})
+        finally:
+            del self.generations[embed_id]
 
     async def _on_cancel(self, message: dict[str, Any]) -> None:
         task = self.generations.get(message["id"])

@@ -5,8 +5,9 @@
 process group, PR_SET_PDEATHSIG, a pidfile for the start-up sweep, its output in a
 ring and ``<state_dir>/logs/<model>.r<replica>.log``) and sends ``load``.
 ``generate`` sends ``generate`` and yields the deltas (coalesced when the consumer
-lags) and the final usage; an ``error`` frame is raised as the LLMPoolError its code
-names.
+lags: their text joined, their tokens and logprobs entries added up) and the final
+usage; ``embed`` sends ``embed`` and returns its vectors; an ``error`` frame is raised as
+the LLMPoolError its code names.
 
 When the process dies (an exit, a signal, or its socket closing), every waiting
 call fails at once with ``BackendError`` naming the signal or exit code and the
@@ -69,17 +70,33 @@ class _Stream:
         while not self.items:
             self.ready.clear()
             await self.ready.wait()
-        pieces = []
+        joined = None
         while self.items and isinstance(self.items[0], dict) and self.items[0]["op"] == p.DELTA:
-            pieces.append(self.items.popleft()["text"])
-        if pieces:
-            return TextDelta("".join(pieces))
+            delta = self.items.popleft()
+            if joined is None:
+                joined = {"text": delta["text"], "tokens": delta.get("tokens", 1), "logprobs": delta.get("logprobs")}
+            else:
+                p.merge_deltas(joined, delta)
+        if joined is not None:
+            return TextDelta(joined["text"], joined["tokens"], joined["logprobs"])
         item = self.items.popleft()
         if isinstance(item, LLMPoolError):
             raise item
         if item["op"] == p.FINISHED:
             return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"])
         raise p.error_from_message(item)
+
+    async def next_reply(self) -> dict[str, Any]:
+        """The one answer of an embed: its ``embedded`` frame (an error frame or a failure raise)."""
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        item = self.items.popleft()
+        if isinstance(item, LLMPoolError):
+            raise item
+        if item["op"] != p.EMBEDDED:
+            raise p.error_from_message(item)
+        return item
 
 
 class ProcessEngine:
@@ -195,6 +212,28 @@ class ProcessEngine:
                 await self._cancel_remote(generation_id, stream)
             self._streams.pop(generation_id, None)
 
+    async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
+        """Send ``embed`` and await its vectors; a cancelled call cancels it in the child too."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._loaded:
+            raise BackendError(f"{self.label} is not loaded")
+        embed_id = next(self._ids)
+        stream = self._streams[embed_id] = _Stream()
+        answered = False
+        try:
+            await self._send({"op": p.EMBED, "id": embed_id, "inputs": inputs, "dimensions": dimensions})
+            reply = await stream.next_reply()
+            answered = True
+            return reply["vectors"], reply["prompt_tokens"]
+        except LLMPoolError:
+            answered = True  # the child ended it (or died)
+            raise
+        finally:
+            if not answered and self._failure is None:
+                await self._cancel_remote(embed_id, stream)
+            self._streams.pop(embed_id, None)
+
     async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
         """Tell the child to stop ``generation_id`` and wait (briefly) until it has."""
         try:
@@ -242,7 +281,7 @@ class ProcessEngine:
 
     def _receive(self, message: dict[str, Any]) -> None:
         op = message["op"]
-        if op in (p.DELTA, p.FINISHED, p.CANCELLED) or (op == p.ERROR and message.get("id") is not None):
+        if op in (p.DELTA, p.FINISHED, p.EMBEDDED, p.CANCELLED) or (op == p.ERROR and message.get("id") is not None):
             stream = self._streams.get(message.get("id"))
             if stream is None:
                 return  # a generation the runtime stopped waiting for

@@ -6,14 +6,17 @@ map has an ``op``; the rest depends on it:
 runtime -> engine process
     ``load`` {backend, model_name, config, replica_index, context}   answered by ``loaded`` or ``error``
     ``generate`` {id, request}   answered by ``delta``* then ``finished`` or ``error``
-    ``cancel`` {id}              answered by ``cancelled`` once that generate has stopped
+    ``embed`` {id, inputs, dimensions}   answered by ``embedded`` or ``error``
+    ``cancel`` {id}              answered by ``cancelled`` once that generate (or embed) has stopped
     ``stats``                    answered by ``stats`` {rss_bytes, gpu_memory_bytes}
     ``unload``                   answered by ``unloaded``; the process then exits 0
 
 engine process -> runtime
-    ``delta`` {id, text}: all text of generation ``id`` produced since the last delta sent
+    ``delta`` {id, text, tokens, logprobs?}: all text of generation ``id`` produced since the
+        last delta sent, how many tokens it holds and (when asked for) their logprobs entries
     ``finished`` {id, input_tokens, output_tokens, finish_reason}
-    ``error`` {id, reply_to, code, message}: ``id`` is the generation or null, ``reply_to``
+    ``embedded`` {id, vectors, prompt_tokens}: the vectors of embed ``id``, one per input
+    ``error`` {id, reply_to, code, message}: ``id`` is the generation (or embed) or null, ``reply_to``
         the op that failed; ``code`` is the LLMPoolError code (``internal_error`` otherwise)
     ``failed`` {message}: the engine reported itself dead (``context["on_engine_failure"]``)
 
@@ -36,10 +39,10 @@ HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 
 # Requests (runtime -> engine process).
-LOAD, GENERATE, CANCEL, STATS, UNLOAD = "load", "generate", "cancel", "stats", "unload"
+LOAD, GENERATE, EMBED, CANCEL, STATS, UNLOAD = "load", "generate", "embed", "cancel", "stats", "unload"
 # Replies and events (engine process -> runtime); STATS answers with its own name.
-LOADED, DELTA, FINISHED, CANCELLED, ERROR, FAILED, UNLOADED = (
-    "loaded", "delta", "finished", "cancelled", "error", "failed", "unloaded",
+LOADED, DELTA, FINISHED, EMBEDDED, CANCELLED, ERROR, FAILED, UNLOADED = (
+    "loaded", "delta", "finished", "embedded", "cancelled", "error", "failed", "unloaded",
 )
 
 
@@ -128,7 +131,7 @@ class Outbox:
         if message["op"] == DELTA:
             pending = self._unsent_delta.get(message["id"])
             if pending is not None:
-                pending["text"] += message["text"]
+                merge_deltas(pending, message)
                 return
             message = dict(message)
             self._unsent_delta[message["id"]] = message
@@ -162,6 +165,14 @@ class Outbox:
             self.closed = True
             self._sender.cancel()
             self.writer.close()
+
+
+def merge_deltas(pending: dict[str, Any], message: dict[str, Any]) -> None:
+    """Append delta ``message`` to ``pending`` (a delta of the same generation sent before it)."""
+    pending["text"] += message["text"]
+    pending["tokens"] = pending.get("tokens", 1) + message.get("tokens", 1)
+    if message.get("logprobs") is not None:
+        pending["logprobs"] = [*(pending.get("logprobs") or ()), *message["logprobs"]]
 
 
 def _frame(message: dict[str, Any]) -> bytes:
