@@ -36,6 +36,10 @@ _SCALAR_FORMATS = {
 }
 
 
+# enum llama_pooling_type (``{arch}.pooling_type``) by value.
+POOLING_NAMES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
+
+
 class GgufError(ValueError):
     """The file is not a readable GGUF file."""
 
@@ -72,6 +76,21 @@ class GgufInfo:
     @property
     def context_length(self) -> int | None:
         return self.arch_value(gguf.Keys.LLM.CONTEXT_LENGTH)
+
+    @property
+    def pooling_type(self) -> str | None:
+        """``{arch}.pooling_type`` by llama.cpp's name (none, mean, cls, last, rank), or None
+        when the file declares none (generative models do not)."""
+        value = self.arch_value(gguf.Keys.LLM.POOLING_TYPE)
+        return POOLING_NAMES.get(value) if isinstance(value, int) else None
+
+    @property
+    def embedding_pooling(self) -> str:
+        """How llm-pool pools this model's embeddings (``embeddings: true``): the pooling an
+        embedding model declares (mean, cls or last), else mean, the average of the tokens'
+        embeddings (a generative model, a reranker's rank pooling)."""
+        declared = self.pooling_type
+        return declared if declared in ("mean", "cls", "last") else "mean"
 
     def kv_cache_bytes(self, n_ctx: int, type_k: str | None, type_v: str | None) -> int | None:
         """Bytes of one context's K and V cache: layers × KV heads × head dims × n_ctx × type size.

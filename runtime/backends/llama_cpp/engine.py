@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +23,12 @@ from runtime.backends.llama_cpp.native import (
     EngineLoadError,
     GgufContext,
     GgufWeights,
+    SamplingOptions,
     release_heap,
 )
 from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
-from runtime.errors import BackendError, ContextLengthExceeded, LLMPoolError
+from runtime.embedding import normalized
+from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest, LLMPoolError
 from runtime.gguf_info import GgufError, read_gguf_info
 from runtime.model_files import ModelFileError, resolve_model_file
 from runtime.prompt_formats import (
@@ -126,7 +129,8 @@ class LlamaCppEngine:
                     "generic, mistral_template, qwen3_template, gemma4_template, translategemma_template"
                 )
             _probe_template(info.chat_template, path)  # before any weights are read
-        settings = ContextSettings.from_config(self.config)
+        pooling = info.embedding_pooling if self.config.get("embeddings") else None
+        settings = dataclasses.replace(ContextSettings.from_config(self.config), pooling=pooling)
         self.weights = GgufWeights(path, self.config["gguf_n_gpu_layers"])
         self.context = GgufContext(self.weights, settings)
         if self.prompt_format == GGUF_TEMPLATE:
@@ -148,7 +152,13 @@ class LlamaCppEngine:
 
     # -- generation ------------------------------------------------------------------------
     def render(self, request: GenerationRequest) -> RenderedPrompt:
-        """The prompt for ``request`` (raises the request's 400 errors before any work is queued)."""
+        """The prompt for ``request`` (raises the request's 400 errors before any work is queued).
+
+        A raw prompt (``request.prompt``) is tokenized as llama-cpp-python's ``create_completion``
+        tokenizes one: as it is, special tokens parsed, BOS first when the vocabulary wants it.
+        """
+        if request.prompt is not None:
+            return RenderedPrompt(((request.prompt, True),))
         messages = conversation_turns(request.instructions, request.messages)
         thinking = resolve_thinking(request.thinking, self.config.get("enable_thinking"))
         return render_prompt(
@@ -184,6 +194,60 @@ class LlamaCppEngine:
         finally:
             cancelled.set()
 
+    # -- embeddings (runtime.embedding) ----------------------------------------------------
+    async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
+        """The L2-normalized pooled vector of each input (``embeddings: true``), on the worker
+        thread between generations; ``dimensions`` is refused before it gets here."""
+        if self.context is None or self._closing.is_set():
+            raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
+        cancelled = threading.Event()
+        try:
+            work = asyncio.get_running_loop().run_in_executor(self._worker, self._embed, inputs, cancelled)
+        except RuntimeError:  # unloaded between the check above and now
+            raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded") from None
+        try:
+            return await work
+        finally:
+            cancelled.set()  # a caller gone: the worker stops before the next input
+
+    def _embed(self, inputs, cancelled: threading.Event) -> tuple[list[list[float]], int]:
+        weights, context = self.weights, self.context
+        if context is None or context.settings.pooling is None:
+            raise BackendError(f"model {self.model_name} was unloaded before the request ran")
+        vectors, total = [], 0
+        for index, item in enumerate(inputs):
+            if cancelled.is_set() or self._closing.is_set():
+                raise BackendError("the embedding request was cancelled")
+            tokens = weights.tokenize_input(item) if isinstance(item, str) else self._checked_tokens(index, item)
+            if not tokens:
+                raise InvalidRequest(f"input[{index}] holds no token", param="input")
+            if len(tokens) > context.n_ubatch:
+                raise ContextLengthExceeded(
+                    f"input[{index}] is {len(tokens)} tokens but model {self.model_name} embeds at most "
+                    f"{context.n_ubatch} tokens per input (gguf_n_batch, within gguf_n_ctx)",
+                    param="input",
+                )
+            try:
+                vectors.append(normalized(context.embed(tokens)))
+            except LLMPoolError:
+                raise
+            except Exception as exc:  # a native failure ends this request, not the worker
+                logger.exception("model %s: embedding failed", self.model_name)
+                raise BackendError(f"llama.cpp embedding failed: {exc}") from None
+            total += len(tokens)
+        return vectors, total
+
+    def _checked_tokens(self, index: int, tokens: list[int]) -> list[int]:
+        n_vocab = self.weights.n_vocab
+        for token in tokens:
+            if not 0 <= token < n_vocab:
+                raise InvalidRequest(
+                    f"input[{index}] holds token {token}, outside the vocabulary of model {self.model_name} "
+                    f"(0 to {n_vocab - 1})",
+                    param="input",
+                )
+        return list(tokens)
+
     def _generate(self, prompt: RenderedPrompt, request: GenerationRequest, emit, cancelled: threading.Event) -> None:
         try:
             if self.context is None:
@@ -211,10 +275,11 @@ class LlamaCppEngine:
             if stopped():
                 return
             context.decode(tokens[start:start + context.n_batch])
-        sampler = context.sampler(request.temperature, request.top_p)
+        sampler = context.sampler(_sampling_options(request))
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stop_filter = _StopFilter(prompt.stop)
         position, produced, reason, hit_stop = len(tokens), 0, "length", False
+        unsent = _Unsent(request.logprobs)  # tokens whose text is still held back
         try:
             while produced < request.max_output_tokens and not stopped():
                 token = sampler.sample(context)
@@ -222,9 +287,10 @@ class LlamaCppEngine:
                 if weights.is_end_of_generation(token):
                     reason = "stop"
                     break
+                unsent.add(context, token)
                 text, hit_stop = stop_filter.feed(decoder.decode(weights.piece(token)))
                 if text:
-                    emit(TextDelta(text))
+                    emit(unsent.delta(text))
                 if hit_stop:
                     reason = "stop"
                     break
@@ -237,9 +303,38 @@ class LlamaCppEngine:
         if not hit_stop:
             text, hit_stop = stop_filter.feed(decoder.decode(b"", final=True))
             text += "" if hit_stop else stop_filter.flush()
-            if text:
-                emit(TextDelta(text))
+            if text or unsent.logprobs:
+                emit(unsent.delta(text))
         emit(Finished(input_tokens=len(tokens), output_tokens=produced, finish_reason=reason))
+
+
+def _sampling_options(request: GenerationRequest) -> SamplingOptions:
+    return SamplingOptions(
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+    )
+
+
+class _Unsent:
+    """The tokens sampled since the last delta (and their logprobs entries when asked for)."""
+
+    def __init__(self, top_logprobs: int | None):
+        self.top_logprobs = top_logprobs
+        self.tokens = 0
+        self.logprobs: list[dict] = []
+
+    def add(self, context: GgufContext, token: int) -> None:
+        self.tokens += 1
+        if self.top_logprobs is not None:
+            self.logprobs.append(context.token_logprobs(token, self.top_logprobs))
+
+    def delta(self, text: str) -> TextDelta:
+        delta = TextDelta(text, self.tokens, self.logprobs if self.top_logprobs is not None else None)
+        self.tokens, self.logprobs = 0, []
+        return delta
 
 
 def _probe_template(template: str, path: str) -> None:

@@ -30,6 +30,7 @@ from runtime.prompt_formats import RenderedPrompt
 logger = logging.getLogger("llmpool.llama_cpp")
 
 FLASH_ATTN_TYPES = {"auto": -1, "off": 0, "on": 1}  # enum llama_flash_attn_type
+POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # enum llama_pooling_type
 _GGML_LOG_LEVELS = {1: logging.DEBUG, 2: logging.DEBUG, 3: logging.WARNING, 4: logging.ERROR}
 _GGML_LOG_CONT = 5
 
@@ -163,6 +164,7 @@ class GgufWeights:
         self.bos = lib.llama_vocab_bos(self.vocab)
         self.eos = lib.llama_vocab_eos(self.vocab)
         self.add_bos = bool(lib.llama_vocab_get_add_bos(self.vocab))
+        self.n_vocab = lib.llama_vocab_n_tokens(self.vocab)
         self._piece = ctypes.create_string_buffer(256)
 
     def token_text(self, token: int) -> str:
@@ -180,6 +182,24 @@ class GgufWeights:
             buffer = (self._lib.llama_token * capacity)()
             count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, False, parse_special)
         return list(buffer[:count])
+
+    def tokenize_input(self, text: str) -> list[int]:
+        """An embedding input as llama-server tokenizes one: plain text, with the BOS and EOS the
+        vocabulary asks for (``add_special``)."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 4
+        buffer = (self._lib.llama_token * capacity)()
+        count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
+        if count < 0:
+            capacity = -count
+            buffer = (self._lib.llama_token * capacity)()
+            count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
+        return list(buffer[:count])
+
+    @property
+    def n_embd_out(self) -> int:
+        """The size of the model's output embeddings (a pooled vector's length)."""
+        return self._lib.llama_model_n_embd_out(self.model)
 
     def tokenize_prompt(self, prompt: RenderedPrompt) -> list[int]:
         """Markup parsed for special tokens, content as plain text; BOS added when the vocabulary
@@ -218,6 +238,9 @@ class ContextSettings:
     flash_attn: str  # "on" | "off" | "auto"
     type_k: str | None  # GGML type name; None: llama.cpp's default (f16)
     type_v: str | None
+    # Embedding mode (runtime.embedding): how a sequence's token embeddings pool into its vector
+    # ("mean", "cls", "last"); None: a context that only generates.
+    pooling: str | None = None
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ContextSettings:
@@ -234,6 +257,7 @@ class ContextSettings:
         return (
             f"n_ctx={self.n_ctx}, n_batch={self.n_batch}, flash_attn={self.flash_attn}, "
             f"type_k={self.type_k or 'f16'}, type_v={self.type_v or 'f16'}"
+            + (f", embeddings pooled by {self.pooling}" if self.pooling else "")
         )
 
 
@@ -255,6 +279,13 @@ class GgufContext:
         if settings.type_v is not None:
             params.type_v = ggml_type(settings.type_v).value
         params.no_perf = True
+        if settings.pooling is not None:
+            # llama-server's embedding mode: built with embeddings on (its buffers reserved for
+            # them), switched on only while an input is embedded.  A sequence's pooled vector
+            # comes from one micro-batch, so the whole input must fit in one: n_ubatch = n_batch.
+            params.embeddings = True
+            params.pooling_type = POOLING_TYPES[settings.pooling]
+            params.n_ubatch = settings.n_batch
         lines = _LOG.capture()
         try:
             ctx = lib.llama_init_from_model(weights.model, params)
@@ -270,6 +301,9 @@ class GgufContext:
         self.ctx = ctx
         self.n_ctx = lib.llama_n_ctx(ctx)
         self.n_batch = lib.llama_n_batch(ctx)
+        self.n_ubatch = lib.llama_n_ubatch(ctx)
+        if settings.pooling is not None:
+            lib.llama_set_embeddings(ctx, False)  # generation as in any context, until embed
 
     def clear(self) -> None:
         memory = self._lib.llama_get_memory(self.ctx)
@@ -283,8 +317,59 @@ class GgufContext:
         if status != 0:
             raise BackendError(f"llama.cpp could not decode {len(tokens)} tokens (llama_decode returned {status})")
 
-    def sampler(self, temperature: float, top_p: float) -> _Sampler:
-        return _Sampler(self._lib, temperature, top_p)
+    def embed(self, tokens: list[int]) -> list[float]:
+        """The pooled embedding of ``tokens`` (at most ``n_ubatch``), as llama.cpp computes it:
+        the cache cleared, the sequence decoded with embeddings on, every token an output."""
+        self.clear()
+        self._lib.llama_set_embeddings(self.ctx, True)
+        try:
+            self._decode_outputs(tokens)
+            pointer = self._lib.llama_get_embeddings_seq(self.ctx, 0)
+            if not pointer:
+                raise BackendError("llama.cpp computed no sequence embedding (the context pools nothing)")
+            return pointer[: self.weights.n_embd_out]
+        finally:
+            self._lib.llama_set_embeddings(self.ctx, False)
+            self.clear()
+
+    def _decode_outputs(self, tokens: list[int]) -> None:
+        """Decode ``tokens`` as sequence 0 from position 0, every token marked as an output (an
+        embedding needs them all; llama.cpp warns and overrides otherwise)."""
+        lib = self._lib
+        batch = lib.llama_batch_init(len(tokens), 0, 1)
+        try:
+            batch.n_tokens = len(tokens)
+            for index, token in enumerate(tokens):
+                batch.token[index] = token
+                batch.pos[index] = index
+                batch.n_seq_id[index] = 1
+                batch.seq_id[index][0] = 0
+                batch.logits[index] = True
+            status = lib.llama_decode(self.ctx, batch)
+        finally:
+            lib.llama_batch_free(batch)
+        if status != 0:
+            raise BackendError(f"llama.cpp could not decode {len(tokens)} tokens (llama_decode returned {status})")
+
+    def sampler(self, options: SamplingOptions) -> _Sampler:
+        return _Sampler(self._lib, options, self.weights.n_vocab, self.n_ctx)
+
+    def token_logprobs(self, token: int, top: int) -> dict:
+        """The chat completions logprobs entry of ``token``, just sampled from the last decode's
+        logits: its log-probability under the model (llama-cpp-python's ``logits_to_logprobs``,
+        as its ``create_completion`` reports them) and the ``top`` most likely tokens'."""
+        import numpy
+
+        logits = numpy.ctypeslib.as_array(self._lib.llama_get_logits_ith(self.ctx, -1), shape=(self.weights.n_vocab,))
+        logprobs = self._lib.Llama.logits_to_logprobs(logits)
+        entry = self._entry(token, logprobs)
+        best = numpy.argpartition(-logprobs, top - 1)[:top] if top else ()
+        ranked = sorted(best, key=lambda candidate: -logprobs[candidate])
+        return {**entry, "top_logprobs": [self._entry(int(candidate), logprobs) for candidate in ranked]}
+
+    def _entry(self, token: int, logprobs) -> dict:
+        piece = self.weights.piece(token)
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": float(logprobs[token]), "bytes": list(piece)}
 
     def close(self) -> None:
         if self.ctx:
@@ -292,19 +377,39 @@ class GgufContext:
             self.ctx = None
 
 
-class _Sampler:
-    """A llama.cpp sampler chain: greedy at temperature 0, else top-p, temperature, random draw."""
+@dataclass(frozen=True)
+class SamplingOptions:
+    """What one generation samples with; ``seed`` None draws a random one."""
 
-    def __init__(self, lib, temperature: float, top_p: float):
+    temperature: float
+    top_p: float
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+
+class _Sampler:
+    """A llama.cpp sampler chain, in the order of llama-cpp-python's ``_init_sampler``: the
+    presence and frequency penalties (over every token generated so far, none of the prompt's)
+    when set, then greedy at temperature 0, else top-p, temperature and a draw seeded with
+    ``seed`` (taken modulo 2**32 - 1, as llama.cpp's seed is an unsigned 32-bit number whose
+    highest value means "random")."""
+
+    def __init__(self, lib, options: SamplingOptions, n_vocab: int, n_ctx: int):
         self._lib = lib
         self.chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        if temperature <= 0:
+        if options.presence_penalty or options.frequency_penalty:
+            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_penalties(
+                n_vocab, n_ctx, 1.0, options.frequency_penalty, options.presence_penalty
+            ))
+        if options.temperature <= 0:
             lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_greedy())
         else:
-            if top_p < 1.0:
-                lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_top_p(top_p, 1))
-            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_temp(temperature))
-            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_dist(lib.LLAMA_DEFAULT_SEED))
+            if options.top_p < 1.0:
+                lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_top_p(options.top_p, 1))
+            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_temp(options.temperature))
+            seed = lib.LLAMA_DEFAULT_SEED if options.seed is None else options.seed % lib.LLAMA_DEFAULT_SEED
+            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_dist(seed))
 
     def sample(self, context: GgufContext) -> int:
         return self._lib.llama_sampler_sample(self.chain, context.ctx, -1)

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from runtime.backends.base import (
+    SAMPLING_OPTIONS,
+    THINK_TAGS,
     THINKING_ALL,
     BackendSpec,
     CommonDefinition,
@@ -46,6 +48,9 @@ class LlamaCppDefinition(CommonDefinition):
     gguf_flash_attn: Literal["on", "off", "auto"] = "auto"
     gguf_type_k: GgmlCacheType | None = None
     gguf_type_v: GgmlCacheType | None = None
+    # POST /v1/embeddings too (runtime.embedding): the context is built in llama.cpp's embedding
+    # mode, pooled as the GGUF declares (mean when it declares none); the model still generates.
+    embeddings: bool = False
 
     @model_validator(mode="after")
     def _known_prompt_format(self):
@@ -102,8 +107,31 @@ class LlamaCppSpec(BackendSpec):
     def multi_turn(self, definition):
         return (definition.prompt_format or "gguf_template") in MULTI_TURN_FORMATS
 
+    def raw_prompt(self, definition) -> bool:
+        """A raw prompt is tokenized as it is (special tokens parsed), without the chat template."""
+        return True
+
     def thinking_modes(self, definition):
         return list(THINKING_ALL) if definition.prompt_format == "gemma4_template" else ["default"]
+
+    def sampling_options(self, definition):
+        """seed, both penalties and logprobs: native.py's sampler chain and token_logprobs."""
+        return list(SAMPLING_OPTIONS)
+
+    def reasoning_tags(self, definition, base_dir):
+        """As the base, and ``<think>``/``</think>`` when the GGUF's own chat template (with
+        prompt_format gguf_template) writes both tags, as Qwen3's and DeepSeek-R1's do."""
+        tags = super().reasoning_tags(definition, base_dir)
+        if tags is not None or definition.reasoning_tags is not None:
+            return tags
+        if (definition.prompt_format or "gguf_template") != "gguf_template":
+            return None
+        path = locate_model_file(definition.model_path, base_dir)
+        try:
+            template = read_gguf_info(path).chat_template if path and os.path.isfile(path) else None
+        except (OSError, GgufError):
+            return None
+        return THINK_TAGS if template and all(tag in template for tag in THINK_TAGS) else None
 
     def create_engine(self, model_name, config, replica_index, context):
         return LlamaCppEngine(model_name, config, replica_index, context)
