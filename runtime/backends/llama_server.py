@@ -6,6 +6,8 @@ Every other definition field and load override maps to one llama-server flag
 (``llama_server_command``); the extra args come last.  ``model_path``,
 ``llama_server_mmproj`` and ``llama_server_draft_model`` take the forms of
 ``runtime.model_files`` (absolute, relative to the settings file, ``package:``).
+``embeddings: true`` adds ``--embeddings`` (and ``--pooling`` where the GGUF declares none);
+such a server still serves chat completions (llama-server switches per batch).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pydantic import Field
 import runtime.backends.managed as managed
 from runtime.backends.common_fields import FamilyDefinition
 from runtime.backends.overrides import LoadOverride, PositiveInt, integer_override
+from runtime.gguf_info import GgufError, read_gguf_info
 from runtime.model_files import ModelFileError, locate_model_file, resolve_model_file
 
 
@@ -45,6 +48,8 @@ class LlamaServerDefinition(
     llama_server_spec_type: Literal["draft-mtp"] | None = None
     llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=6)
     llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
+    # POST /v1/embeddings too: started with --embeddings (see llama_server_command for --pooling).
+    embeddings: bool = False
 
 
 def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
@@ -69,8 +74,23 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
             ("--spec-draft-p-min", config["llama_server_spec_draft_p_min"]),
             ("--api-key", config["llama_server_api_key"]),
         ),
+        *(_embedding_args(local("model_path")) if config["embeddings"] else []),
     ]
     return managed.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
+
+
+def _embedding_args(model_file: str | None) -> list[str]:
+    """``--embeddings``, and ``--pooling mean`` for a GGUF that declares no pooling of its own
+    (a generative model: llama-server would pool nothing, which its /v1/embeddings refuses), so
+    the vectors are pooled as the llama_cpp backend pools them (``GgufInfo.embedding_pooling``).
+    A file that cannot be read as GGUF gets no --pooling: llama-server reports it at start."""
+    try:
+        info = read_gguf_info(model_file) if model_file else None
+    except (OSError, GgufError):
+        info = None
+    if info is None or info.pooling_type == info.embedding_pooling:
+        return ["--embeddings"]
+    return ["--embeddings", "--pooling", info.embedding_pooling]
 
 
 def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerLaunch:

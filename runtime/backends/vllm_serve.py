@@ -27,7 +27,10 @@ class VllmServeDefinition(
         owned_flags={"target_inflight": ("--max-num-seqs",)},
     )
 ):
-    pass  # the vllm_* fields of VllmFields and the vllm_serve_* ones of server_fields
+    # the vllm_* fields of VllmFields and the vllm_serve_* ones of server_fields, and:
+    # POST /v1/embeddings: ``--runner pooling`` (a generative architecture is converted to an
+    # embedding model, vLLM's ``--convert auto``); the server then serves embeddings only.
+    embeddings: bool = False
 
 
 def _json(value: dict | None) -> str | None:
@@ -53,6 +56,7 @@ def vllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: s
         ),
         *(["--enforce-eager"] if config["vllm_enforce_eager"] else []),
         *(["--trust-remote-code"] if config["vllm_trust_remote_code"] else []),
+        *(["--runner", "pooling"] if config["embeddings"] else []),
     ]
     model_args = ["serve", managed.server_target(config, "vllm_serve", base_dir)]
     return managed.server_argv(config, "vllm_serve", host, port, model_args, options)
@@ -72,3 +76,7 @@ class VllmServeSpec(managed.ManagedServerSpec, VllmSpec):
     profile = VLLM_SERVE
     definition_model = VllmServeDefinition
     thinking_families = (GEMMA4,)
+
+    def embedding_dimensions(self, definition):
+        """vLLM judges ``dimensions`` (a Matryoshka model takes it, any other refuses it)."""
+        return True

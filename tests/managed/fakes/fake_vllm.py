@@ -9,7 +9,7 @@ VALUED = {
     "--host", "--port", "--api-key", "--max-num-seqs", "--max-model-len", "--gpu-memory-utilization",
     "--kv-cache-dtype", "--kv-cache-memory-bytes", "--mm-processor-kwargs", "--speculative-config",
     "--tensor-parallel-size", "--dtype", "--quantization", "--reasoning-parser", "--served-model-name",
-    "--seed", "--max-num-batched-tokens",
+    "--seed", "--max-num-batched-tokens", "--runner",
 }
 SWITCHES = {"--enforce-eager", "--trust-remote-code", "--enable-prefix-caching", "--enable-chunked-prefill"}
 CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "nvfp4")
@@ -30,11 +30,14 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
     require_choice(options, "--dtype", DTYPES)
     require_json(options, "--mm-processor-kwargs", {"max_pixels", "min_pixels", "do_pan_and_scan"})
     require_json(options, "--speculative-config", SPECULATIVE_KEYS)
+    require_choice(options, "--runner", ("auto", "generate", "pooling", "draft"))
     settings = {
         "model": options.get("--served-model-name") or positionals[0],
         "host": options.get("--host", "0.0.0.0"),
         "port": options.get("--port", "8000"),
         "api_key": options.get("--api-key"),
+        # --runner pooling: embeddings only, as vLLM's (chat completions answer 400).
+        "runner": options.get("--runner", "generate"),
     }
     return settings, {}
 
