@@ -1,11 +1,16 @@
 """What a request must satisfy before it is queued, and what it is charged when it is.
 
 ``check_request`` refuses (400/403) what the model cannot take, from its
-capabilities; ``estimate_prompt_tokens`` is the prompt size the fair-share
-scheduler charges at dispatch, corrected to the engine's count when it ends.
+capabilities (the sampling options included: a seed, penalties or logprobs the engine does not
+honour are 400 invalid_request naming the field); ``with_reasoning_effort`` turns a client's
+reasoning effort into the model's thinking mode; ``estimate_prompt_tokens`` is the prompt size
+the fair-share scheduler charges at dispatch, corrected to the engine's count when it ends.
 """
 from __future__ import annotations
 
+import dataclasses
+
+from runtime.backends.base import REASONING_EFFORT_THINKING, SAMPLING_OPTIONS
 from runtime.catalog import CatalogEntry
 from runtime.errors import (
     FileInputUnsupported,
@@ -13,6 +18,7 @@ from runtime.errors import (
     InvalidRequest,
     ModalityUnsupported,
     MultiTurnUnsupported,
+    RawPromptUnsupported,
     RemoteExecutionDisallowed,
     ResponseFormatUnsupported,
     ThinkingUnsupported,
@@ -23,8 +29,9 @@ PART_MODALITY = {"input_image": "image", "input_audio": "audio"}
 
 
 def estimate_prompt_tokens(request: GenerationRequest) -> int:
-    """A tokenizer-free prompt size (about four characters a token) for fair-share charging."""
-    chars = len(request.instructions or "") + sum(
+    """A tokenizer-free prompt size (about four characters a token) for fair-share charging:
+    the instructions, the messages' text parts and a raw prompt."""
+    chars = len(request.instructions or "") + len(request.prompt or "") + sum(
         len(part.get("text", "")) for message in request.messages for part in message["content"]
     )
     return chars // 4 + 1
@@ -37,10 +44,19 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
         raise RemoteExecutionDisallowed(
             f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
         )
+    capabilities = spec.capabilities(definition)
+    raw_prompt = request.prompt is not None
+    if raw_prompt and not capabilities["raw_prompt"]:
+        raise RawPromptUnsupported(
+            f"model {entry.name} does not take a raw text prompt (backend {definition.backend}); "
+            "use /v1/chat/completions or /v1/responses",
+            param="prompt",
+        )
     forwards = spec.forwards_requests(definition) and request.passthrough is not None
     if request.refused and not forwards:
         raise error_from_dict(request.refused[0])
-    capabilities = spec.capabilities(definition)
+    if not forwards:
+        _check_sampling_options(entry, request, capabilities["sampling_options"])
     for message in request.messages:
         for part in message["content"]:
             kind = part.get("type")
@@ -53,7 +69,9 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
                     f"(modalities: {', '.join(capabilities['modalities'])})",
                     param="input",
                 )
-    if not forwards:  # a forwarding engine's upstream judges the conversation (tool results end it, say)
+    # A forwarding engine's upstream judges the conversation (tool results end it, say); a raw
+    # prompt has none.
+    if not forwards and not raw_prompt:
         turns = [m for m in request.messages if m["role"] in ("user", "assistant")]
         if len(turns) > 1 and not capabilities["multi_turn"]:
             raise MultiTurnUnsupported(f"model {entry.name} accepts a single user turn only", param="input")
@@ -75,3 +93,27 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
                 + (" with stream" if request.stream else ""),
                 param="response_format",
             )
+
+
+def _check_sampling_options(entry: CatalogEntry, request: GenerationRequest, honoured: list[str]) -> None:
+    for option in SAMPLING_OPTIONS:  # each is the request field of its name
+        if getattr(request, option) is not None and option not in honoured:
+            raise InvalidRequest(
+                f"model {entry.name} (backend {entry.definition.backend}) does not honour {option}; leave it out "
+                f"(it honours: {', '.join(honoured) or 'none of seed, penalties, logprobs'})",
+                param=option,
+            )
+
+
+def with_reasoning_effort(entry: CatalogEntry, request: GenerationRequest) -> GenerationRequest:
+    """``request`` with its ``reasoning_effort`` as ``thinking``: none and minimal mean
+    "disabled", low to max "enabled", where the model's thinking modes have that mode; a model
+    without it (one with only "default") ignores the effort.  A client's own ``thinking`` wins
+    (the parser then leaves the effort out)."""
+    effort = request.reasoning_effort
+    if effort is None or request.thinking not in (None, THINKING_DEFAULT):
+        return request
+    mode = REASONING_EFFORT_THINKING.get(effort)
+    if mode is None or mode not in entry.spec.thinking_modes(entry.definition):
+        return request
+    return dataclasses.replace(request, thinking=mode)

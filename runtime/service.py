@@ -248,7 +248,9 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
     stops = _StopWatch(request.stop)
     entry = controller.entry
     run.logprobs = None if request.logprobs is None else []
-    events = split_reasoning(lease.engine.generate(request), entry.spec.reasoning_tags(entry.definition, entry.base_dir))
+    # A raw prompt's continuation is all text: its reasoning tags, if any, are the client's to read.
+    tags = None if request.prompt is not None else entry.spec.reasoning_tags(entry.definition, entry.base_dir)
+    events = split_reasoning(lease.engine.generate(request), tags)
     try:
         async with deadline:
             async for event in events:

@@ -58,8 +58,19 @@ class Ct2Spec(BackendSpec):
         """The contract lists multi-turn messages only for the chat-serving backends."""
         return False
 
+    def raw_prompt(self, definition) -> bool:
+        """A raw prompt is tokenized as it is (special tokens parsed), without the chat template."""
+        return True
+
     def thinking_modes(self, definition):
         return thinking_for_families(definition, (QWEN3,))
+
+    def sampling_options(self, definition):
+        """None: CTranslate2's generator has no per-request seed (ctranslate2.set_random_seed is
+        process-wide, and set before each generation it did not make two samples alike on 4.8.5), its
+        repetition_penalty is not OpenAI's presence or frequency penalty, and its log
+        probabilities come without the alternatives."""
+        return []
 
     def create_engine(self, model_name, config, replica_index, context):
         return Ct2Engine(config, context)

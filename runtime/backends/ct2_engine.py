@@ -146,10 +146,13 @@ class Ct2Engine:
     async def generate(self, request: GenerationRequest):
         if self._generator is None:
             raise BackendError("the CTranslate2 engine is not loaded")
-        prompt = self._template.render(
-            template_messages(request), **template_variables(request, self.config["enable_thinking"])
-        )
-        encoding = self._tokenizer.encode(prompt, add_special_tokens=False)
+        if request.prompt is not None:  # a raw prompt: no template; the tokenizer's own BOS rule applies
+            encoding = self._tokenizer.encode(request.prompt, add_special_tokens=True)
+        else:
+            prompt = self._template.render(
+                template_messages(request), **template_variables(request, self.config["enable_thinking"])
+            )
+            encoding = self._tokenizer.encode(prompt, add_special_tokens=False)
         produce = partial(self._produce, encoding.tokens, request)
         async with aclosing(generate_in_thread(produce, name="ct2-generate", engine="CTranslate2")) as events:
             async for event in events:
@@ -158,7 +161,7 @@ class Ct2Engine:
     def _produce(self, prompt_tokens: list[str], request: GenerationRequest, emit, stop: threading.Event) -> None:
         decoder = IncrementalDecoder(self._tokenizer)
         greedy = request.temperature == 0
-        output_tokens, finish_reason = 0, "length"
+        output_tokens, finish_reason, unsent = 0, "length", 0
         with self._busy:
             steps = self._generator.generate_tokens(
                 prompt_tokens,
@@ -176,8 +179,10 @@ class Ct2Engine:
                         finish_reason = "stop"
                         break
                     text = decoder.push(step.token_id)
+                    unsent += 1
                     if text:
-                        emit(TextDelta(text))
+                        emit(TextDelta(text, tokens=unsent))
+                        unsent = 0
                     if stop.is_set():
                         return
             finally:

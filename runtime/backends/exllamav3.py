@@ -145,8 +145,16 @@ class Exllamav3Spec(BackendSpec):
             merged["exllama_cache_quant"] = None if k_bits is None else f"{k_bits},{v_bits}"
         return merged
 
+    def raw_prompt(self, definition) -> bool:
+        """A raw prompt is tokenized as it is (special tokens parsed), without the chat template."""
+        return True
+
     def thinking_modes(self, definition):
         return thinking_for_families(definition, (GEMMA4, QWEN3))
+
+    def sampling_options(self, definition):
+        """A seed (``Job(seed=)``) and ComboSampler's OpenAI-style ``pres_p``/``freq_p``."""
+        return ["seed", "presence_penalty", "frequency_penalty"]
 
     def create_engine(self, model_name, config, replica_index, context):
         quant = config["exllama_cache_quant"]

@@ -139,10 +139,13 @@ class ExllamaEngine:
     async def generate(self, request: GenerationRequest):
         if self._generator is None:
             raise BackendError("the ExLlamaV3 engine is not loaded")
-        prompt = self._template.render(
-            template_messages(request), **template_variables(request, self.config["enable_thinking"])
-        )
-        input_ids = self._tokenizer.encode(prompt, add_bos=False, encode_special_tokens=True)
+        if request.prompt is not None:  # a raw prompt: no template, BOS first (as TabbyAPI's completions)
+            input_ids = self._tokenizer.encode(request.prompt, add_bos=True, encode_special_tokens=True)
+        else:
+            prompt = self._template.render(
+                template_messages(request), **template_variables(request, self.config["enable_thinking"])
+            )
+            input_ids = self._tokenizer.encode(prompt, add_bos=False, encode_special_tokens=True)
         produce = partial(self._produce, input_ids, request)
         async with aclosing(generate_in_thread(produce, name="exllama-generate", engine="ExLlamaV3")) as events:
             async for event in events:
@@ -150,13 +153,20 @@ class ExllamaEngine:
 
     def _new_job(self, input_ids, request: GenerationRequest):
         exllamav3 = self._exllamav3
+        penalties = {
+            name: value
+            for name, value in (("pres_p", request.presence_penalty), ("freq_p", request.frequency_penalty))
+            if value is not None
+        }
+        seed = {} if request.seed is None else {"seed": request.seed}
         return exllamav3.Job(
             input_ids=input_ids,
             max_new_tokens=request.max_output_tokens,
             stop_conditions=self._stop_conditions,
-            sampler=exllamav3.ComboSampler(temperature=request.temperature, top_p=request.top_p),
+            sampler=exllamav3.ComboSampler(temperature=request.temperature, top_p=request.top_p, **penalties),
             max_rq_tokens=self.config["exllama_max_rq_tokens"],
             identifier=request.request_id,
+            **seed,
         )
 
     def _produce(self, input_ids, request: GenerationRequest, emit, stop: threading.Event) -> None:

@@ -48,6 +48,35 @@ def import_vllm() -> SimpleNamespace:
     )
 
 
+def sampling_arguments(request: GenerationRequest) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments; the optional ones only when the request sets them
+    (vLLM's own defaults otherwise).  ``logprobs`` is vLLM's count of alternatives per token
+    (0: the sampled token's only), which it reports from the model's raw distribution."""
+    arguments = {"max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p}
+    for name in ("seed", "presence_penalty", "frequency_penalty", "logprobs"):
+        if getattr(request, name) is not None:
+            arguments[name] = getattr(request, name)
+    return arguments
+
+
+def token_logprobs(completion, top: int) -> list[dict]:
+    """The chat completions logprobs entries of a delta's tokens, from vLLM's per-token
+    ``{token_id: Logprob(logprob, rank, decoded_token)}`` (the sampled token always among them)."""
+    entries = []
+    for token_id, candidates in zip(completion.token_ids, completion.logprobs or ()):
+        ranked = sorted(candidates.items(), key=lambda item: item[1].rank)
+        entries.append({
+            **_logprob_entry(candidates[token_id]),
+            "top_logprobs": [_logprob_entry(candidate) for _, candidate in ranked if candidate.rank <= top][:top],
+        })
+    return entries
+
+
+def _logprob_entry(candidate) -> dict:
+    text = candidate.decoded_token or ""
+    return {"token": text, "logprob": float(candidate.logprob), "bytes": list(text.encode("utf-8"))}
+
+
 def _cleanup_process_state() -> None:
     """vLLM's documented teardown of distributed state and cached device memory."""
     try:
@@ -107,20 +136,19 @@ class VllmEngine:
     async def generate(self, request: GenerationRequest):
         if self._llm is None:
             raise BackendError("the vLLM engine is not loaded")
-        prompt_ids = list(self._tokenizer.encode(self.prompt_text(request), add_special_tokens=False))
-        params = self._vllm.SamplingParams(
-            max_tokens=request.max_output_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            output_kind=self._vllm.DELTA,
-        )
+        if request.prompt is not None:  # a raw prompt: tokenized as vLLM's own /v1/completions does
+            prompt_ids = list(self._tokenizer.encode(request.prompt, add_special_tokens=True))
+        else:
+            prompt_ids = list(self._tokenizer.encode(self.prompt_text(request), add_special_tokens=False))
+        params = self._vllm.SamplingParams(**sampling_arguments(request), output_kind=self._vllm.DELTA)
         output_tokens, finish_reason = 0, "stop"
         try:
             async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
                 completion = output.outputs[0]
                 output_tokens += len(completion.token_ids)
-                if completion.text:
-                    yield TextDelta(completion.text)
+                logprobs = None if request.logprobs is None else token_logprobs(completion, request.logprobs)
+                if completion.text or logprobs:
+                    yield TextDelta(completion.text, tokens=len(completion.token_ids), logprobs=logprobs)
                 if output.finished:
                     finish_reason = "length" if completion.finish_reason == "length" else "stop"
         except LLMPoolError:

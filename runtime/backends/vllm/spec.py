@@ -11,7 +11,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from runtime.backends.base import BackendSpec
+from runtime.backends.base import SAMPLING_OPTIONS, BackendSpec
 from runtime.backends.common_fields import (
     GEMMA4,
     QWEN3,
@@ -114,8 +114,16 @@ class VllmSpec(BackendSpec):
         integer_override("vllm_num_speculative_tokens", default=1),
     )
 
+    def raw_prompt(self, definition) -> bool:
+        """A raw prompt is tokenized as it is (special tokens parsed), without the chat template."""
+        return True
+
     def thinking_modes(self, definition):
         return thinking_for_families(definition, (GEMMA4, QWEN3))
+
+    def sampling_options(self, definition):
+        """All of them, as SamplingParams arguments (vllm.engine.sampling_arguments)."""
+        return list(SAMPLING_OPTIONS)
 
     def create_engine(self, model_name, config, replica_index, context):
         return VllmEngine(config, context)
