@@ -1,7 +1,9 @@
 """The chat completions answer shapes: the ``chat.completion`` object and the SSE chunks of a stream.
 
 A stream is ``data: <chat.completion.chunk>`` lines: the assistant role first, one chunk per
-delta, one with the ``finish_reason``, then (with ``stream_options.include_usage``) one with no
+delta (a thinking model's reasoning as ``delta.reasoning_content``, before its answer's
+``delta.content``; with logprobs asked for, ``choices[0].logprobs.content`` holds the entries of
+the delta's tokens), one with the ``finish_reason``, then (with ``stream_options.include_usage``) one with no
 choices and the ``usage``, then ``data: [DONE]``.  An error after the stream started is one
 ``data: {"error": {code, message, param}}`` line before ``[DONE]``, which the openai client
 raises as an ``APIError``.
@@ -13,6 +15,7 @@ import time
 import uuid
 
 from models_app.api.chat.protocol import ChatRequest
+from runtime.request import GENERATE_DELTA, GENERATE_REASONING
 
 DONE = b"data: [DONE]\n\n"
 
@@ -31,7 +34,11 @@ class ChatCompletionBuilder:
         self.include_usage = request.include_usage
 
     def final(self, result: dict) -> dict:
-        """The ``chat.completion`` object of a non-streamed request."""
+        """The ``chat.completion`` object of a non-streamed request: a thinking model's reasoning
+        in ``message.reasoning_content`` (as vLLM, llama-server and DeepSeek answer it)."""
+        message = {"role": "assistant", "content": result["text"], "refusal": None}
+        if "reasoning" in result:
+            message["reasoning_content"] = result["reasoning"]
         return {
             "id": self.id,
             "object": "chat.completion",
@@ -39,9 +46,9 @@ class ChatCompletionBuilder:
             "model": self.model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": result["text"], "refusal": None},
+                "message": message,
                 "finish_reason": result["finish_reason"],
-                "logprobs": None,
+                "logprobs": _logprobs(result.get("logprobs")),
             }],
             "usage": usage(result),
         }
@@ -55,14 +62,26 @@ class ChatCompletionBuilder:
         return _data(chunk)
 
     @staticmethod
-    def _choice(delta: dict, finish_reason: str | None = None) -> dict:
-        return {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+    def _choice(delta: dict, finish_reason: str | None = None, logprobs: list[dict] | None = None) -> dict:
+        return {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": _logprobs(logprobs)}
 
     def opening_chunk(self) -> bytes:
         return self._chunk([self._choice({"role": "assistant", "content": ""})])
 
-    def delta_chunk(self, text: str) -> bytes:
-        return self._chunk([self._choice({"content": text})])
+    def delta_chunk(self, text: str, logprobs: list[dict] | None = None) -> bytes:
+        return self._chunk([self._choice({"content": text}, logprobs=logprobs)])
+
+    def reasoning_chunk(self, text: str) -> bytes:
+        return self._chunk([self._choice({"reasoning_content": text})])
+
+    def event_chunk(self, event: dict) -> bytes:
+        """The chunk of one of the runtime's generate events (``delta``, ``reasoning``); nothing
+        for the others."""
+        if event.get("event") == GENERATE_REASONING:
+            return self.reasoning_chunk(event["text"])
+        if event.get("event") == GENERATE_DELTA:
+            return self.delta_chunk(event["text"], event.get("logprobs"))
+        return b""
 
     def closing_chunks(self, result: dict) -> list[bytes]:
         chunks = [self._chunk([self._choice({}, result["finish_reason"])])]
@@ -76,9 +95,19 @@ class ChatCompletionBuilder:
 
 
 def usage(result: dict) -> dict:
+    """The usage object; ``completion_tokens_details.reasoning_tokens`` where the runtime counted
+    a thinking model's reasoning."""
     used = result["usage"]
-    return {
+    answer = {
         "prompt_tokens": used["input_tokens"],
         "completion_tokens": used["output_tokens"],
         "total_tokens": used["input_tokens"] + used["output_tokens"],
     }
+    if "reasoning_tokens" in used:
+        answer["completion_tokens_details"] = {"reasoning_tokens": used["reasoning_tokens"]}
+    return answer
+
+
+def _logprobs(entries: list[dict] | None) -> dict | None:
+    """``choice.logprobs``: the answer's token entries, or null where none were asked for."""
+    return None if entries is None else {"content": entries, "refusal": None}

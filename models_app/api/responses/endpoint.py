@@ -37,7 +37,9 @@ async def _sse(builder: ResponseBuilder, messages: AsyncIterator[dict]) -> Async
         yield b"".join(builder.opening_events())
         async for message in messages:
             if message["kind"] == REPLY_CHUNK:
-                yield builder.delta_event(message["data"]["text"])
+                events = builder.event_bytes(message["data"])  # an answer's or a reasoning's delta
+                if events:
+                    yield events
             elif message["kind"] == REPLY_RESULT:
                 yield b"".join(builder.closing_events(message["data"]))
     except LLMPoolError as exc:

@@ -1,4 +1,11 @@
-"""OpenAI Responses API shapes: the request schema, its normalisation, and the output objects."""
+"""OpenAI Responses API shapes: the request schema, its normalisation, and the output objects.
+
+A thinking model's reasoning (split off its answer by the runtime) is a ``reasoning`` output
+item before the message (``content: [{"type": "reasoning_text", "text"}]``), streamed as
+``response.reasoning_text.delta`` events; ``reasoning.effort`` maps onto ``thinking`` as
+chat's ``reasoning_effort`` does.  ``include: ["message.output_text.logprobs"]`` (and
+``top_logprobs``) asks for the answer's logprobs where the engine gives them.
+"""
 from __future__ import annotations
 
 import json
@@ -10,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
-from runtime.request import GenerationRequest
+from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GenerationRequest
 
 
 class _Part(BaseModel):
@@ -61,6 +68,14 @@ class InputMessage(BaseModel):
         return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
 
 
+class ReasoningOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")  # summary, generate_summary: nothing to summarise here
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
 class ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
@@ -86,9 +101,10 @@ class ResponsesBody(BaseModel):
     stream_options: dict | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    # reasoning.effort is accepted and ignored: mapping it onto ``thinking`` needs the model's
-    # thinking modes, which only the runtime knows; ``thinking`` chooses the mode.
-    reasoning: dict | None = None
+    # reasoning.effort becomes ``thinking`` in the runtime (the model's thinking modes); an
+    # explicit ``thinking`` wins.
+    reasoning: ReasoningOptions | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
     @field_validator("input", mode="before")
     @classmethod
@@ -130,6 +146,8 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
             for key, value in (("source_lang_code", body.source_lang_code), ("target_lang_code", body.target_lang_code))
             if value is not None
         },
+        reasoning_effort=None if body.thinking is not None or body.reasoning is None else body.reasoning.effort,
+        logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in (body.include or ()) or body.top_logprobs else None,
     )
 
 
@@ -167,19 +185,31 @@ def _response_format(body: ResponsesBody) -> dict | None:
 
 
 class ResponseBuilder:
-    """Builds the response object and the SSE events of one request."""
+    """Builds the response object and the SSE events of one request.
+
+    A stream opens an output item when its first text arrives: the reasoning item (index 0) on
+    the first reasoning delta, the message (after it) on the first answer delta, which closes
+    the reasoning; one that had no text opens its message when it ends.
+    """
 
     def __init__(self, request: GenerationRequest):
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.request = request
         self.sequence = 0
+        self._reasoning: list[str] | None = None  # streamed so far; None: no reasoning item opened
+        self._reasoning_open = False
+        self._message_index: int | None = None  # the message item's output_index once opened
 
     def response(self, status: str, text: str | None = None, result: dict | None = None) -> dict:
         output = []
+        if result is not None and "reasoning" in result:
+            output.append(self.reasoning_item(result["reasoning"], "completed"))
         if text is not None:
-            output.append(self.message(text, "completed" if status == "completed" else "incomplete"))
+            logprobs = result.get("logprobs") if result is not None else None
+            output.append(self.message(text, "completed" if status == "completed" else "incomplete", logprobs))
         usage = None
         if result is not None:
             used = result["usage"]
@@ -187,7 +217,7 @@ class ResponseBuilder:
                 "input_tokens": used["input_tokens"],
                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                 "output_tokens": used["output_tokens"],
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": used.get("reasoning_tokens", 0)},
                 "total_tokens": used["input_tokens"] + used["output_tokens"],
             }
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
@@ -212,13 +242,20 @@ class ResponseBuilder:
             "user": self.request.fairness_key,
         }
 
-    def message(self, text: str, status: str) -> dict:
+    def message(self, text: str, status: str, logprobs: list[dict] | None = None) -> dict:
         return {
             "type": "message",
             "id": self.message_id,
             "status": status,
             "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}],
+            "content": [_output_text(text, logprobs)],
+        }
+
+    def reasoning_item(self, text: str | None, status: str) -> dict:
+        content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+        return {
+            "type": "reasoning", "id": self.reasoning_id, "summary": [], "content": content,
+            "encrypted_content": None, "status": status,
         }
 
     def final(self, result: dict) -> dict:
@@ -233,35 +270,98 @@ class ResponseBuilder:
 
     def opening_events(self) -> list[bytes]:
         started = self.response("in_progress")
-        item = {"type": "message", "id": self.message_id, "status": "in_progress", "role": "assistant", "content": []}
-        part = {"type": "output_text", "text": "", "annotations": []}
+        return [self.event("response.created", response=started), self.event("response.in_progress", response=started)]
+
+    def event_bytes(self, event: dict) -> bytes:
+        """The SSE events of one of the runtime's generate events (``reasoning``, ``delta``);
+        nothing for the others."""
+        if event.get("event") == GENERATE_REASONING:
+            return b"".join(self._reasoning_events(event["text"]))
+        if event.get("event") == GENERATE_DELTA:
+            return b"".join(self._delta_events(event["text"], event.get("logprobs")))
+        return b""
+
+    def _reasoning_events(self, text: str) -> list[bytes]:
+        events = []
+        if self._reasoning is None:
+            self._reasoning, self._reasoning_open = [], True
+            events += [
+                self.event("response.output_item.added", output_index=0, item=self.reasoning_item(None, "in_progress")),
+                self.event("response.content_part.added", item_id=self.reasoning_id, output_index=0, content_index=0,
+                           part={"type": "reasoning_text", "text": ""}),
+            ]
+        self._reasoning.append(text)
+        events.append(self.event(
+            "response.reasoning_text.delta", item_id=self.reasoning_id, output_index=0, content_index=0, delta=text
+        ))
+        return events
+
+    def _close_reasoning(self) -> list[bytes]:
+        if not self._reasoning_open:
+            return []
+        self._reasoning_open = False
+        text = "".join(self._reasoning)
+        part = {"type": "reasoning_text", "text": text}
         return [
-            self.event("response.created", response=started),
-            self.event("response.in_progress", response=started),
-            self.event("response.output_item.added", output_index=0, item=item),
-            self.event("response.content_part.added", item_id=self.message_id, output_index=0, content_index=0, part=part),
+            self.event("response.reasoning_text.done", item_id=self.reasoning_id, output_index=0, content_index=0, text=text),
+            self.event("response.content_part.done", item_id=self.reasoning_id, output_index=0, content_index=0, part=part),
+            self.event("response.output_item.done", output_index=0, item=self.reasoning_item(text, "completed")),
         ]
 
-    def delta_event(self, text: str) -> bytes:
-        return self.event(
-            "response.output_text.delta", item_id=self.message_id, output_index=0, content_index=0, delta=text, logprobs=[]
-        )
+    def _open_message(self) -> list[bytes]:
+        if self._message_index is not None:
+            return []
+        events = self._close_reasoning()
+        self._message_index = 0 if self._reasoning is None else 1
+        item = {"type": "message", "id": self.message_id, "status": "in_progress", "role": "assistant", "content": []}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return events + [
+            self.event("response.output_item.added", output_index=self._message_index, item=item),
+            self.event("response.content_part.added", item_id=self.message_id, output_index=self._message_index,
+                       content_index=0, part=part),
+        ]
+
+    def _delta_events(self, text: str, logprobs: list[dict] | None) -> list[bytes]:
+        events = self._open_message()
+        delta_logprobs = [_delta_logprob(entry) for entry in logprobs or ()]
+        events.append(self.event(
+            "response.output_text.delta", item_id=self.message_id, output_index=self._message_index, content_index=0,
+            delta=text, logprobs=delta_logprobs,
+        ))
+        return events
 
     def closing_events(self, result: dict) -> list[bytes]:
         final = self.final(result)
-        message = final["output"][0]
+        events = self._open_message()
+        index = self._message_index
+        message = final["output"][index]
         part = message["content"][0]
         done_type = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        return [
+        return events + [
             self.event(
-                "response.output_text.done", item_id=self.message_id, output_index=0, content_index=0,
-                text=result["text"], logprobs=[],
+                "response.output_text.done", item_id=self.message_id, output_index=index, content_index=0,
+                text=result["text"], logprobs=part.get("logprobs", []),
             ),
-            self.event("response.content_part.done", item_id=self.message_id, output_index=0, content_index=0, part=part),
-            self.event("response.output_item.done", output_index=0, item=message),
+            self.event("response.content_part.done", item_id=self.message_id, output_index=index, content_index=0, part=part),
+            self.event("response.output_item.done", output_index=index, item=message),
             self.event(done_type, response=final),
         ]
 
     def error_event(self, envelope: dict) -> bytes:
         error = envelope["error"]
         return self.event("error", code=error["code"], message=error["message"], param=error["param"], error=error)
+
+
+def _output_text(text: str, logprobs: list[dict] | None) -> dict:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
+
+
+def _delta_logprob(entry: dict) -> dict:
+    """A logprobs entry as a text delta event has it (no bytes)."""
+    return {
+        "token": entry["token"], "logprob": entry["logprob"],
+        "top_logprobs": [{"token": top["token"], "logprob": top["logprob"]} for top in entry["top_logprobs"]],
+    }
