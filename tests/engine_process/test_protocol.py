@@ -98,8 +98,9 @@ async def test_deltas_coalesce_while_the_reader_lags():
     outbox.send({"op": "finished", "id": 1, "input_tokens": 1, "output_tokens": 100, "finish_reason": "stop"})
     received = [await p.read_frame(reader) for _ in range(4)]
     assert [m["op"] for m in received] == ["stats", "delta", "delta", "finished"]
-    assert received[1] == {"op": "delta", "id": 1, "text": "".join(f"{i} " for i in range(100))}
-    assert received[2] == {"op": "delta", "id": 2, "text": "b" * 100}
+    # joined text, their tokens added up (a delta without a count is one token)
+    assert received[1] == {"op": "delta", "id": 1, "text": "".join(f"{i} " for i in range(100)), "tokens": 100}
+    assert received[2] == {"op": "delta", "id": 2, "text": "b" * 100, "tokens": 100}
     await outbox.close()
     other_writer.close()
 

@@ -126,6 +126,11 @@ def install_fake_vllm(monkeypatch) -> Recorder:
                 last = index == len(pieces) - 1
                 reason = ("length" if length else "stop") if last else None
                 completion = types.SimpleNamespace(text=piece, token_ids=[index], finish_reason=reason)
+                if sampling_params.kwargs.get("logprobs") is not None:  # the sampled token ranks first
+                    completion.logprobs = [{
+                        index: types.SimpleNamespace(logprob=-0.25, rank=1, decoded_token=piece),
+                        90000 + index: types.SimpleNamespace(logprob=-1.5, rank=2, decoded_token="~"),
+                    }]
                 yield types.SimpleNamespace(outputs=[completion], finished=last)
 
         def shutdown(self):
