@@ -257,3 +257,34 @@ async def test_a_reload_that_changes_a_group_in_use_is_refused(tmp_path):
     await pool.reload()
     assert pool.groups["g"].settings.max_loaded == 2
     await pool.shutdown()
+
+
+async def test_interleaved_traffic_from_eight_clients_is_served_grouped_without_a_failure(group_service):
+    """Eight clients for 30 s, each asking the three members of a max_loaded 1 group in turn
+    (a b c a b c ...), each waiting for its answer: nothing fails, a busy member is never
+    swapped out, and a turn ends only once its member has drained, so each turn serves every
+    request waiting for it.  In this closed loop that bounds the swaps by the served requests
+    over the clients (plus one per member to settle); naive FIFO would swap on most requests."""
+    models = {name: member(stub_load_seconds=0.05, stub_token_delay_ms=5) for name in ("a", "b", "c")}
+    service, events = await group_service(models, {"g": {"members": ["a", "b", "c"], "max_loaded": 1}})
+    clients, duration = 8, 30.0
+    stop_at = time.monotonic() + duration
+    served, failures = [], []
+
+    async def client(offset: int):
+        names = ["a", "b", "c"]
+        turn = offset
+        while time.monotonic() < stop_at:
+            name = names[turn % 3]
+            turn += 1
+            try:
+                served.append((name, (await generate(service, name))["text"]))
+            except Exception as exc:  # any failure is the test's failure
+                failures.append(repr(exc))
+
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    assert failures == []
+    assert served and {text for _, text in served} == {"a b c"}
+    swaps = service.pool.groups["g"].swaps
+    assert 0 < swaps <= len(served) / clients + 3, (swaps, len(served))
+    assert len([e for e in events if e.reason == "group_swap" and e.new is S.UNLOADING]) == swaps
