@@ -1,0 +1,87 @@
+"""The completions answer shapes: the ``text_completion`` object and the SSE chunks of a stream.
+
+A stream is ``data: <text_completion>`` lines (the same object as the answer, one choice): one
+per delta with ``finish_reason`` null, one with empty text and the ``finish_reason``, then (with
+``stream_options.include_usage``) one with no choices and the ``usage``, then ``data: [DONE]``.
+Until that last one, every chunk carries ``"usage": null`` when usage was asked for, as OpenAI
+sends it.  An error after the stream started is one ``data: {"error": {code, message, param}}``
+line before ``[DONE]``, which the openai client raises as an ``APIError``.
+
+With ``logprobs`` asked for, a choice's ``logprobs`` is the legacy object (``tokens``,
+``token_logprobs``, ``top_logprobs`` as token -> logprob maps, ``text_offset`` of each token in
+the completion's text), built from the runtime's per-token entries (the chat completions shape).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from models_app.api.chat.shapes import DONE, usage
+from models_app.api.completions.protocol import CompletionRequest
+
+
+def _data(payload: dict) -> bytes:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
+
+
+class CompletionBuilder:
+    """Builds the answer of one completions request."""
+
+    def __init__(self, request: CompletionRequest):
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = request.generation.model
+        self.include_usage = request.include_usage
+        self.sent = 0  # characters of completion text streamed so far (the next token's text_offset)
+
+    def _object(self, choices: list[dict], **fields) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": choices, **fields}
+
+    @staticmethod
+    def _choice(text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def final(self, result: dict) -> dict:
+        """The ``text_completion`` object of a non-streamed request."""
+        logprobs = result.get("logprobs")
+        choice = self._choice(result["text"], result["finish_reason"], None if logprobs is None else legacy_logprobs(logprobs))
+        return self._object([choice], usage=usage(result))
+
+    # -- SSE -----------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict], **fields) -> bytes:
+        chunk = self._object(choices, **fields)
+        if self.include_usage:
+            chunk.setdefault("usage", None)
+        return _data(chunk)
+
+    def delta_chunk(self, delta: dict) -> bytes:
+        """The chunk of one runtime ``delta`` event (its text, and its tokens' logprobs when asked)."""
+        logprobs = delta.get("logprobs")
+        chunk = self._chunk([self._choice(delta["text"], None, None if logprobs is None else legacy_logprobs(logprobs, self.sent))])
+        self.sent += len(delta["text"])
+        return chunk
+
+    def closing_chunks(self, result: dict) -> list[bytes]:
+        chunks = [self._chunk([self._choice("", result["finish_reason"])])]
+        if self.include_usage:
+            chunks.append(self._chunk([], usage=usage(result)))
+        return [*chunks, DONE]
+
+    @staticmethod
+    def error_chunks(envelope: dict) -> list[bytes]:
+        return [_data(envelope), DONE]
+
+
+def legacy_logprobs(entries: list[dict], offset: int = 0) -> dict:
+    """The completions ``logprobs`` object of per-token entries (``{"token", "logprob",
+    "top_logprobs": [{"token", "logprob"}]}``) whose first token starts at ``offset``."""
+    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+    for entry in entries:
+        tokens.append(entry["token"])
+        token_logprobs.append(entry["logprob"])
+        top_logprobs.append({alternative["token"]: alternative["logprob"] for alternative in entry.get("top_logprobs") or ()})
+        text_offset.append(offset)
+        offset += len(entry["token"])
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs, "text_offset": text_offset}
