@@ -95,6 +95,8 @@ OWN_PREFIXES = {
 }
 # Capability switches a stub definition carries so every capability check can be exercised.
 STUB_CAPABILITY_FIELDS = {"thinking_modes", "response_formats", "multi_turn", "file_inputs"}
+# The backends whose definition has the unprefixed ``embeddings`` field (POST /v1/embeddings).
+EMBEDDING_BACKENDS = {"stub", "llama_cpp", "llama_server", "vllm_serve", "openai_remote"}
 FOREIGN_PREFIXES = ("gguf_", "exllama_", "vllm_", "trtllm_", "sglang_", "llama_server_", "ct2_", "remote_", "stub_")
 
 
@@ -176,6 +178,7 @@ def test_definition_has_common_fields_and_only_its_backends_fields(entries, name
     assert definition["backend"] == backend
     own = OWN_PREFIXES[backend]
     extra = STUB_CAPABILITY_FIELDS if backend == "stub" else set()
+    extra = extra | ({"embeddings"} if backend in EMBEDDING_BACKENDS else set())
     for key in set(definition) - COMMON_FIELDS - extra:
         assert key.startswith(own), f"{name} ({backend}) shows foreign field {key}"
     if backend == "vllm":
