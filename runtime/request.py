@@ -22,6 +22,8 @@ GENERATE_ADMITTED = "admitted"  # queued: the API may answer a stream's headers 
 # stream may open now (errors from here on come as its error event) and tell the client it waits.
 GENERATE_WAITING = "waiting"
 GENERATE_DELTA = "delta"  # {"event": "delta", "text": ..., "logprobs": [...] when asked}
+# {"event": "tool_call", "index": n, "call": {"id", "name", "arguments"}}: one complete call of the answer
+GENERATE_TOOL_CALL = "tool_call"
 GENERATE_REASONING = "reasoning"  # {"event": "reasoning", "text": ...}: the model's reasoning, not its answer
 # {"event": "upstream", "chunk": {...}}: a forwarded stream's chunk, the upstream's JSON as it wrote
 # it (see GenerationRequest.passthrough); a forwarded request that does not stream has its

@@ -24,7 +24,16 @@ from runtime.paths import state_dir
 from runtime.pool import ModelPool
 from runtime.reasoning import ReasoningDelta, split_reasoning
 from runtime.read_models import gpu_model_entry, model_entry
-from runtime.request import GENERATE_ADMITTED, GENERATE_DELTA, GENERATE_REASONING, GENERATE_UPSTREAM, GENERATE_WAITING, GenerationRequest
+from runtime.request import (
+    GENERATE_ADMITTED,
+    GENERATE_DELTA,
+    GENERATE_REASONING,
+    GENERATE_TOOL_CALL,
+    GENERATE_UPSTREAM,
+    GENERATE_WAITING,
+    GenerationRequest,
+)
+from runtime.tool_calls import ToolCall, tool_parser
 from runtime.scheduler import Ticket
 from runtime.state import TransitionEvent
 from runtime.supervisor import sweep_stale_processes
@@ -154,10 +163,12 @@ class RuntimeService:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
         result = {
             "text": "".join(run.pieces),
-            "finish_reason": run.finished.finish_reason,
+            "finish_reason": "tool_calls" if run.tool_calls else run.finished.finish_reason,
             "usage": {"input_tokens": run.finished.input_tokens, "output_tokens": run.finished.output_tokens},
         }
         run.add_reasoning_and_logprobs(result)
+        if run.tool_calls:
+            result["tool_calls"] = [call.to_wire() for call in run.tool_calls]
         if run.answer is not None:
             result["upstream"] = run.answer  # a forwarded request's answer, as the upstream wrote it
         return result
@@ -203,6 +214,13 @@ class _Run:
     reasoning_tokens: int = 0
     logprobs: list[dict] | None = None  # the answer's, when the request asked for them
     unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    async def add_tool_calls(self, calls: list[ToolCall], stream: bool, emit: Emit) -> None:
+        for call in calls:
+            if stream:
+                await emit({"event": GENERATE_TOOL_CALL, "index": len(self.tool_calls), "call": call.to_wire()})
+            self.tool_calls.append(call)
 
     def answer_delta(self, text: str) -> dict:
         """The ``delta`` event of answer text, with the logprobs of the tokens since the last."""
@@ -251,6 +269,7 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
     # A raw prompt's continuation is all text: its reasoning tags, if any, are the client's to read.
     tags = None if request.prompt is not None else entry.spec.reasoning_tags(entry.definition, entry.base_dir)
     events = split_reasoning(lease.engine.generate(request), tags)
+    tools = tool_parser(lease.engine, request)  # reads the calls out of the answer's text
     try:
         async with deadline:
             async for event in events:
@@ -272,12 +291,25 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
                         if request.stream:
                             await emit({"event": GENERATE_REASONING, "text": event.text})
                     continue
+                if isinstance(event, ToolCall):  # parsed already (an upstream's tool_calls)
+                    await run.add_tool_calls([event], request.stream, emit)
+                    continue
                 if isinstance(event, TextDelta):
                     run.deltas += event.tokens
                     run.unsent_logprobs.extend(event.logprobs or ())
-                    text, stopped = stops.feed(event.text)
+                    answer = event.text
+                    if tools is not None:
+                        answer, calls = tools.feed(answer)
+                        await run.add_tool_calls(calls, request.stream, emit)
+                    text, stopped = stops.feed(answer)
                 else:
-                    text, stopped = stops.flush(), False
+                    tail = ""
+                    if tools is not None:
+                        tail, calls = tools.finish()
+                        await run.add_tool_calls(calls, request.stream, emit)
+                    text, stopped = stops.feed(tail)
+                    if not stopped:
+                        text += stops.flush()
                     run.finished = event
                 if stopped:
                     run.unsent_logprobs = []  # the stop sequence's tokens, cut with it

@@ -41,6 +41,25 @@ class ToolCall:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
 
+def tool_parser(engine, request) -> ToolCallParser | None:
+    """The parser of ``request``'s answer on ``engine``, or None when the request offers no
+    tools (or ``tool_choice`` "none") or the engine's text holds no calls to read.
+
+    An engine that renders tools into its prompt says in which format its model answers with
+    ``tool_call_format(request) -> str | None`` (``json`` where a grammar constrains the answer);
+    an engine that gets calls already parsed (an upstream's ``tool_calls``) yields ``ToolCall``
+    events instead and has no such method.
+    """
+    if not request.tools or request.tool_choice == "none":
+        return None
+    answer_format = getattr(engine, "tool_call_format", None)
+    fmt = answer_format(request) if answer_format is not None else None
+    if fmt is None:
+        return None
+    names = [tool["function"]["name"] for tool in request.tools if tool.get("type") == "function" and tool.get("function")]
+    return ToolCallParser(fmt, names)
+
+
 def detect_format(template: str | None) -> str | None:
     """The tool-call format a chat template's model writes, or None when it takes no tools."""
     if not template:
