@@ -41,6 +41,7 @@ COMMON_FIELDS = {
     "model_path", "backend", "device", "prompt_format", "enable_thinking", "enabled", "replicas", "replica_max",
     "target_inflight", "modalities", "request_timeout_seconds", "isolation",
     "load_on_request", "load_wait_timeout_seconds", "ttl_seconds", "pinned", "keep_warm", "aliases",
+    "reasoning_tags",
 }
 
 # load_recommendations of the llama_cpp AdminModelEntry example: the GGUF presets with their notes.
@@ -94,7 +95,7 @@ OWN_PREFIXES = {
     "openai_remote": ("remote_",),
 }
 # Capability switches a stub definition carries so every capability check can be exercised.
-STUB_CAPABILITY_FIELDS = {"thinking_modes", "response_formats", "multi_turn", "file_inputs"}
+STUB_CAPABILITY_FIELDS = {"thinking_modes", "response_formats", "multi_turn", "file_inputs", "raw_prompt", "sampling_options"}
 # The backends whose definition has the unprefixed ``embeddings`` field (POST /v1/embeddings).
 EMBEDDING_BACKENDS = {"stub", "llama_cpp", "llama_server", "vllm_serve", "openai_remote"}
 FOREIGN_PREFIXES = ("gguf_", "exllama_", "vllm_", "trtllm_", "sglang_", "llama_server_", "ct2_", "remote_", "stub_")
