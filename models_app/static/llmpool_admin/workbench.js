@@ -85,9 +85,32 @@
     }
   }
 
+  // The TTL countdown of every element with data-expires-at (an idle model's idle_expires_at).
+  function tickCountdowns() {
+    document.querySelectorAll("[data-expires-at]").forEach(function (element) {
+      const at = element.dataset.expiresAt;
+      if (!at) {
+        element.textContent = "not counting";
+        return;
+      }
+      const left = Math.max(0, Math.round((Date.parse(at) - Date.now()) / 1000));
+      element.textContent = "idle, unloads in " + left + " s";
+    });
+  }
+
+  function applySwitching(scope, entry) {
+    scope.querySelectorAll("[data-expires-at]").forEach(function (element) {
+      element.dataset.expiresAt = entry.idle_expires_at || "";
+    });
+    setField(scope, "last_reason", entry.last_reason);
+    setField(scope, "waiting_requests", entry.waiting_requests);
+    tickCountdowns();
+  }
+
   function applyEntry(scope, entry) {
     setField(scope, "runtime_state", entry.runtime_state);
     setField(scope, "last_error", entry.last_error);
+    applySwitching(scope, entry);
     setField(scope, "vram", entry);
     applyCounters(scope, entry);
     if (scope.matches && scope.matches("tr")) {
@@ -108,7 +131,11 @@
       running = true;
       try {
         const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } });
-        if (response.ok) target.innerHTML = await response.text();
+        if (response.ok) {
+          target.innerHTML = await response.text();
+          drawFeed();  // the fragment comes with an empty feed and the server-side countdown text
+          tickCountdowns();
+        }
       } catch (error) {
         /* the next event or the reconnect refreshes again */
       } finally {
@@ -237,6 +264,28 @@
   }
 
   // ---- one model ----------------------------------------------------------------------------
+  const FEED_LENGTH = 20;
+  const feedItems = [];
+
+  // The live feed keeps the model's last transitions (the refreshed live fragment redraws the list).
+  function addToFeed(event) {
+    const time = (event.at || "").replace(/^.*T/, "").replace(/Z$/, "");
+    feedItems.unshift(time + " " + event.from + " \u2192 " + event.to + " (" + (event.reason || "-") + ")"
+      + (event.last_error ? ": " + event.last_error : ""));
+    feedItems.length = Math.min(feedItems.length, FEED_LENGTH);
+    drawFeed();
+  }
+
+  function drawFeed() {
+    const feed = document.querySelector("[data-transition-feed]");
+    if (!feed || feedItems.length === 0) return;
+    feed.replaceChildren.apply(feed, feedItems.map(function (text) {
+      const item = document.createElement("li");
+      item.textContent = text;
+      return item;
+    }));
+  }
+
   function initModel() {
     const name = root.dataset.model;
     const live = root.querySelector("[data-live]");
@@ -254,6 +303,7 @@
         refreshLive(0);
       } else if (event.model === name && event.kind === "transition") {
         if (event.entry) applyEntry(live, event.entry);
+        addToFeed(event);
         refreshLive(0);
       } else if (event.model === name && event.kind === "counters") {
         applyCounters(live, event);
@@ -342,6 +392,8 @@
 
   if (page === "models") initModels();
   if (page === "model") initModel();
+  tickCountdowns();
+  setInterval(tickCountdowns, 1000);
   if (page === "gpu") initGpu();
   if (root.dataset.wsPath) connect(500);
 })();
