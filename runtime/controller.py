@@ -9,8 +9,9 @@ releasing them) runs in a side task that reports back through the inbox.
 A model may switch by itself (docs/settings.md): with ``load_on_request`` a request
 that finds it unloaded starts its load and waits (``runtime.on_demand``); its TTL
 unloads it once idle; a swap group (``runtime.groups``) hands out the slots its
-members load into and asks this writer to give one back.  Every transition carries
-the reason of the operation it belongs to (``runtime.state``'s REASON_*).
+members load into and asks this writer to give one back (those handlers are in
+``runtime.switching``).  Every transition carries the reason of the operation it
+belongs to (``runtime.state``'s REASON_*).
 """
 from __future__ import annotations
 
@@ -38,15 +39,12 @@ from runtime.groups import SwapGroup
 from runtime.on_demand import IdleClock, Waiters, Waiting
 from runtime.replicas import load_replicas, release_replicas
 from runtime.scheduler import Scheduler, Ticket
+from runtime.switching import SwitchingWriter
 from runtime.state import (
     ACTIVE_STATES,
     REASON_ADMIN,
     REASON_ENGINE_FAILURE,
-    REASON_GROUP_SWAP,
-    REASON_KEEP_WARM,
-    REASON_REQUEST,
     REASON_STARTUP,
-    REASON_TTL,
     RuntimeState,
     StateMachine,
     TransitionEvent,
@@ -95,11 +93,9 @@ class ReloadVote:
 RELOAD_SAFE_FIELDS = frozenset(
     {"enabled", "load_on_request", "load_wait_timeout_seconds", "ttl_seconds", "pinned", "keep_warm", "aliases"}
 )
-# The commands a swap group sends a member (``SwapGroup._tell``).
-GROUP_COMMANDS = frozenset({"slot_granted", "swap_out", "end_turn", "resume_turn", "warm_up"})
 
 
-class ModelController:
+class ModelController(SwitchingWriter):
     def __init__(
         self,
         entry: CatalogEntry,
@@ -199,13 +195,6 @@ class ModelController:
         """A request ended (done, failed or withdrawn while queued); ``tokens`` it really used."""
         if not self._stopped:
             self._post("finish", ticket, tokens)
-
-    def group_command(self, command: str) -> None:
-        """A command from the model's swap group (``GROUP_COMMANDS``); its writer decides."""
-        if command not in GROUP_COMMANDS:
-            raise ValueError(f"unknown group command {command!r}")
-        if not self._stopped:
-            self._post(command)
 
     def engine_failed(self, message: str) -> None:
         """A loaded engine died (a managed server exited, a device was lost)."""
@@ -403,15 +392,6 @@ class ModelController:
         self._load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
 
-    def _load_for_waiters(self) -> None:
-        if self.waiters and self.state is S.UNLOADED and not self._reload_held:
-            self._begin_load(S.UNLOADED, REASON_REQUEST)
-
-    def _release_slot(self) -> None:
-        self._awaiting_slot = False
-        if self.group is not None:
-            self.group.release(self.name)
-
     def _on_engine_failed(self, future, message: str) -> None:
         """Loaded -> failed: queued requests get backend_error, active ones fail on their own.
 
@@ -495,14 +475,6 @@ class ModelController:
             raise _not_serving(self.name, S.UNLOADING if state is S.LOADED else state, self.last_error)
         self.clock.touch()
 
-    def _may_wait(self, state: RuntimeState) -> bool:
-        """Whether a request may wait for this model rather than be refused now: only with
-        load_on_request, never for a failed model (an admin load is needed), and never during an
-        admin unload (the contract refuses requests once it starts)."""
-        if not self.entry.definition.load_on_request or state is S.FAILED:
-            return False
-        return not (state is S.UNLOADING and self.reason == REASON_ADMIN)
-
     def _queue(self, ticket: Ticket) -> asyncio.Future:
         """Put a request in the scheduler (its 429s raise); the future it will be dispatched by."""
         dispatched = asyncio.get_running_loop().create_future()
@@ -524,86 +496,6 @@ class ModelController:
         self._release_when_idle()
         future.set_result(None)
 
-    def _withdraw_unwanted_load(self) -> None:
-        """A load that waits for a group slot for requests only, all gone now, does not happen."""
-        if (
-            self.state is S.LOADING and self._awaiting_slot and not self.waiters and not self._load_waiters
-            and self.group is not None and self.group.withdraw(self.name)
-        ):
-            self._awaiting_slot = False
-            self.machine.transition(S.LOADING, S.UNLOADED, REASON_REQUEST)
-
-    def _on_ttl_expired(self, future, idle_since: float) -> None:
-        future.set_result(None)
-        if self._idle and self.clock.idle_since == idle_since and self._ttl() is not None:
-            self._start_unload(REASON_TTL)
-
-    # ---- what the swap group asks (its writer decides) ----------------------------------
-    def _on_slot_granted(self, future) -> None:
-        future.set_result(None)
-        if self.state is S.LOADING and self._awaiting_slot:
-            self._awaiting_slot = False
-            self._start_engines()
-        elif self.group is not None and self.state not in ACTIVE_STATES:
-            self.group.release(self.name)  # withdrawn meanwhile
-
-    def _on_swap_out(self, future) -> None:
-        future.set_result(None)
-        if self.group is None:
-            return
-        if self.state is S.LOADED and self._is_drained() and not self.entry.definition.pinned:
-            self._swapped_out = True
-            self.group.swapping_out(self.name)
-            self._start_unload(REASON_GROUP_SWAP)
-        else:
-            self.group.declined(self.name)
-
-    def _on_end_turn(self, future) -> None:
-        future.set_result(None)
-        if self.state in (S.LOADING, S.LOADED) and not self.entry.definition.pinned:
-            self._yielding = True
-
-    def _on_resume_turn(self, future) -> None:
-        future.set_result(None)
-        self._yielding = False
-        if self.state is S.LOADED:
-            self.waiters.release(self._queue)
-
-    def _on_warm_up(self, future) -> None:
-        """A free slot in the group: a keep_warm model that enabled loaded and a swap took comes back."""
-        future.set_result(None)
-        definition = self.entry.definition
-        if (
-            self.state is S.UNLOADED and definition.keep_warm and definition.enabled and self._swapped_out
-            and not self._reload_held and self.group is not None and self.group.has_free_slot()
-        ):
-            self._begin_load(S.UNLOADED, REASON_KEEP_WARM)
-
-    def _settle(self) -> None:
-        """After each command: tell the idle clock (TTL) and the swap group what the step left."""
-        drained = self._is_drained()
-        idle = drained and not self.waiters
-        if idle != self._idle:
-            self._idle = idle
-            if idle:
-                self.clock.idle(self._ttl(), self._ttl_expired)
-            else:
-                self.clock.busy()
-        if drained != self._drained and self.group is not None:
-            self._drained = drained
-            self.group.report(self.name, drained, self.clock.last_request_at)
-
-    def _is_drained(self) -> bool:
-        return self.state is S.LOADED and self.scheduler.inflight == 0 and self.scheduler.queue_depth == 0
-
-    def _ttl(self) -> int | None:
-        definition = self.entry.definition
-        return None if definition.pinned else definition.ttl_seconds
-
-    def _ttl_expired(self, idle_since: float) -> None:
-        if not self._stopped:
-            self._post("ttl_expired", idle_since)
-
     # ---- scheduler effects (called from inside the writer) ----------------------------
     def start(self, ticket: Ticket, replica: int) -> None:
         dispatched = self._dispatch.get(ticket)
@@ -618,11 +510,6 @@ class ModelController:
             dispatched.set_exception(error)
 
     # ---- views -----------------------------------------------------------------------
-    @property
-    def idle_expires_at(self) -> float | None:
-        """When the TTL unloads the model if nothing comes (epoch seconds), or None."""
-        return self.clock.expires_at(self._ttl()) if self._idle else None
-
     def vram_estimate(self) -> tuple[int | None, int, str]:
         """(MiB, replica count it is for, source); see ``runtime.vram.VramFigure``."""
         return self.vram.value(self.entry, self.load_override, self.replicas)
