@@ -22,8 +22,10 @@ from runtime.errors import (
     RemoteExecutionDisallowed,
     ResponseFormatUnsupported,
     ThinkingUnsupported,
+    ToolsUnsupported,
 )
 from runtime.request import THINKING_DEFAULT, GenerationRequest
+from runtime.tool_calls import choice_kind
 
 PART_MODALITY = {"input_image": "image", "input_audio": "audio"}
 
@@ -34,6 +36,8 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     chars = len(request.instructions or "") + len(request.prompt or "") + sum(
         len(part.get("text", "")) for message in request.messages for part in message["content"]
     )
+    chars += sum(len(call.get("arguments", "")) for message in request.messages for call in message.get("tool_calls") or ())
+    chars += sum(len(str(tool)) for tool in request.tools or ())
     return chars // 4 + 1
 
 
@@ -69,14 +73,15 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
                     f"(modalities: {', '.join(capabilities['modalities'])})",
                     param="input",
                 )
-    # A forwarding engine's upstream judges the conversation (tool results end it, say); a raw
-    # prompt has none.
+    # A forwarding engine's upstream judges the tools and the conversation; a raw prompt has none.
     if not forwards and not raw_prompt:
+        _check_tools(entry, request, capabilities)
         turns = [m for m in request.messages if m["role"] in ("user", "assistant")]
         if len(turns) > 1 and not capabilities["multi_turn"]:
             raise MultiTurnUnsupported(f"model {entry.name} accepts a single user turn only", param="input")
-        if not turns or turns[-1]["role"] != "user":
-            raise InvalidRequest("the input must end with a user message", param="input")
+        last = [m for m in request.messages if m["role"] in ("user", "assistant", "tool")]
+        if not turns or last[-1]["role"] not in ("user", "tool"):
+            raise InvalidRequest("the input must end with a user message or a tool result", param="input")
     thinking = request.thinking or THINKING_DEFAULT
     if thinking not in capabilities["thinking_modes"]:
         raise ThinkingUnsupported(
@@ -93,6 +98,33 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
                 + (" with stream" if request.stream else ""),
                 param="response_format",
             )
+
+
+def _check_tools(entry: CatalogEntry, request: GenerationRequest, capabilities: dict) -> None:
+    """Tools (with a tool_choice other than "none"), tool calls and tool results in the
+    conversation need ``capabilities.tools``; the tool_choice's kind must be one it honours."""
+    for index, message in enumerate(request.messages):
+        if (message["role"] == "tool" or message.get("tool_calls")) and not capabilities["tools"]:
+            raise ToolsUnsupported(
+                f"model {entry.name} (backend {entry.definition.backend}) does not take tool calls or tool "
+                f"results in its conversation (capabilities.tools is false)",
+                param=f"messages[{index}]",
+            )
+    kind = choice_kind(request.tool_choice)
+    if not request.tools or kind == "none":
+        return
+    if not capabilities["tools"]:
+        raise ToolsUnsupported(
+            f"model {entry.name} (backend {entry.definition.backend}) does not take tools; leave them out or "
+            "send tool_choice \"none\"",
+            param="tools",
+        )
+    if kind not in capabilities["tool_choice"]:
+        raise ToolsUnsupported(
+            f"model {entry.name} does not honour tool_choice {kind!r} "
+            f"(it honours: {', '.join(capabilities['tool_choice'])})",
+            param="tool_choice",
+        )
 
 
 def _check_sampling_options(entry: CatalogEntry, request: GenerationRequest, honoured: list[str]) -> None:

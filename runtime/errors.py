@@ -57,7 +57,8 @@ ModalityUnsupported = _error("ModalityUnsupported", "modality_unsupported", 400)
 ThinkingUnsupported = _error("ThinkingUnsupported", "thinking_unsupported", 400)
 ResponseFormatUnsupported = _error("ResponseFormatUnsupported", "response_format_unsupported", 400)
 MultiTurnUnsupported = _error("MultiTurnUnsupported", "multi_turn_unsupported", 400)
-# Tools and tool_choice (chat completions); only tool_choice "none", which ignores the tools, is accepted.
+# Tools (with a tool_choice other than "none"), tool calls or tool results for a model without
+# capabilities.tools, or a tool_choice kind it does not honour (param tool_choice).
 ToolsUnsupported = _error("ToolsUnsupported", "tools_unsupported", 400)
 # POST /v1/embeddings to a model whose definition does not say embeddings: true.
 EmbeddingsUnsupported = _error("EmbeddingsUnsupported", "embeddings_unsupported", 400)

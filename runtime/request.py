@@ -49,7 +49,14 @@ class GenerationRequest:
 
     ``messages`` are ``{"role", "content": [parts]}`` with parts in the Responses API's
     input shape (``{"type": "input_text", "text"}``, ``input_image``, ``input_file``,
-    ``input_audio``).  ``None`` in a sampling field means "the service's default".
+    ``input_audio``); an assistant message may carry ``tool_calls`` (``[{"id", "name",
+    "arguments": JSON text}]``) and a ``"tool"`` message (a call's result, its text in
+    ``content``) its ``tool_call_id``.  ``tools`` are chat completions' tool objects
+    (``{"type": "function", "function": {"name", "description", "parameters", "strict"}}``)
+    whichever protocol sent them, ``tool_choice`` "none", "auto", "required" or
+    ``{"type": "function", "function": {"name"}}`` (None: "auto"), and
+    ``parallel_tool_calls`` False keeps the answer to one call.  ``None`` in a sampling
+    field means "the service's default".
     ``stop``, ``seed``, ``tools`` and ``tool_choice`` are carried for the protocols that
     have them; an engine that cannot honour one is refused before it is queued.  ``seed``,
     the penalties and ``logprobs`` need the backend's ``capabilities.sampling_options``.
@@ -84,6 +91,7 @@ class GenerationRequest:
     seed: int | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logprobs: int | None = None  # top alternatives per token wanted (0: the chosen token's only); None: none

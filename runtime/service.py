@@ -216,9 +216,12 @@ class _Run:
     unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
     tool_calls: list[ToolCall] = field(default_factory=list)
 
-    async def add_tool_calls(self, calls: list[ToolCall], stream: bool, emit: Emit) -> None:
+    async def add_tool_calls(self, calls: list[ToolCall], request: GenerationRequest, emit: Emit) -> None:
+        """Keep (and stream) ``calls``; with ``parallel_tool_calls`` false, only the answer's first."""
         for call in calls:
-            if stream:
+            if request.parallel_tool_calls is False and self.tool_calls:
+                return
+            if request.stream:
                 await emit({"event": GENERATE_TOOL_CALL, "index": len(self.tool_calls), "call": call.to_wire()})
             self.tool_calls.append(call)
 
@@ -292,7 +295,7 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
                             await emit({"event": GENERATE_REASONING, "text": event.text})
                     continue
                 if isinstance(event, ToolCall):  # parsed already (an upstream's tool_calls)
-                    await run.add_tool_calls([event], request.stream, emit)
+                    await run.add_tool_calls([event], request, emit)
                     continue
                 if isinstance(event, TextDelta):
                     run.deltas += event.tokens
@@ -300,13 +303,13 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
                     answer = event.text
                     if tools is not None:
                         answer, calls = tools.feed(answer)
-                        await run.add_tool_calls(calls, request.stream, emit)
+                        await run.add_tool_calls(calls, request, emit)
                     text, stopped = stops.feed(answer)
                 else:
                     tail = ""
                     if tools is not None:
                         tail, calls = tools.finish()
-                        await run.add_tool_calls(calls, request.stream, emit)
+                        await run.add_tool_calls(calls, request, emit)
                     text, stopped = stops.feed(tail)
                     if not stopped:
                         text += stops.flush()

@@ -41,6 +41,32 @@ class ToolCall:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
 
 
+def choice_kind(choice: str | dict | None) -> str:
+    """The kind of a ``tool_choice`` (capabilities.tool_choice): "none", "auto" (None too),
+    "required", or "function" for a named function."""
+    if choice is None:
+        return "auto"
+    return "function" if isinstance(choice, dict) else choice
+
+
+def chosen_name(choice: str | dict | None) -> str | None:
+    """The function a named ``tool_choice`` names (chat's ``{"type", "function": {"name"}}`` or
+    the Responses API's ``{"type", "name"}``), else None."""
+    if not isinstance(choice, dict):
+        return None
+    return (choice.get("function") or {}).get("name") or choice.get("name")
+
+
+def format_for(formats: dict[str, str] | None, request) -> str | None:
+    """``tool_call_format(request)`` of an engine whose answers' formats are fixed at load:
+    ``formats`` maps a tool_choice kind ("auto", "required", "function") to the format the
+    model then answers in (``json`` where a grammar constrains it); None or a missing kind: no
+    calls to read.  The engine process reports its engine's map in the ``loaded`` frame."""
+    if not formats or not request.tools:
+        return None
+    return formats.get(choice_kind(request.tool_choice))
+
+
 def tool_parser(engine, request) -> ToolCallParser | None:
     """The parser of ``request``'s answer on ``engine``, or None when the request offers no
     tools (or ``tool_choice`` "none") or the engine's text holds no calls to read.
@@ -80,7 +106,7 @@ def constrained_schema(tools: list[dict], choice: str | dict, parallel: bool) ->
     function, or of any offered function for ``required``; a list of them when ``parallel``."""
     functions = [tool["function"] for tool in tools if tool.get("type") == "function"]
     if isinstance(choice, dict):
-        wanted = (choice.get("function") or {}).get("name") or choice.get("name")
+        wanted = chosen_name(choice)
         functions = [function for function in functions if function["name"] == wanted]
     calls = [
         {
@@ -130,33 +156,40 @@ class ToolCallParser:
 
     # -- hermes: text, then <tool_call>...</tool_call> blocks --------------------------------
     def _hermes(self, final: bool) -> tuple[str, list[ToolCall]]:
+        # The whitespace just before a call is the call's, not the answer's: it is held back
+        # until what follows is known, and dropped before a call that parses.
         out, calls = [], []
         while True:
             start = self.held.find(HERMES_OPEN)
             if start < 0:
-                keep = 0 if final else _partial_suffix(self.held, HERMES_OPEN)
+                keep = 0
+                if not final:
+                    keep = _partial_suffix(self.held, HERMES_OPEN)
+                    keep += _trailing_space(self.held[: len(self.held) - keep])
                 out.append(self.held[: len(self.held) - keep])
                 self.held = self.held[len(self.held) - keep:]
                 break
+            before = self.held[:start]
             end = self.held.find(HERMES_CLOSE, start)
             if end < 0:
-                out.append(self.held[:start])
-                self.held = self.held[start:]
+                text_end = start - _trailing_space(before)
+                out.append(self.held[:text_end])
+                self.held = self.held[text_end:]
                 if final:  # an unclosed block: try it as a call, else it is text
-                    call = self._call(self.held[len(HERMES_OPEN):])
+                    call = self._call(self.held.lstrip()[len(HERMES_OPEN):])
                     if call:
                         calls.append(call)
                     else:
                         out.append(self.held)
                     self.held = ""
                 break
-            out.append(self.held[:start])
             block = self.held[start: end + len(HERMES_CLOSE)]
             call = self._call(block[len(HERMES_OPEN): -len(HERMES_CLOSE)])
             if call:
+                out.append(before[: len(before) - _trailing_space(before)])
                 calls.append(call)
             else:
-                out.append(block)
+                out.append(before + block)
             self.held = self.held[end + len(HERMES_CLOSE):]
         text = "".join(out)
         if self.calls or calls:
@@ -229,6 +262,10 @@ class ToolCallParser:
         if not isinstance(arguments, dict):
             return None
         return ToolCall(name=item["name"], arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+def _trailing_space(text: str) -> int:
+    return len(text) - len(text.rstrip())
 
 
 def _partial_suffix(text: str, marker: str) -> int:

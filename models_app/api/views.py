@@ -289,8 +289,10 @@ class ChatCompletionCreateApi(InferenceApi):
         description=(
             "Runs one request on a loaded model, through the same admission, capability checks and scheduler "
             "as /v1/responses. stream=true answers with `data: <chat.completion.chunk>` server-sent events and "
-            "`data: [DONE]`; stream_options.include_usage adds a last chunk with the usage. n must be 1; tools "
-            "are accepted only with tool_choice \"none\" (else 400 tools_unsupported). " + KEYS_NOTE
+            "`data: [DONE]`; stream_options.include_usage adds a last chunk with the usage. n must be 1. tools "
+            "(functions), tool_choice and parallel_tool_calls need a model with capabilities.tools (else 400 "
+            "tools_unsupported, unless tool_choice is \"none\"); calls come back as message.tool_calls "
+            "(delta.tool_calls when streamed) with finish_reason tool_calls. " + KEYS_NOTE
         ),
         request=OpenApiTypes.OBJECT,
         responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},

@@ -31,6 +31,8 @@ REASONING_EFFORT_THINKING = {
     "xhigh": "enabled", "max": "enabled",
 }
 THINK_TAGS = ("<think>", "</think>")
+# The kinds of tool_choice (capabilities.tool_choice): a named function is "function".
+TOOL_CHOICES = ("none", "auto", "required", "function")
 
 
 class EngineUnavailable(RuntimeError):
@@ -194,6 +196,18 @@ class BackendSpec:
         judges them all)."""
         return list(SAMPLING_OPTIONS) if self.forwards_requests(definition) else []
 
+    def tools(self, definition: CommonDefinition) -> bool:
+        """Whether the model takes ``tools`` (tool calling): its engine renders them and reads
+        the calls out of the answer, or sends them to an upstream that does.  A request with
+        tools and a tool_choice other than "none" for a model without them is 400
+        tools_unsupported (unless the engine forwards the body: its upstream judges it)."""
+        return False
+
+    def tool_choices(self, definition: CommonDefinition) -> list[str]:
+        """The kinds of ``tool_choice`` the model honours (of TOOL_CHOICES); "none" (the tools
+        ignored) everywhere, all of them where it takes tools."""
+        return list(TOOL_CHOICES) if self.tools(definition) else ["none"]
+
     def reasoning_tags(self, definition: CommonDefinition, base_dir: str) -> tuple[str, str] | None:
         """The (start, end) tags around the model's reasoning in its output, or None: the runtime
         splits the text between them off the answer (runtime.reasoning).  The definition's
@@ -217,6 +231,8 @@ class BackendSpec:
             ],
             "thinking_token_budget": None,
             "embeddings": self.embeddings(definition),
+            "tools": self.tools(definition),
+            "tool_choice": self.tool_choices(definition),
         }
 
     def effective_target_inflight(self, configured: int) -> int:

@@ -9,20 +9,28 @@ The reply is ``stub_reply`` when set, else the text of the last user message, or
 prompt (``GenerationRequest.prompt``, POST /v1/completions), the prompt itself; it streams as
 ``stub_tokens`` pieces (whitespace-led words) and its ``input_tokens`` count the words of the
 instructions and text parts, or of the raw prompt.
+
+Tool calls are scripted with ``stub_tool_calls``: a request that offers tools (tool_choice not
+"none") and whose conversation does not end with a tool result is answered with those calls in
+the ``hermes`` format (``<tool_call>{"name", "arguments"}</tool_call>``, the markup split over
+several deltas), which the runtime's parser reads as it would a model's; one whose conversation
+ends with a tool result is answered ``stub_reply``, else that result's text.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import signal
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.backends.base import (
     THINK_TAGS,
+    TOOL_CHOICES,
     BackendSpec,
     CommonDefinition,
     Finished,
@@ -31,6 +39,7 @@ from runtime.backends.base import (
 )
 from runtime.embedding import normalized
 from runtime.errors import BackendError
+from runtime.tool_calls import HERMES_CLOSE, HERMES_OPEN, choice_kind, chosen_name, format_for
 
 _TOKEN = re.compile(r"\s*\S+")
 
@@ -38,6 +47,15 @@ _TOKEN = re.compile(r"\s*\S+")
 def stub_tokens(text: str) -> list[str]:
     """Whitespace-delimited pieces that concatenate back to ``text`` (minus trailing space)."""
     return _TOKEN.findall(text)
+
+
+class StubToolCall(BaseModel):
+    """One scripted call: ``arguments`` an object (written as JSON), or a string written as it
+    is (one that is not JSON scripts a broken call, which the runtime gives back as text)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(min_length=1)
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
 
 
 class StubDefinition(CommonDefinition):
@@ -76,6 +94,15 @@ class StubDefinition(CommonDefinition):
     # this size; stub_token_delay_ms is waited once per input.
     embeddings: bool = False
     stub_embedding_dimensions: int = Field(8, ge=1, le=65536)
+    # Tool calling (capabilities.tools): null: true exactly when stub_tool_calls is set.
+    tools: bool | None = None
+    # The tool_choice kinds honoured (capabilities.tool_choice); null: all of them where tools.
+    tool_choice: list[Literal["none", "auto", "required", "function"]] | None = None
+    # The calls the stub answers a request that offers tools with (see the module's doc); a
+    # named tool_choice gets those of that name only.
+    stub_tool_calls: list[StubToolCall] | None = None
+    # Text the stub writes before its calls (so text and calls in one answer can be tested).
+    stub_tool_preamble: str | None = None
 
     @model_validator(mode="after")
     def _crash_only_in_an_engine_process(self):
@@ -109,6 +136,34 @@ class StubEngine:
         if self.config["stub_crash"] == moment:
             os.kill(os.getpid(), signal.Signals[self.config["stub_crash_signal"]])
 
+    def tool_call_formats(self) -> dict[str, str]:
+        """The stub writes its calls in the hermes format whatever the tool_choice (it needs no
+        grammar to keep to them)."""
+        if not stub_takes_tools(self.config):
+            return {}
+        return {kind: "hermes" for kind in TOOL_CHOICES if kind != "none"}
+
+    def tool_call_format(self, request: GenerationRequest) -> str | None:
+        return format_for(self.tool_call_formats(), request)
+
+    def _tool_call_tokens(self, request: GenerationRequest) -> list[str] | None:
+        """The pieces of the scripted calls, or None when the request gets text."""
+        calls = self.config["stub_tool_calls"]
+        if calls is None or self.tool_call_format(request) is None:
+            return None
+        turns = [m for m in request.messages if m["role"] in ("user", "assistant", "tool")]
+        if turns and turns[-1]["role"] == "tool":
+            return None
+        wanted = chosen_name(request.tool_choice) if choice_kind(request.tool_choice) == "function" else None
+        tokens = stub_tokens(self.config["stub_tool_preamble"] or "")
+        for index, call in enumerate(call for call in calls if wanted in (None, call["name"])):
+            arguments = call["arguments"]
+            arguments = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+            body = f'{{"name": {json.dumps(call["name"], ensure_ascii=False)}, "arguments": {arguments}}}'
+            tokens += ["\n" if index or tokens else "", HERMES_OPEN[:5], HERMES_OPEN[5:] + "\n", *stub_tokens(body),
+                       "\n" + HERMES_CLOSE[:6], HERMES_CLOSE[6:]]
+        return [token for token in tokens if token]
+
     def _reasoning_tokens(self, request: GenerationRequest) -> list[str]:
         reasoning = self.config["stub_reasoning"]
         if reasoning is None or request.thinking == "disabled":
@@ -138,10 +193,11 @@ class StubEngine:
 
     async def generate(self, request: GenerationRequest):
         self._crash_if("on_generate")
+        calls = self._tool_call_tokens(request)
         reply = self.config["stub_reply"]
         if reply is None:
-            reply = request.prompt if request.prompt is not None else request.last_user_text()
-        tokens = self._reasoning_tokens(request) + stub_tokens(reply)
+            reply = request.prompt if request.prompt is not None else _last_text(request)
+        tokens = self._reasoning_tokens(request) + (calls if calls is not None else stub_tokens(reply))
         if request.prompt is not None:
             prompt_text = request.prompt
         else:
@@ -162,6 +218,21 @@ class StubEngine:
             yield TextDelta(token, logprobs=None if request.logprobs is None else [_certain(token, request.logprobs)])
         reason = "length" if len(tokens) > request.max_output_tokens else "stop"
         yield Finished(input_tokens=input_tokens, output_tokens=emitted, finish_reason=reason)
+
+
+def stub_takes_tools(definition: dict) -> bool:
+    """capabilities.tools of a stub definition (a dict: the definition dumped, or its config)."""
+    if definition["tools"] is not None:
+        return definition["tools"]
+    return definition["stub_tool_calls"] is not None
+
+
+def _last_text(request: GenerationRequest) -> str:
+    """The text of the last user message, or of the last tool result where that ends the conversation."""
+    turns = [m for m in request.messages if m["role"] in ("user", "assistant", "tool")]
+    if turns and turns[-1]["role"] == "tool":
+        return "".join(p.get("text", "") for p in turns[-1]["content"] if p.get("type") == "input_text")
+    return request.last_user_text()
 
 
 def stub_embedding(item: str | list[int], dimensions: int) -> list[float]:
@@ -218,6 +289,14 @@ class StubSpec(BackendSpec):
 
     def sampling_options(self, definition: StubDefinition) -> list[str]:
         return list(definition.sampling_options)
+
+    def tools(self, definition: StubDefinition) -> bool:
+        return stub_takes_tools(definition.model_dump())
+
+    def tool_choices(self, definition: StubDefinition) -> list[str]:
+        if definition.tool_choice is not None and self.tools(definition):
+            return list(definition.tool_choice)
+        return super().tool_choices(definition)
 
     def reasoning_tags(self, definition: StubDefinition, base_dir: str) -> tuple[str, str] | None:
         if definition.reasoning_tags is None and definition.stub_reasoning is not None:

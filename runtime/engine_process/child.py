@@ -81,7 +81,9 @@ class EngineHost:
             await engine.load()
         finally:
             self.loading = None
-        self.outbox.send({"op": p.LOADED})
+        # The runtime's parser reads tool calls in the formats the engine answers them in.
+        formats = getattr(engine, "tool_call_formats", None)
+        self.outbox.send({"op": p.LOADED, "tool_call_formats": formats() if formats is not None else None})
 
     def _engine_failed(self, text: str) -> None:
         self.outbox.send({"op": p.FAILED, "message": text})

@@ -33,6 +33,7 @@ from runtime.engine_process.launch import launch_engine_process
 from runtime.engine_process.spares import SPARES
 from runtime.errors import BackendError, LLMPoolError
 from runtime.supervisor import ManagedProcess
+from runtime.tool_calls import format_for
 
 logger = logging.getLogger("llmpool.runtime")
 
@@ -119,6 +120,7 @@ class ProcessEngine:
         self._death: asyncio.Task | None = None
         self._loaded = False
         self._stopping = False
+        self._tool_call_formats: dict[str, str] | None = None  # the child's engine's, from ``loaded``
 
     # ---- lifecycle -------------------------------------------------------------------
     async def load(self) -> None:
@@ -126,7 +128,7 @@ class ProcessEngine:
         state_dir = Path(self.context["state_dir"])
         try:
             await self._start(state_dir)
-            await self._call(p.LOAD, {
+            loaded = await self._call(p.LOAD, {
                 "backend": self.config["backend"],
                 "model_name": self.model_name,
                 "config": self.config,
@@ -137,6 +139,7 @@ class ProcessEngine:
                     "state_dir": str(self.context["state_dir"]),
                 },
             }, p.LOADED)
+            self._tool_call_formats = loaded.get("tool_call_formats")
         except BaseException:
             await self.unload()
             raise
@@ -187,6 +190,11 @@ class ProcessEngine:
         return {key: value for key, value in reply.items() if key != "op"}
 
     # ---- generation ------------------------------------------------------------------
+    def tool_call_format(self, request: GenerationRequest) -> str | None:
+        """The format the child's engine answers ``request``'s tool calls in (runtime.tool_calls
+        reads them here, in the runtime process), as it reported at load."""
+        return format_for(self._tool_call_formats, request)
+
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
         if self._failure is not None:
             raise self._failure

@@ -4,7 +4,8 @@ One frame is a 4-byte big-endian length and a msgpack map of that many bytes.  E
 map has an ``op``; the rest depends on it:
 
 runtime -> engine process
-    ``load`` {backend, model_name, config, replica_index, context}   answered by ``loaded`` or ``error``
+    ``load`` {backend, model_name, config, replica_index, context}   answered by ``loaded``
+        {tool_call_formats} (the engine's, see runtime.tool_calls.format_for; null: none) or ``error``
     ``generate`` {id, request}   answered by ``delta``* then ``finished`` or ``error``
     ``embed`` {id, inputs, dimensions}   answered by ``embedded`` or ``error``
     ``cancel`` {id}              answered by ``cancelled`` once that generate (or embed) has stopped

@@ -95,7 +95,8 @@ OWN_PREFIXES = {
     "openai_remote": ("remote_",),
 }
 # Capability switches a stub definition carries so every capability check can be exercised.
-STUB_CAPABILITY_FIELDS = {"thinking_modes", "response_formats", "multi_turn", "file_inputs", "raw_prompt", "sampling_options"}
+STUB_CAPABILITY_FIELDS = {"thinking_modes", "response_formats", "multi_turn", "file_inputs", "raw_prompt", "sampling_options",
+                          "tools", "tool_choice"}
 # The backends whose definition has the unprefixed ``embeddings`` field (POST /v1/embeddings).
 EMBEDDING_BACKENDS = {"stub", "llama_cpp", "llama_server", "vllm_serve", "openai_remote"}
 FOREIGN_PREFIXES = ("gguf_", "exllama_", "vllm_", "trtllm_", "sglang_", "llama_server_", "ct2_", "remote_", "stub_")

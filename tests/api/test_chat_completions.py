@@ -231,12 +231,16 @@ def test_fields_that_would_change_the_answer_are_400_naming_the_field(http, fiel
     [
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
     ],
 )
 def test_tools_are_400_tools_unsupported_unless_tool_choice_none(http, fields, param):
+    # The stub "fixed" has no capabilities.tools; tests/api/test_tool_calls_api.py has a model with them.
     assert_error(chat(http, **fields), 400, "tools_unsupported", param)
+
+
+def test_tool_choice_required_without_tools_is_400_naming_it(http):
+    assert_error(chat(http, tool_choice="required"), 400, "invalid_request", "tool_choice")
 
 
 def test_a_tool_message_is_400_tools_unsupported(http):

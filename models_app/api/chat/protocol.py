@@ -11,6 +11,15 @@ path cannot honour (and that would silently change
 the answer) are recorded in ``GenerationRequest.refused``, with the client's body as
 ``passthrough``: a model whose engine forwards the body to an OpenAI-compatible server lets
 that server judge them; any other model answers 400 naming the first of them.
+
+Tools: ``tools`` (type function: name, description, JSON-schema parameters, strict),
+``tool_choice`` (none, auto, required, or a named function, which must be one of the tools)
+and ``parallel_tool_calls`` go into the typed request, whose shape errors are 400 naming the
+field; assistant messages' ``tool_calls`` and ``tool`` messages (``tool_call_id``, the
+result's text) become the typed messages' ``tool_calls`` and ``tool_call_id``.  The runtime
+refuses them for a model without ``capabilities.tools``.  The deprecated ``functions`` /
+``function_call`` (and ``function`` messages) are not mapped: their answer is another shape
+(``message.function_call``), so they are recorded as refused (tools_unsupported: use tools).
 """
 from __future__ import annotations
 
@@ -62,12 +71,43 @@ class FilePart(_Part):
 ChatPart = Annotated[Union[TextPart, RefusalPart, ImagePart, AudioPart, FilePart], Field(discriminator="type")]
 
 
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for a function's name
+
+
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class AssistantToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+    type: Literal["function"]
+    function: CalledFunction
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema (of an object); none: the function takes no argument
+    strict: bool | None = None
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
 class ChatMessage(BaseModel):
     # Other message fields (a name, an echoed reasoning_content) change nothing here.
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: list[ChatPart] | None = None
-    tool_calls: list[dict] | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    tool_call_id: str | None = None
     function_call: dict | None = None
 
     @field_validator("content", mode="before")
@@ -98,8 +138,9 @@ class ChatBody(BaseModel):
     user: str | None = None
     response_format: dict | None = None
     thinking: Literal["default", "enabled", "disabled"] | None = None  # llm-pool's, as on /v1/responses
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict | None = None  # checked by _tool_choice (400 naming tool_choice)
+    parallel_tool_calls: bool | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
     # Carried in the typed request (a penalty of 0 and logprobs false change nothing: left out).
@@ -118,7 +159,6 @@ class ChatBody(BaseModel):
     # Accepted for client compatibility; they change nothing here.
     store: bool | None = None
     metadata: dict | None = None
-    parallel_tool_calls: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
@@ -160,7 +200,8 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
         raise InvalidRequest("messages must not be empty", param="messages")
     refused: list[LLMPoolError] = []
     _refuse_what_changes_the_answer(body, refused)
-    _check_tools(body, refused)
+    _refuse_legacy_functions(body, refused)
+    tools = _tools(body)
     for name in body.model_extra or {}:
         refused.append(InvalidRequest(f"{name} is not a field of /v1/chat/completions for this model", param=name))
     messages = [_message(index, message, refused) for index, message in enumerate(body.messages)]
@@ -183,6 +224,9 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
             frequency_penalty=body.frequency_penalty or None,
             logprobs=_logprobs(body),
             reasoning_effort=None if body.thinking is not None else body.reasoning_effort,
+            tools=tools,
+            tool_choice=_tool_choice(body.tool_choice, tools),
+            parallel_tool_calls=body.parallel_tool_calls,
             passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data},
             refused=[error.to_dict() for error in refused],
         ),
@@ -206,29 +250,82 @@ def _refuse_what_changes_the_answer(body: ChatBody, refused: list[LLMPoolError])
             refused.append(InvalidRequest(f"{name} is not supported by this model; leave it out", param=name))
 
 
-def _check_tools(body: ChatBody, refused: list[LLMPoolError]) -> None:
-    """Tools are ignored under tool_choice (function_call) "none"; anything else that asks for
-    them is tools_unsupported on the typed path until tool calling lands."""
-    for tools, choice, names in (
-        (body.tools, body.tool_choice, ("tools", "tool_choice")),
-        (body.functions, body.function_call, ("functions", "function_call")),
-    ):
-        if tools and choice != "none":
-            refused.append(ToolsUnsupported(
-                f"{names[0]} are not supported by this model; only {names[1]} \"none\" is accepted", param=names[0]
-            ))
-        if not tools and choice not in (None, "none", "auto"):
-            refused.append(ToolsUnsupported(f"{names[1]} {choice!r} needs tools", param=names[1]))
+def _refuse_legacy_functions(body: ChatBody, refused: list[LLMPoolError]) -> None:
+    """The deprecated functions / function_call: ignored under function_call "none", else refused."""
+    if body.functions and body.function_call != "none":
+        refused.append(ToolsUnsupported(
+            "functions (deprecated) are not supported by this model; send them as tools", param="functions"
+        ))
+    if not body.functions and body.function_call not in (None, "none", "auto"):
+        refused.append(ToolsUnsupported(f"function_call {body.function_call!r} needs functions", param="function_call"))
+
+
+def _tools(body: ChatBody) -> list[dict] | None:
+    """The tools in the typed request (chat's own shape, unset fields left out)."""
+    if not body.tools:
+        return None
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
+    seen: set[str] = set()
+    for index, tool in enumerate(tools):
+        name = tool["function"]["name"]
+        if name in seen:
+            raise InvalidRequest(f"tools[{index}]: a second function named {name!r}", param=f"tools[{index}].function.name")
+        seen.add(name)
+    return tools
+
+
+def _tool_choice(choice: str | dict | None, tools: list[dict] | None) -> str | dict | None:
+    """``tool_choice`` checked: none, auto, required (these two with tools) or
+    ``{"type": "function", "function": {"name"}}`` naming one of the tools."""
+    if choice is None:
+        return None
+    if isinstance(choice, str):
+        if choice not in ("none", "auto", "required"):
+            raise InvalidRequest(
+                f"tool_choice must be none, auto, required or a named function, not {choice!r}", param="tool_choice"
+            )
+        if choice == "required" and not tools:
+            raise InvalidRequest("tool_choice \"required\" needs tools", param="tool_choice")
+        return choice
+    function = choice.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    if choice.get("type") != "function" or not isinstance(name, str) or set(choice) != {"type", "function"}:
+        raise InvalidRequest(
+            'a named tool_choice is {"type": "function", "function": {"name": ...}}', param="tool_choice"
+        )
+    if name not in [tool["function"]["name"] for tool in tools or ()]:
+        raise InvalidRequest(f"tool_choice names function {name!r}, which is not one of the tools", param="tool_choice")
+    return {"type": "function", "function": {"name": name}}
 
 
 def _message(index: int, message: ChatMessage, refused: list[LLMPoolError]) -> dict:
     where = f"messages[{index}]"
-    if message.role in ("tool", "function") or message.tool_calls or message.function_call:
-        refused.append(ToolsUnsupported(f"{where}: tool calls and tool results are not supported by this model", param=where))
+    if message.role == "function" or message.function_call:
+        refused.append(ToolsUnsupported(
+            f"{where}: function messages and function_call (deprecated) are not supported by this model; "
+            "use tool_calls and tool messages",
+            param=where,
+        ))
         return {"role": message.role, "content": [_part(part) for part in message.content or ()]}
     if message.content is None and message.role != "assistant":
         raise InvalidRequest(f"{where}.content: Field required", param=f"{where}.content")
-    return {"role": message.role, "content": [_part(part) for part in message.content or ()]}
+    typed = {"role": message.role, "content": [_part(part) for part in message.content or ()]}
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise InvalidRequest(f"{where}.tool_call_id: a tool message answers a call: Field required",
+                                 param=f"{where}.tool_call_id")
+        if any(part["type"] != "input_text" for part in typed["content"]):
+            raise InvalidRequest(f"{where}.content: a tool result is text", param=f"{where}.content")
+        typed["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        if message.role != "assistant":
+            raise InvalidRequest(f"{where}.tool_calls: only an assistant message has tool calls",
+                                 param=f"{where}.tool_calls")
+        typed["tool_calls"] = [
+            {"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
+            for call in message.tool_calls
+        ]
+    return typed
 
 
 def _part(part) -> dict:

@@ -2,7 +2,8 @@
 
 A stream is ``data: <chat.completion.chunk>`` lines: the assistant role first, one chunk per
 delta (a thinking model's reasoning as ``delta.reasoning_content``, before its answer's
-``delta.content``; with logprobs asked for, ``choices[0].logprobs.content`` holds the entries of
+``delta.content``; each tool call as OpenAI streams one: a ``delta.tool_calls`` entry with its
+``index``, ``id``, ``type`` and ``function.name`` (arguments ""), then its arguments; with logprobs asked for, ``choices[0].logprobs.content`` holds the entries of
 the delta's tokens), one with the ``finish_reason``, then (with ``stream_options.include_usage``) one with no
 choices and the ``usage``, then ``data: [DONE]``.  An error after the stream started is one
 ``data: {"error": {code, message, param}}`` line before ``[DONE]``, which the openai client
@@ -15,7 +16,7 @@ import time
 import uuid
 
 from models_app.api.chat.protocol import ChatRequest
-from runtime.request import GENERATE_DELTA, GENERATE_REASONING
+from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL
 
 DONE = b"data: [DONE]\n\n"
 
@@ -35,8 +36,13 @@ class ChatCompletionBuilder:
 
     def final(self, result: dict) -> dict:
         """The ``chat.completion`` object of a non-streamed request: a thinking model's reasoning
-        in ``message.reasoning_content`` (as vLLM, llama-server and DeepSeek answer it)."""
-        message = {"role": "assistant", "content": result["text"], "refusal": None}
+        in ``message.reasoning_content`` (as vLLM, llama-server and DeepSeek answer it); tool calls
+        in ``message.tool_calls``, with content null when the answer has no text."""
+        calls = result.get("tool_calls")
+        content = None if calls and not result["text"] else result["text"]
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = [_tool_call(call) for call in calls]
         if "reasoning" in result:
             message["reasoning_content"] = result["reasoning"]
         return {
@@ -74,9 +80,19 @@ class ChatCompletionBuilder:
     def reasoning_chunk(self, text: str) -> bytes:
         return self._chunk([self._choice({"reasoning_content": text})])
 
+    def tool_call_chunks(self, index: int, call: dict) -> bytes:
+        """One call as OpenAI streams it: its index, id, type and name first, then its arguments."""
+        opening = {"index": index, "id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": ""}}
+        arguments = {"index": index, "function": {"arguments": call["arguments"]}}
+        return self._chunk([self._choice({"tool_calls": [opening]})]) + self._chunk(
+            [self._choice({"tool_calls": [arguments]})]
+        )
+
     def event_chunk(self, event: dict) -> bytes:
-        """The chunk of one of the runtime's generate events (``delta``, ``reasoning``); nothing
-        for the others."""
+        """The chunk(s) of one of the runtime's generate events (``delta``, ``reasoning``,
+        ``tool_call``); nothing for the others."""
+        if event.get("event") == GENERATE_TOOL_CALL:
+            return self.tool_call_chunks(event["index"], event["call"])
         if event.get("event") == GENERATE_REASONING:
             return self.reasoning_chunk(event["text"])
         if event.get("event") == GENERATE_DELTA:
@@ -92,6 +108,10 @@ class ChatCompletionBuilder:
     @staticmethod
     def error_chunks(envelope: dict) -> list[bytes]:
         return [_data(envelope), DONE]
+
+
+def _tool_call(call: dict) -> dict:
+    return {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
 
 
 def usage(result: dict) -> dict:

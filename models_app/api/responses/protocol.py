@@ -5,19 +5,30 @@ item before the message (``content: [{"type": "reasoning_text", "text"}]``), str
 ``response.reasoning_text.delta`` events; ``reasoning.effort`` maps onto ``thinking`` as
 chat's ``reasoning_effort`` does.  ``include: ["message.output_text.logprobs"]`` (and
 ``top_logprobs``) asks for the answer's logprobs where the engine gives them.
+
+Tools: ``tools`` (``{"type": "function", "name", "description", "parameters", "strict"}``)
+and ``tool_choice`` (none, auto, required, ``{"type": "function", "name"}``) go into the typed
+request in chat completions' shape; ``function_call`` input items (an earlier answer's calls)
+join the assistant message before them as its ``tool_calls`` and ``function_call_output``
+items become ``tool`` messages.  The answer's calls are ``function_call`` output items (after
+the message, which is left out when the answer has no text), streamed as
+``response.output_item.added``, ``response.function_call_arguments.delta`` / ``.done`` and
+``response.output_item.done``.
 """
 from __future__ import annotations
 
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
-from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GenerationRequest
+from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL, GenerationRequest
+from runtime.tool_calls import chosen_name
 
 
 class _Part(BaseModel):
@@ -68,6 +79,57 @@ class InputMessage(BaseModel):
         return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
 
 
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class FunctionCallItem(BaseModel):
+    """An earlier answer's call, sent back with the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(BaseModel):
+    """A call's result: ``output`` is its text (or a list of text parts)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+
+
+def _item_kind(value) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind or "message"
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[InputMessage, Tag("message")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    ],
+    Discriminator(_item_kind),
+]
+ITEM_TAGS = ("message", "function_call", "function_call_output")
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
 class ReasoningOptions(BaseModel):
     model_config = ConfigDict(extra="allow")  # summary, generate_summary: nothing to summarise here
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
@@ -79,7 +141,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 class ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    input: list[InputMessage]
+    input: list[InputItem]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -96,7 +158,6 @@ class ResponsesBody(BaseModel):
     store: bool | None = None
     truncation: str | None = None
     service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
     include: list[str] | None = None
     stream_options: dict | None = None
     prompt_cache_key: str | None = None
@@ -105,6 +166,9 @@ class ResponsesBody(BaseModel):
     # explicit ``thinking`` wins.
     reasoning: ReasoningOptions | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[FunctionTool] | None = None
+    tool_choice: str | dict | None = None  # checked by _tool_choice (400 naming tool_choice)
+    parallel_tool_calls: bool | None = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -125,9 +189,10 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
         problem = exc.errors()[0]
         path = json_path(_field_loc(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
-    messages = [{"role": m.role, "content": _parts(m.content)} for m in body.input]
+    messages = _messages(body.input)
     if not messages:
         raise InvalidRequest("input must not be empty", param="input")
+    tools = _tools(body.tools)
     return GenerationRequest(
         request_id="",  # the runtime client names the exchange
         model=body.model,
@@ -148,11 +213,71 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
         },
         reasoning_effort=None if body.thinking is not None or body.reasoning is None else body.reasoning.effort,
         logprobs=(body.top_logprobs or 0) if LOGPROBS_INCLUDE in (body.include or ()) or body.top_logprobs else None,
+        tools=tools,
+        tool_choice=_tool_choice(body.tool_choice, tools),
+        parallel_tool_calls=body.parallel_tool_calls,
     )
 
 
+def _messages(items: list) -> list[dict]:
+    """The typed messages: a function_call item joins the assistant message just before it (or
+    starts one) as one of its ``tool_calls``; a function_call_output is a ``tool`` message."""
+    messages: list[dict] = []
+    for item in items:
+        if isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "name": item.name, "arguments": item.arguments}
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": [], "tool_calls": [call]})
+        elif isinstance(item, FunctionCallOutputItem):
+            output = item.output if isinstance(item.output, str) else "".join(part.text for part in item.output)
+            messages.append({"role": "tool", "content": [{"type": "input_text", "text": output}],
+                             "tool_call_id": item.call_id})
+        else:
+            messages.append({"role": item.role, "content": _parts(item.content)})
+    return messages
+
+
+def _tools(tools: list[FunctionTool] | None) -> list[dict] | None:
+    """The tools in chat completions' shape (the typed request's), unset fields left out."""
+    if not tools:
+        return None
+    typed, seen = [], set()
+    for index, tool in enumerate(tools):
+        if tool.name in seen:
+            raise InvalidRequest(f"tools[{index}]: a second function named {tool.name!r}", param=f"tools[{index}].name")
+        seen.add(tool.name)
+        function = tool.model_dump(exclude_none=True, exclude={"type"})
+        typed.append({"type": "function", "function": function})
+    return typed
+
+
+def _tool_choice(choice: str | dict | None, tools: list[dict] | None) -> str | dict | None:
+    """``tool_choice`` checked (none, auto, required, or ``{"type": "function", "name"}`` naming
+    one of the tools), a named one in chat completions' shape."""
+    if choice is None or choice in ("none", "auto"):
+        return choice
+    if choice == "required":
+        if not tools:
+            raise InvalidRequest('tool_choice "required" needs tools', param="tool_choice")
+        return choice
+    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(choice.get("name"), str) \
+            or set(choice) != {"type", "name"}:
+        raise InvalidRequest(
+            'tool_choice must be none, auto, required or {"type": "function", "name": ...}', param="tool_choice"
+        )
+    if choice["name"] not in [tool["function"]["name"] for tool in tools or ()]:
+        raise InvalidRequest(f"tool_choice names function {choice['name']!r}, which is not one of the tools",
+                             param="tool_choice")
+    return {"type": "function", "function": {"name": choice["name"]}}
+
+
 def _field_loc(loc: tuple) -> tuple:
-    """Drop the part-type tag pydantic puts after a content index: input.0.content.1.<tag>.text."""
+    """Drop the tags pydantic puts after an item's index and a content index:
+    input.0.<item tag>.content.1.<part tag>.text."""
+    if len(loc) > 2 and loc[0] == "input" and loc[2] in ITEM_TAGS:
+        loc = loc[:2] + loc[3:]
     if len(loc) > 4 and loc[0] == "input" and loc[2] == "content":
         return loc[:4] + loc[5:]
     return loc
@@ -188,8 +313,10 @@ class ResponseBuilder:
     """Builds the response object and the SSE events of one request.
 
     A stream opens an output item when its first text arrives: the reasoning item (index 0) on
-    the first reasoning delta, the message (after it) on the first answer delta, which closes
-    the reasoning; one that had no text opens its message when it ends.
+    the first reasoning delta, a message (after it) on the first answer delta, which closes
+    the reasoning; a tool call closes the open item and is one ``function_call`` item, added and
+    done at once (its arguments in one delta).  Answer text after a call opens another message.
+    A stream that ended with neither text nor calls opens its message when it ends.
     """
 
     def __init__(self, request: GenerationRequest):
@@ -201,15 +328,10 @@ class ResponseBuilder:
         self.sequence = 0
         self._reasoning: list[str] | None = None  # streamed so far; None: no reasoning item opened
         self._reasoning_open = False
-        self._message_index: int | None = None  # the message item's output_index once opened
+        self._items: list[dict] = []  # the output items streamed so far, done (the open message not yet)
+        self._message: _OpenMessage | None = None  # the message being streamed
 
-    def response(self, status: str, text: str | None = None, result: dict | None = None) -> dict:
-        output = []
-        if result is not None and "reasoning" in result:
-            output.append(self.reasoning_item(result["reasoning"], "completed"))
-        if text is not None:
-            logprobs = result.get("logprobs") if result is not None else None
-            output.append(self.message(text, "completed" if status == "completed" else "incomplete", logprobs))
+    def response(self, status: str, output: list[dict] | None = None, result: dict | None = None) -> dict:
         usage = None
         if result is not None:
             used = result["usage"]
@@ -232,20 +354,20 @@ class ResponseBuilder:
             "instructions": self.request.instructions,
             "max_output_tokens": self.request.max_output_tokens,
             "metadata": self.request.metadata,
-            "output": output,
-            "parallel_tool_calls": False,
+            "output": output or [],
+            "parallel_tool_calls": self.request.parallel_tool_calls is not False,
             "temperature": self.request.temperature,
             "top_p": self.request.top_p,
-            "tool_choice": "auto",
-            "tools": [],
+            "tool_choice": _echoed_tool_choice(self.request.tool_choice),
+            "tools": [_echoed_tool(tool) for tool in self.request.tools or ()],
             "usage": usage,
             "user": self.request.fairness_key,
         }
 
-    def message(self, text: str, status: str, logprobs: list[dict] | None = None) -> dict:
+    def message(self, text: str, status: str, logprobs: list[dict] | None = None, item_id: str | None = None) -> dict:
         return {
             "type": "message",
-            "id": self.message_id,
+            "id": item_id or self.message_id,
             "status": status,
             "role": "assistant",
             "content": [_output_text(text, logprobs)],
@@ -258,9 +380,27 @@ class ResponseBuilder:
             "encrypted_content": None, "status": status,
         }
 
+    @staticmethod
+    def function_call(call: dict, status: str = "completed") -> dict:
+        arguments = call["arguments"] if status == "completed" else ""
+        return {
+            "type": "function_call", "id": f"fc_{call['id'].removeprefix('call_')}", "call_id": call["id"],
+            "name": call["name"], "arguments": arguments, "status": status,
+        }
+
     def final(self, result: dict) -> dict:
-        status = "incomplete" if result["finish_reason"] == "length" else "completed"
-        return self.response(status, result["text"], result)
+        """The response of a request that did not stream: the reasoning, the message (left out
+        when the answer is calls only) and the calls, in that order."""
+        status = _status(result)
+        output = []
+        if "reasoning" in result:
+            output.append(self.reasoning_item(result["reasoning"], "completed"))
+        calls = result.get("tool_calls") or ()
+        if result["text"] or not calls:
+            message_status = "completed" if status == "completed" else "incomplete"
+            output.append(self.message(result["text"], message_status, result.get("logprobs")))
+        output.extend(self.function_call(call) for call in calls)
+        return self.response(status, output, result)
 
     # -- SSE -----------------------------------------------------------------------------
     def event(self, event_type: str, **fields) -> bytes:
@@ -273,12 +413,14 @@ class ResponseBuilder:
         return [self.event("response.created", response=started), self.event("response.in_progress", response=started)]
 
     def event_bytes(self, event: dict) -> bytes:
-        """The SSE events of one of the runtime's generate events (``reasoning``, ``delta``);
-        nothing for the others."""
+        """The SSE events of one of the runtime's generate events (``reasoning``, ``delta``,
+        ``tool_call``); nothing for the others."""
         if event.get("event") == GENERATE_REASONING:
             return b"".join(self._reasoning_events(event["text"]))
         if event.get("event") == GENERATE_DELTA:
             return b"".join(self._delta_events(event["text"], event.get("logprobs")))
+        if event.get("event") == GENERATE_TOOL_CALL:
+            return b"".join(self._tool_call_events(event["call"]))
         return b""
 
     def _reasoning_events(self, text: str) -> list[bytes]:
@@ -302,54 +444,117 @@ class ResponseBuilder:
         self._reasoning_open = False
         text = "".join(self._reasoning)
         part = {"type": "reasoning_text", "text": text}
+        item = self.reasoning_item(text, "completed")
+        self._items.append(item)
         return [
             self.event("response.reasoning_text.done", item_id=self.reasoning_id, output_index=0, content_index=0, text=text),
             self.event("response.content_part.done", item_id=self.reasoning_id, output_index=0, content_index=0, part=part),
-            self.event("response.output_item.done", output_index=0, item=self.reasoning_item(text, "completed")),
+            self.event("response.output_item.done", output_index=0, item=item),
         ]
 
     def _open_message(self) -> list[bytes]:
-        if self._message_index is not None:
+        if self._message is not None:
             return []
         events = self._close_reasoning()
-        self._message_index = 0 if self._reasoning is None else 1
-        item = {"type": "message", "id": self.message_id, "status": "in_progress", "role": "assistant", "content": []}
+        # The first message has the id the response was made with; one after a call, a new one.
+        item_id = self.message_id if not any(item["type"] == "message" for item in self._items) \
+            else f"msg_{uuid.uuid4().hex}"
+        self._message = _OpenMessage(item_id, len(self._items), [] if self.request.logprobs is not None else None)
+        item = {"type": "message", "id": item_id, "status": "in_progress", "role": "assistant", "content": []}
         part = {"type": "output_text", "text": "", "annotations": []}
         return events + [
-            self.event("response.output_item.added", output_index=self._message_index, item=item),
-            self.event("response.content_part.added", item_id=self.message_id, output_index=self._message_index,
+            self.event("response.output_item.added", output_index=self._message.index, item=item),
+            self.event("response.content_part.added", item_id=item_id, output_index=self._message.index,
                        content_index=0, part=part),
+        ]
+
+    def _close_message(self, status: str) -> list[bytes]:
+        message, self._message = self._message, None
+        if message is None:
+            return []
+        text = "".join(message.texts)
+        item = self.message(text, status, message.logprobs, message.id)
+        part = item["content"][0]
+        self._items.append(item)
+        return [
+            self.event(
+                "response.output_text.done", item_id=message.id, output_index=message.index, content_index=0,
+                text=text, logprobs=part.get("logprobs", []),
+            ),
+            self.event("response.content_part.done", item_id=message.id, output_index=message.index, content_index=0,
+                       part=part),
+            self.event("response.output_item.done", output_index=message.index, item=item),
         ]
 
     def _delta_events(self, text: str, logprobs: list[dict] | None) -> list[bytes]:
         events = self._open_message()
+        self._message.texts.append(text)
+        if self._message.logprobs is not None:
+            self._message.logprobs.extend(logprobs or ())
         delta_logprobs = [_delta_logprob(entry) for entry in logprobs or ()]
         events.append(self.event(
-            "response.output_text.delta", item_id=self.message_id, output_index=self._message_index, content_index=0,
-            delta=text, logprobs=delta_logprobs,
+            "response.output_text.delta", item_id=self._message.id, output_index=self._message.index,
+            content_index=0, delta=text, logprobs=delta_logprobs,
         ))
         return events
 
-    def closing_events(self, result: dict) -> list[bytes]:
-        final = self.final(result)
-        events = self._open_message()
-        index = self._message_index
-        message = final["output"][index]
-        part = message["content"][0]
-        done_type = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    def _tool_call_events(self, call: dict) -> list[bytes]:
+        events = self._close_reasoning() + self._close_message("completed")
+        index = len(self._items)
+        added, done = self.function_call(call, "in_progress"), self.function_call(call)
+        self._items.append(done)
         return events + [
-            self.event(
-                "response.output_text.done", item_id=self.message_id, output_index=index, content_index=0,
-                text=result["text"], logprobs=part.get("logprobs", []),
-            ),
-            self.event("response.content_part.done", item_id=self.message_id, output_index=index, content_index=0, part=part),
-            self.event("response.output_item.done", output_index=index, item=message),
-            self.event(done_type, response=final),
+            self.event("response.output_item.added", output_index=index, item=added),
+            self.event("response.function_call_arguments.delta", item_id=done["id"], output_index=index,
+                       delta=call["arguments"]),
+            self.event("response.function_call_arguments.done", item_id=done["id"], output_index=index,
+                       name=call["name"], arguments=call["arguments"]),
+            self.event("response.output_item.done", output_index=index, item=done),
         ]
+
+    def closing_events(self, result: dict) -> list[bytes]:
+        status = _status(result)
+        events = self._close_reasoning()
+        if self._message is None and not any(item["type"] in ("message", "function_call") for item in self._items):
+            events += self._open_message()  # an answer without text still has its message
+        events += self._close_message("completed" if status == "completed" else "incomplete")
+        final = self.response(status, list(self._items), result)
+        done_type = "response.incomplete" if status == "incomplete" else "response.completed"
+        return events + [self.event(done_type, response=final)]
 
     def error_event(self, envelope: dict) -> bytes:
         error = envelope["error"]
         return self.event("error", code=error["code"], message=error["message"], param=error["param"], error=error)
+
+
+@dataclass
+class _OpenMessage:
+    """A message item being streamed: its id, output index, text so far and logprobs (None
+    where the request asked for none)."""
+
+    id: str
+    index: int
+    logprobs: list[dict] | None
+    texts: list[str] = field(default_factory=list)
+
+
+def _status(result: dict) -> str:
+    return "incomplete" if result["finish_reason"] == "length" else "completed"
+
+
+def _echoed_tool(tool: dict) -> dict:
+    """A typed (chat-shaped) tool as the Responses API echoes it."""
+    function = tool["function"]
+    return {
+        "type": "function", "name": function["name"], "description": function.get("description"),
+        "parameters": function.get("parameters"), "strict": function.get("strict"),
+    }
+
+
+def _echoed_tool_choice(choice: str | dict | None):
+    if isinstance(choice, dict):
+        return {"type": "function", "name": chosen_name(choice)}
+    return choice or "auto"
 
 
 def _output_text(text: str, logprobs: list[dict] | None) -> dict:
