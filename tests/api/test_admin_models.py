@@ -181,6 +181,7 @@ def test_definition_has_common_fields_and_only_its_backends_fields(entries, name
     own = OWN_PREFIXES[backend]
     extra = STUB_CAPABILITY_FIELDS if backend == "stub" else set()
     extra = extra | ({"embeddings"} if backend in EMBEDDING_BACKENDS else set())
+    extra = extra | ({"tool_call_format"} if backend == "llama_cpp" else set())  # the tool-call parser's format
     for key in set(definition) - COMMON_FIELDS - extra:
         assert key.startswith(own), f"{name} ({backend}) shows foreign field {key}"
     if backend == "vllm":

@@ -6,6 +6,13 @@ so native calls of a replica never overlap and the event loop never blocks.  Tok
 travel from the worker to the request's async iterator through an ``asyncio.Queue``
 (``call_soon_threadsafe``); closing the iterator (request cancelled) or unloading sets
 a flag the worker checks after every token.
+
+Tools (``request.tools``, tool_choice not "none") go into the prompt through the chat template
+(``render_prompt``); the runtime reads the calls out of the answer in ``tool_call_format``
+(the definition's, or the template's when "auto").  With tool_choice "required" or a named
+function the answer is constrained by a grammar built from ``constrained_schema`` (the call
+object(s) with each tool's parameters as their JSON schema), so it is a call whose arguments
+parse; it is then read as format ``json``.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from runtime.backends.llama_cpp.native import (
     GgufContext,
     GgufWeights,
     SamplingOptions,
+    grammar_of_schema,
     release_heap,
 )
 from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
@@ -38,7 +46,9 @@ from runtime.prompt_formats import (
     conversation_turns,
     render_prompt,
     resolve_thinking,
+    tool_call_format,
 )
+from runtime.tool_calls import choice_kind, constrained_schema, format_for
 
 logger = logging.getLogger("llmpool.llama_cpp")
 
@@ -87,6 +97,7 @@ class LlamaCppEngine:
         self.weights: GgufWeights | None = None
         self.context: GgufContext | None = None
         self.gguf_template: GgufChatTemplate | None = None
+        self._tool_call_formats: dict[str, str] = {}  # set at load (tool_call_formats)
         self._closing = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
 
@@ -136,6 +147,7 @@ class LlamaCppEngine:
         if self.prompt_format == GGUF_TEMPLATE:
             bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
             self.gguf_template = GgufChatTemplate(info.chat_template, bos, eos)
+        self._tool_call_formats = self._resolve_tool_call_formats()
         logger.info(
             "model %s replica %d loaded from %s (%s, threads=%d)",
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
@@ -150,6 +162,38 @@ class LlamaCppEngine:
             self.weights = None
         release_heap()
 
+    # -- tools -----------------------------------------------------------------------------
+    def _resolve_tool_call_formats(self) -> dict[str, str]:
+        configured = self.config.get("tool_call_format", "auto")
+        if configured == "none":
+            return {}
+        answer = tool_call_format(self.prompt_format, self.gguf_template) if configured == "auto" else configured
+        return {"auto": answer, "required": "json", "function": "json"}
+
+    def tool_call_formats(self) -> dict[str, str]:
+        """The format of the answer per tool_choice kind (runtime.tool_calls.format_for): the
+        model's own for "auto", ``json`` where the grammar constrains it; empty without tools."""
+        return dict(self._tool_call_formats)
+
+    def tool_call_format(self, request: GenerationRequest) -> str | None:
+        return format_for(self._tool_call_formats, request)
+
+    def _offers_tools(self, request: GenerationRequest) -> bool:
+        return bool(self._tool_call_formats) and bool(request.tools) and choice_kind(request.tool_choice) != "none"
+
+    def grammar(self, request: GenerationRequest) -> str | None:
+        """The GBNF that keeps the answer to the tools' calls, for tool_choice "required" or a
+        named function (a list of calls only where parallel_tool_calls is true); else None."""
+        if not self._offers_tools(request) or choice_kind(request.tool_choice) not in ("required", "function"):
+            return None
+        schema = constrained_schema(request.tools, request.tool_choice, request.parallel_tool_calls is True)
+        try:
+            return grammar_of_schema(schema)
+        except ValueError as exc:
+            raise InvalidRequest(
+                f"the tools' parameters cannot be turned into a grammar for tool_choice: {exc}", param="tools"
+            ) from None
+
     # -- generation ------------------------------------------------------------------------
     def render(self, request: GenerationRequest) -> RenderedPrompt:
         """The prompt for ``request`` (raises the request's 400 errors before any work is queued).
@@ -162,13 +206,15 @@ class LlamaCppEngine:
         messages = conversation_turns(request.instructions, request.messages)
         thinking = resolve_thinking(request.thinking, self.config.get("enable_thinking"))
         return render_prompt(
-            self.prompt_format, messages, thinking=thinking, extra=request.extra, gguf_template=self.gguf_template
+            self.prompt_format, messages, thinking=thinking, extra=request.extra, gguf_template=self.gguf_template,
+            tools=request.tools if self._offers_tools(request) else None,
         )
 
     async def generate(self, request: GenerationRequest):
         if self.context is None or self._closing.is_set():
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
         prompt = self.render(request)
+        options = _sampling_options(request, self.grammar(request))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()
@@ -180,7 +226,7 @@ class LlamaCppEngine:
                 cancelled.set()
 
         try:
-            loop.run_in_executor(self._worker, self._generate, prompt, request, emit, cancelled)
+            loop.run_in_executor(self._worker, self._generate, prompt, request, options, emit, cancelled)
         except RuntimeError:  # unloaded between the check above and now
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded") from None
         try:
@@ -248,11 +294,14 @@ class LlamaCppEngine:
                 )
         return list(tokens)
 
-    def _generate(self, prompt: RenderedPrompt, request: GenerationRequest, emit, cancelled: threading.Event) -> None:
+    def _generate(
+        self, prompt: RenderedPrompt, request: GenerationRequest, options: SamplingOptions, emit,
+        cancelled: threading.Event,
+    ) -> None:
         try:
             if self.context is None:
                 raise BackendError(f"model {self.model_name} was unloaded before the request ran")
-            self._run(prompt, request, emit, lambda: cancelled.is_set() or self._closing.is_set())
+            self._run(prompt, request, options, emit, lambda: cancelled.is_set() or self._closing.is_set())
         except LLMPoolError as exc:
             emit(exc)
         except Exception as exc:  # a native failure ends this request, not the worker
@@ -261,7 +310,7 @@ class LlamaCppEngine:
         finally:
             emit(_DONE)
 
-    def _run(self, prompt: RenderedPrompt, request: GenerationRequest, emit, stopped) -> None:
+    def _run(self, prompt: RenderedPrompt, request: GenerationRequest, options: SamplingOptions, emit, stopped) -> None:
         weights, context = self.weights, self.context
         tokens = weights.tokenize_prompt(prompt)
         if len(tokens) >= context.n_ctx:
@@ -275,7 +324,7 @@ class LlamaCppEngine:
             if stopped():
                 return
             context.decode(tokens[start:start + context.n_batch])
-        sampler = context.sampler(_sampling_options(request))
+        sampler = context.sampler(options)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stop_filter = _StopFilter(prompt.stop)
         position, produced, reason, hit_stop = len(tokens), 0, "length", False
@@ -308,13 +357,14 @@ class LlamaCppEngine:
         emit(Finished(input_tokens=len(tokens), output_tokens=produced, finish_reason=reason))
 
 
-def _sampling_options(request: GenerationRequest) -> SamplingOptions:
+def _sampling_options(request: GenerationRequest, grammar: str | None = None) -> SamplingOptions:
     return SamplingOptions(
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
+        grammar=grammar,
     )
 
 

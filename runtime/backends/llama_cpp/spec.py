@@ -51,6 +51,10 @@ class LlamaCppDefinition(CommonDefinition):
     # POST /v1/embeddings too (runtime.embedding): the context is built in llama.cpp's embedding
     # mode, pooled as the GGUF declares (mean when it declares none); the model still generates.
     embeddings: bool = False
+    # The format the model writes tool calls in (runtime.tool_calls): "auto" reads it from the
+    # chat template (prompt_formats.tool_call_format: the template's own, else hermes, as the
+    # tools are then described in the hermes format); "none": no tool calling (capabilities.tools false).
+    tool_call_format: Literal["auto", "hermes", "llama3_json", "mistral", "none"] = "auto"
 
     @model_validator(mode="after")
     def _known_prompt_format(self):
@@ -106,6 +110,12 @@ class LlamaCppSpec(BackendSpec):
 
     def multi_turn(self, definition):
         return (definition.prompt_format or "gguf_template") in MULTI_TURN_FORMATS
+
+    def tools(self, definition) -> bool:
+        """Tools are rendered through the chat template (or described as hermes text) and the
+        calls read out of the answer; tool_choice "required" or a named function constrains
+        the answer with a grammar from the tools' JSON schemas.  Not for a single-turn format."""
+        return definition.tool_call_format != "none" and self.multi_turn(definition)
 
     def raw_prompt(self, definition) -> bool:
         """A raw prompt is tokenized as it is (special tokens parsed), without the chat template."""
