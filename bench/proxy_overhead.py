@@ -23,12 +23,18 @@ both see the same load:
   to back and after 20 ms idle: on this machine the same work takes several times the
   CPU time after idling, and a proxied request always idles while the upstream computes;
 - streamed tokens/s at 1 and at 16 concurrent streams, and the ratio llm-pool /
-  direct (targets: at least 0.99 and 0.95).
+  direct (targets: at least 0.99 and 0.95);
+- the same for chat completions passed through (``chat_*``): the client's own
+  ``/v1/chat/completions`` body posted to llm-pool, which forwards it to llama-server
+  as it is (model renamed) and sends llama-server's chunks back, against the same body
+  sent to llama-server directly: the added p50 of a 1-token non-streamed request (the
+  two paths taking turns every request) and the streamed tokens/s ratios at 1 and 16
+  streams (same targets).
 
 llama-server decodes on ``--server-threads`` threads (default 1: on a two-core
 machine a server on both cores slows down whenever anything else runs, the
 benchmark's own client included).  Prints one JSON object.
-Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 128] [--server-threads 1]
+Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 128] [--server-threads 1] [--only chat]
 """
 from __future__ import annotations
 
@@ -145,6 +151,11 @@ async def pool_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int,
     return used
 
 
+async def pool_chat_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
+    """The plain client's chat completions request, to llm-pool (passed through to llama-server)."""
+    return await direct_once(http, url, prompt, tokens, stream)
+
+
 RETRIED: dict[str, int] = {}
 
 
@@ -211,6 +222,35 @@ async def added_latency(http: httpx.AsyncClient, direct: str, relays: dict[str, 
     }
 
 
+async def chat_added_latency(http: httpx.AsyncClient, direct: str, pool: str, requests: int) -> dict:
+    """p50/p99 of a 1-token chat completion, directly and passed through llm-pool, taking turns,
+    and the CPU time llm-pool's serving process spends per request (it idles on the direct path's
+    turns): a figure the machine's other load moves less than the latency."""
+    paths = (("direct", retried_once("direct", direct_once), direct),
+             ("llm_pool", retried_once("llm_pool_chat", pool_chat_once), pool))
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in paths}
+    for _, call, url in paths:
+        for _ in range(5):
+            await call(http, url, LATENCY_PROMPT, 1, False)
+    server = serving_process()
+    used = server.cpu_times()
+    for _ in range(requests):
+        for name, call, url in paths:
+            began = time.perf_counter()
+            await call(http, url, LATENCY_PROMPT, 1, False)
+            samples[name].append(time.perf_counter() - began)
+    now = server.cpu_times()
+    stats = {name: percentiles(values) for name, values in samples.items()}
+    return {
+        "max_output_tokens": 1,
+        **stats,
+        "added_p50_ms": round(stats["llm_pool"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
+        "added_p99_ms": round(stats["llm_pool"]["p99_ms"] - stats["direct"]["p99_ms"], 3),
+        "llm_pool_cpu_ms_per_request": round((now.user + now.system - used.user - used.system) / requests * 1000, 3),
+        "target_added_p50_ms": 1.0,
+    }
+
+
 async def after_idle(http: httpx.AsyncClient, pool: str, requests: int) -> dict:
     """What idleness does to llm-pool's own work: a zero-delay stub model's p50 latency and the
     serving process's CPU time per request, back to back and after 20 ms idle before each."""
@@ -239,11 +279,12 @@ async def stream_rate(http, call, url: str, streams: int, tokens: int) -> tuple[
 
 
 async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, streams: int, tokens: int, rounds: int,
-                         target: float) -> dict:
-    """Tokens/s of both paths, alternating per round; the aggregate ratio and the median of the rounds'."""
+                         target: float, pool_call=pool_once) -> dict:
+    """Tokens/s of both paths, alternating per round; the aggregate ratio and the median of the rounds'.
+    ``pool_call`` is llm-pool's request (/v1/responses, or chat completions passed through)."""
     paths = (
         ("direct", retried_once("direct", direct_once), direct),
-        ("llm_pool", retried_once("llm_pool", pool_once), pool),
+        ("llm_pool", retried_once(f"llm_pool_{pool_call.__name__}", pool_call), pool),
     )
     await stream_rate(http, paths[0][1], direct, streams, tokens)  # warm up
     measured: dict[str, list[tuple[int, float]]] = {"direct": [], "llm_pool": []}
@@ -272,14 +313,24 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
 async def measure(direct: str, relays: dict[str, str], pool: str, args) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
-        return {
-            "non_streamed_latency_interleaved": await added_latency(http, direct, relays, pool, args.requests, 1),
-            "non_streamed_latency_in_a_row": await added_latency(http, direct, relays, pool, args.requests, 20),
-            "after_idle": await after_idle(http, pool, args.requests),
-            "streamed_1": await streamed_ratio(http, direct, pool, 1, args.tokens, args.rounds, 0.99),
-            "streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95),
-            "retried_requests": dict(RETRIED),
-        }
+        results = {}
+        if args.only in (None, "responses"):
+            results.update({
+                "non_streamed_latency_interleaved": await added_latency(http, direct, relays, pool, args.requests, 1),
+                "non_streamed_latency_in_a_row": await added_latency(http, direct, relays, pool, args.requests, 20),
+                "after_idle": await after_idle(http, pool, args.requests),
+                "streamed_1": await streamed_ratio(http, direct, pool, 1, args.tokens, args.rounds, 0.99),
+                "streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95),
+            })
+        if args.only in (None, "chat"):
+            results.update({
+                "chat_non_streamed_latency": await chat_added_latency(http, direct, pool, args.requests),
+                "chat_streamed_1": await streamed_ratio(http, direct, pool, 1, args.tokens, args.rounds, 0.99,
+                                                        pool_chat_once),
+                "chat_streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95,
+                                                         pool_chat_once),
+            })
+        return {**results, "retried_requests": dict(RETRIED)}
 
 
 def main() -> None:
@@ -289,6 +340,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per stream count")
     parser.add_argument("--server-threads", type=int, default=1,
                         help="llama-server decode threads (-t); 0 leaves llama-server's own default")
+    parser.add_argument("--only", choices=("responses", "chat"), default=None,
+                        help="measure only /v1/responses or only chat completions passed through (default: both)")
     args = parser.parse_args()
     binary, model = llama_server_binary(), smollm2_gguf()
     with tempfile.TemporaryDirectory() as state:

@@ -96,9 +96,10 @@ async def forward(
         raise upstream_error(response.status_code, response.content, upstream, failure)
     answer = _json_object(response.content, upstream, failure)
     yield UpstreamAnswer(answer)
-    choices = answer.get("choices") or []
+    choices = [choice for choice in answer.get("choices") or () if isinstance(choice, dict)]
     text = "".join(_choice_text(choice) for choice in choices)
-    yield _finished(answer.get("usage"), choices, fallback_output=max(1, len(text) // 4) if text else 0)
+    reasons = {choice.get("finish_reason") for choice in choices}
+    yield _finished(answer.get("usage"), reasons, fallback_output=max(1, len(text) // 4) if text else 0)
 
 
 async def _stream(
@@ -109,7 +110,7 @@ async def _stream(
     async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
             raise upstream_error(response.status_code, await response.aread(), upstream, failure)
-        usage, choices, done = None, [], False
+        usage, reasons, pieces, done = None, set(), 0, False
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue  # blank separators, comments (": ping"), event names
@@ -117,9 +118,12 @@ async def _stream(
             if data == "[DONE]":
                 done = True
                 break
-            chunk = _json_object(data.encode(), upstream, failure)
+            chunk = _json_object(data, upstream, failure)
             usage = chunk.get("usage") or usage
-            choices.extend(choice for choice in chunk.get("choices") or () if isinstance(choice, dict))
+            for choice in chunk.get("choices") or ():
+                if isinstance(choice, dict):
+                    reasons.add(choice.get("finish_reason"))
+                    pieces += bool(_choice_text(choice))
             if not wanted:
                 if "usage" in chunk and not chunk.get("choices"):
                     continue  # the usage-only chunk the client did not ask for
@@ -127,12 +131,12 @@ async def _stream(
             yield UpstreamChunk(chunk)
         if not done:
             raise failure(f"{upstream} ended the stream without [DONE]")
-    yield _finished(usage, choices, fallback_output=sum(1 for choice in choices if _choice_text(choice)))
+    yield _finished(usage, reasons, fallback_output=pieces)
 
 
-def _finished(usage: Any, choices: list, fallback_output: int) -> Finished:
+def _finished(usage: Any, reasons: set, fallback_output: int) -> Finished:
+    """The end of a forwarded request: the upstream's usage, else ``fallback_output`` tokens out."""
     usage = usage if isinstance(usage, dict) else {}
-    reasons = {choice.get("finish_reason") for choice in choices if isinstance(choice, dict)}
     return Finished(
         input_tokens=usage.get("prompt_tokens") or 0,
         output_tokens=usage.get("completion_tokens") or fallback_output,
@@ -150,11 +154,12 @@ def _choice_text(choice: Any) -> str:
     return text if isinstance(text, str) else ""
 
 
-def _json_object(data: bytes, upstream: str, failure: type[LLMPoolError]) -> dict:
+def _json_object(data: str | bytes, upstream: str, failure: type[LLMPoolError]) -> dict:
     try:
         value = json.loads(data)
     except ValueError:
-        raise failure(f"{upstream} answered with a body that is not JSON: {data[:200]!r}") from None
+        text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+        raise failure(f"{upstream} answered with a body that is not JSON: {text[:200]!r}") from None
     if not isinstance(value, dict):
         raise failure(f"{upstream} answered {type(value).__name__}, not a JSON object")
     if value.get("error"):

@@ -142,7 +142,7 @@ async def test_closing_the_stream_early_closes_the_upstream_connection():
         (httpx.Response(400, json={"error": {"message": "the request exceeds the available context size"}}),
          ContextLengthExceeded, "the upstream answered 400: the request exceeds the available context size"),
         (httpx.Response(503, text="busy"), BackendError, "the upstream answered 503: busy"),
-        (httpx.Response(200, text="<html>"), BackendError, "the upstream answered with a body that is not JSON: b'<html>'"),
+        (httpx.Response(200, text="<html>"), BackendError, "the upstream answered with a body that is not JSON: '<html>'"),
         (httpx.Response(200, json=[1]), BackendError, "the upstream answered list, not a JSON object"),
         (httpx.Response(200, json={"error": {"message": "oom"}}), BackendError,
          "the upstream failed while generating: oom"),
