@@ -2,15 +2,19 @@
 words): with tool_choice "required" or a named function a grammar from the tools' JSON schemas
 constrains the answer, so it is a call whose arguments parse and match the schema; "auto" runs
 and answers text or valid calls; a two-turn history with the call and its result renders and
-runs.  The definition's tool_call_format (auto from the template, explicit, none) and the
+runs; the openai client on both APIs over HTTP, every answer validated strictly.  The
+definition's tool_call_format (auto from the template, explicit, none) and the
 grammar's refusal of a schema it cannot convert, without a model."""
 from __future__ import annotations
 
 import json
 
 import jsonschema
+import openai
 import pytest
-from llama_helpers import SMOLLM2_MODEL
+from llama_helpers import SMOLLM2_MODEL, load as load_over_http, start_service
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.responses import Response
 
 from runtime.backends import BACKENDS
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
@@ -119,6 +123,39 @@ async def test_tool_choice_none_is_plain_generation(runtime_service):
     plain, _ = await generate(service, user(), **GREEDY)
     ignored, _ = await generate(service, user(), tools=TOOLS, tool_choice="none", **GREEDY)
     assert ignored["text"] == plain["text"] and "tool_calls" not in ignored  # the tools are not even rendered
+
+
+def test_the_openai_client_gets_a_constrained_call_from_smollm2_on_both_apis(tmp_path):
+    live = start_service(tmp_path, {"smol": SMOLLM2_MODEL})
+    try:
+        with live.client(timeout=120) as http:
+            assert load_over_http(http, "smol")["runtime_state"] == "loaded"
+        with openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            fields = {"model": "smol", "messages": [{"role": "user", "content": PROMPT}], "tools": TOOLS,
+                      "tool_choice": "required", "temperature": 0, "max_tokens": 96}
+            answer = client.chat.completions.create(**fields)
+            ChatCompletion.model_validate(answer.model_dump(exclude_unset=True), strict=True)
+            assert answer.choices[0].finish_reason == "tool_calls" and answer.choices[0].message.content is None
+            calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                     for c in answer.choices[0].message.tool_calls]
+            assert_valid_calls(calls)
+            chunks = list(client.chat.completions.create(**fields, stream=True))
+            for chunk in chunks:
+                ChatCompletionChunk.model_validate(chunk.model_dump(exclude_unset=True), strict=True)
+            pieces = [p for c in chunks if c.choices for p in c.choices[0].delta.tool_calls or ()]
+            assert pieces[0].function.name == calls[0]["name"]
+            assert "".join(p.function.arguments or "" for p in pieces) == calls[0]["arguments"]  # greedy: alike
+            assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            responses_tools = [{"type": "function", **tool["function"]} for tool in TOOLS]
+            response = client.responses.create(model="smol", input=PROMPT, tools=responses_tools, temperature=0,
+                                               tool_choice={"type": "function", "name": "get_weather"},
+                                               max_output_tokens=96)
+            Response.model_validate(response.model_dump(exclude_unset=True), strict=True)
+            (item,) = response.output
+            assert item.type == "function_call" and item.name == "get_weather"
+            assert_valid_calls([{"id": item.call_id, "name": item.name, "arguments": item.arguments}])
+    finally:
+        live.stop()
 
 
 def definition(**fields):
