@@ -8,6 +8,11 @@ Every other definition field and load override maps to one llama-server flag
 ``runtime.model_files`` (absolute, relative to the settings file, ``package:``).
 ``embeddings: true`` adds ``--embeddings`` (and ``--pooling`` where the GGUF declares none);
 such a server still serves chat completions (llama-server switches per batch).
+``llama_server_tools`` (default true) passes ``--jinja``: llama-server renders the tools
+through the GGUF's Jinja chat template and parses the model's calls itself (its generic JSON
+format, grammar-constrained, for a template that names no tools).  llama-server reads a named
+function as tool_choice as "auto", so such a request gets that function alone with "required"
+(``LLAMA_SERVER.named_tool_choice``).
 """
 from __future__ import annotations
 
@@ -50,6 +55,9 @@ class LlamaServerDefinition(
     llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
     # POST /v1/embeddings too: started with --embeddings (see llama_server_command for --pooling).
     embeddings: bool = False
+    # Tool calling: started with --jinja (the default of recent builds, explicit for older ones);
+    # false: capabilities.tools is false (the server is not asked for calls).
+    llama_server_tools: bool = True
 
 
 def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
@@ -62,6 +70,7 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
         "--parallel", str(config["target_inflight"]),
         "-c", str(config["llama_server_n_ctx"]),
         "--flash-attn", config["llama_server_flash_attn"],
+        *(["--jinja"] if config["llama_server_tools"] else []),
         *managed.flag_args(
             ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
             ("--mmproj", local("llama_server_mmproj")),
@@ -113,12 +122,14 @@ LLAMA_SERVER = managed.ServerProfile(
     # llama-server checks for a closed connection only between the chunks of a stream: a
     # non-streamed completion whose client went away runs to its end, holding its slot.
     stream_always=True,
+    named_tool_choice=False,
 )
 
 
 class LlamaServerSpec(managed.ManagedServerSpec):
     profile = LLAMA_SERVER
     definition_model = LlamaServerDefinition
+    tools_field = "llama_server_tools"
     overrides = (
         integer_override("llama_server_n_ctx"),
         integer_override("llama_server_image_max_tokens"),

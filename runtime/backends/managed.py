@@ -51,7 +51,7 @@ from runtime.backends.common_fields import (
     thinking_for_families,
 )
 from runtime.backends.forwarding import forward
-from runtime.backends.openai_chat import chat_completion, chat_request
+from runtime.backends.openai_chat import chat_completion, chat_request, required_for_named
 from runtime.backends.openai_embeddings import create_embeddings
 from runtime.backends.prompts import template_variables
 from runtime.errors import BackendError
@@ -104,6 +104,9 @@ class ServerProfile:
     # Stream every upstream call, even for a client that does not stream: for a server that
     # notices a closed connection only while it streams, so a cancelled request stops there too.
     stream_always: bool = False
+    # False: the server reads a named function as tool_choice as "auto"; a chat body that names
+    # one is sent with that function alone and "required" (openai_chat.required_for_named).
+    named_tool_choice: bool = True
 
     def model_name(self, config: dict[str, Any], base_dir: str) -> str:
         if self.served_model is not None:
@@ -230,9 +233,12 @@ class ManagedServerEngine:
         request as a chat completion."""
         thinking = self.config.get("enable_thinking")
         if request.passthrough is not None:
+            path, body = request.passthrough["path"], request.passthrough["body"]
+            if path == "/v1/chat/completions" and not self.profile.named_tool_choice:
+                body = required_for_named(body)
             return forward(
-                self._client, request.passthrough["path"], request.passthrough["body"], self._served_model,
-                self.label, BackendError, template_variables(request, thinking),
+                self._client, path, body, self._served_model, self.label, BackendError,
+                template_variables(request, thinking),
             )
         body = chat_request(
             request,
@@ -240,6 +246,7 @@ class ManagedServerEngine:
             configured_thinking=thinking,
             json_schema=self.profile.json_schema,
             stream=request.stream or self.profile.stream_always,
+            named_tool_choice=self.profile.named_tool_choice,
         )
         return chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
 
@@ -384,6 +391,9 @@ class ManagedServerSpec(BackendSpec):
     concurrent = True
     # prompt_format families whose thinking switch the server's chat template honours.
     thinking_families: ClassVar[tuple[str, ...]] = ()
+    # The definition field that starts the server for tool calling (a switch, or the parser's
+    # name: set means on); capabilities.tools follows it.
+    tools_field: ClassVar[str]
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -397,6 +407,11 @@ class ManagedServerSpec(BackendSpec):
 
     def response_formats(self, definition):
         return ["text", "json_schema"] if self.profile.json_schema else ["text"]
+
+    def tools(self, definition):
+        """Whether the server was started for tool calling (``tools_field`` set): it renders the
+        tools and parses its model's calls; every tool_choice then (base ``tool_choices``)."""
+        return bool(getattr(definition, self.tools_field))
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         target = getattr(definition, f"{self.name}_model", None)

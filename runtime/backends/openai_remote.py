@@ -5,6 +5,7 @@ Whether the model takes request-level thinking and file inputs is configured,
 because the remote cannot be asked.  The client is
 ``runtime.backends.openai_remote_engine``; requests to the model are refused
 with 403 remote_execution_disallowed unless ``service.allow_remote_execution``.
+Tools always pass: the remote judges them (``capabilities.tools`` true, every tool_choice).
 """
 from __future__ import annotations
 
@@ -71,6 +72,10 @@ class OpenaiRemoteSpec(BackendSpec):
         return True
 
     def forwards_requests(self, definition):
+        return True
+
+    def tools(self, definition):
+        """The remote judges tools and tool_choice (a model without them answers its own 400)."""
         return True
 
     def create_engine(self, model_name, config, replica_index, context):

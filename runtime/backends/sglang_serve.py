@@ -3,7 +3,8 @@
 ``target_inflight`` becomes ``--max-running-requests``, so the extra args may
 not set it.  With speculative top-k 1, llm-pool derives the draft-token count
 as the step count plus 1 and passes it explicitly; a conflicting explicit value
-is rejected.
+is rejected.  ``sglang_tool_call_parser`` (``--tool-call-parser``, which the extra args may
+not set) starts the server for tool calling: SGLang then parses its model's calls.
 """
 from __future__ import annotations
 
@@ -38,12 +39,17 @@ class SglangServeDefinition(
         "sglang_serve",
         binary="sglang",
         startup_timeout_seconds=900.0,
-        owned_flags={"target_inflight": ("--max-running-requests",)},
+        owned_flags={
+            "target_inflight": ("--max-running-requests",),
+            "sglang_tool_call_parser": ("--tool-call-parser",),
+        },
     )
 ):
     sglang_quantization: str | None = None
     sglang_attention_backend: str | None = None
     sglang_reasoning_parser: str | None = None
+    # Tool calling: SGLang's parser of the model's call format (hermes, qwen, qwen25, llama3,
+    # mistral, pythonic, deepseekv3, qwen3_coder, gpt-oss, ...: whatever this SGLang knows).
     sglang_tool_call_parser: str | None = None
     sglang_context_length: int | None = Field(None, ge=1)
     # A startup ceiling; it must still hold the target and assistant weights.
@@ -118,6 +124,7 @@ class SglangServeSpec(managed.ManagedServerSpec):
     profile = SGLANG_SERVE
     definition_model = SglangServeDefinition
     thinking_families = (GEMMA4,)
+    tools_field = "sglang_tool_call_parser"
     overrides = (
         integer_override("sglang_context_length", 256, 256),
         LoadOverride(

@@ -10,7 +10,8 @@ lives under ``<state_dir>/tmp`` and is removed when the replica stops.
 ``trtllm_serve_model`` (else ``model_path``) is a hub id, a checkpoint or an
 engine folder.  trtllm-serve has no API-key flag: ``trtllm_serve_api_key`` is
 only sent as the bearer token of llm-pool's requests (for a wrapper or proxy
-that checks it).
+that checks it).  ``trtllm_tool_parser`` (``--tool_parser``, which the extra args may not
+set) starts the server for tool calling: trtllm-serve then parses its model's calls.
 """
 from __future__ import annotations
 
@@ -39,12 +40,15 @@ class TrtllmServeDefinition(
         owned_flags={
             "target_inflight": ("--max-batch-size",),
             "trtllm_config_yaml": ("--config", "--extra-llm-api-options"),
+            "trtllm_tool_parser": ("--tool_parser",),
         },
     )
 ):
     # Base LLM API YAML; it is read, never written, and may not set max_batch_size.
     trtllm_config_yaml: str | None = None
     trtllm_reasoning_parser: str | None = None
+    # Tool calling: trtllm-serve's parser of the model's call format (qwen3, qwen3_coder,
+    # kimi_k2, deepseek_v3, deepseek_v31, deepseek_v32, glm4, ...: click checks the name).
     trtllm_tool_parser: str | None = None
     trtllm_max_seq_len: int | None = Field(None, ge=1)
     trtllm_max_num_tokens: int | None = Field(None, ge=1)
@@ -124,6 +128,7 @@ class TrtllmServeSpec(managed.ManagedServerSpec):
     profile = TRTLLM_SERVE
     definition_model = TrtllmServeDefinition
     thinking_families = (GEMMA4,)
+    tools_field = "trtllm_tool_parser"
     overrides = (
         integer_override("trtllm_max_seq_len", 256, 256),
         integer_override("trtllm_kv_cache_memory_bytes", MIB_256, MIB_256, unit="bytes", display_unit="mib"),

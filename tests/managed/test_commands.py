@@ -37,19 +37,19 @@ LLAMA_BASE = ["llama-server", "--model", "/models/m.gguf", "--host", HOST, "--po
 @pytest.mark.parametrize(
     "body, expected",
     [
-        ({}, [*LLAMA_BASE, "--parallel", "1", "-c", "4096", "--flash-attn", "auto"]),
-        (REPLICAS_BODY, [*LLAMA_BASE, "--parallel", "4", "-c", "4096", "--flash-attn", "auto"]),
+        ({}, [*LLAMA_BASE, "--parallel", "1", "-c", "4096", "--flash-attn", "auto", "--jinja"]),
+        (REPLICAS_BODY, [*LLAMA_BASE, "--parallel", "4", "-c", "4096", "--flash-attn", "auto", "--jinja"]),
         (
             LLAMA_SERVER_BODY,
             [
-                *LLAMA_BASE, "--parallel", "1", "-c", "4096", "--flash-attn", "auto",
+                *LLAMA_BASE, "--parallel", "1", "-c", "4096", "--flash-attn", "auto", "--jinja",
                 "--image-max-tokens", "512", "--spec-type", "draft-mtp",
                 "--spec-draft-n-max", "4", "--spec-draft-p-min", "0.25",
             ],
         ),
         (
             {"target_inflight": 2, "llama_server_n_ctx": 8192},
-            [*LLAMA_BASE, "--parallel", "2", "-c", "8192", "--flash-attn", "auto"],
+            [*LLAMA_BASE, "--parallel", "2", "-c", "8192", "--flash-attn", "auto", "--jinja"],
         ),
     ],
     ids=["definition", "replicas-body", "llama-server-body", "inflight-and-ctx"],
@@ -90,6 +90,7 @@ def test_llama_server_command_maps_every_definition_field():
         "--parallel", "3",
         "-c", "16384",
         "--flash-attn", "on",
+        "--jinja",
         "--n-gpu-layers", "all",
         "--mmproj", "/settings/models/mmproj.gguf",
         "--spec-draft-model", "/models/draft.gguf",

@@ -12,7 +12,7 @@ from runtime.backends.vllm_serve import vllm_serve_command
 from tests.managed.helpers import TARGET
 from tests.managed.test_commands import BASE, HOST, LLAMA_BASE, PORT, VLLM_BASE, effective
 
-LLAMA_DEFAULTS = ["--parallel", "1", "-c", "4096", "--flash-attn", "auto"]
+LLAMA_DEFAULTS = ["--parallel", "1", "-c", "4096", "--flash-attn", "auto", "--jinja"]
 
 
 def header_only_gguf(path: Path, pooling: int | None) -> str:

@@ -14,6 +14,11 @@ VALUED = {
     "--served-model-name",
 }
 SWITCHES = {"--trust-remote-code", "--enable-metrics", "--disable-radix-cache"}
+# Some of SGLang's FunctionCallParser.ToolCallParserEnum names (its server arguments check them).
+TOOL_CALL_PARSERS = (
+    "deepseekv3", "deepseekv31", "gemma4", "glm", "glm45", "gpt-oss", "hermes", "kimi_k2", "llama3", "mistral",
+    "pythonic", "qwen", "qwen25", "qwen3_coder", "step3",
+)
 CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2", "mxfp8", "nvfp4", "fp4_mx_block16", "fp4_e2m1")
 
 
@@ -31,6 +36,7 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
     require_int(options, "--chunked-prefill-size", minimum=-1)
     require_float(options, "--mem-fraction-static")
     require_choice(options, "--kv-cache-dtype", CACHE_DTYPES)
+    require_choice(options, "--tool-call-parser", TOOL_CALL_PARSERS)
     if options.get("--speculative-eagle-topk") == "1" and "--speculative-num-steps" in options:
         expected = int(options["--speculative-num-steps"]) + 1
         if int(options.get("--speculative-num-draft-tokens", expected)) != expected:
@@ -40,6 +46,7 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
         "host": options.get("--host", "127.0.0.1"),
         "port": options.get("--port", "30000"),
         "api_key": options.get("--api-key"),
+        "tools": "auto" if "--tool-call-parser" in options else None,
     }
     return settings, {}
 

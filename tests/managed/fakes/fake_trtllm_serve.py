@@ -12,6 +12,8 @@ VALUED = {
     "--max_seq_len", "--kv_cache_free_gpu_memory_fraction", "--tokenizer",
 }
 SWITCHES = {"--trust_remote_code", "--enable_chunked_prefill"}
+# ToolParserFactory.parsers (click.Choice checks --tool_parser against them).
+TOOL_PARSERS = ("qwen3", "qwen3_coder", "kimi_k2", "deepseek_v3", "deepseek_v31", "deepseek_v32", "glm4")
 TOP_LEVEL_KEYS = {
     "max_batch_size", "max_seq_len", "max_num_tokens", "enable_chunked_prefill", "kv_cache_config",
     "cuda_graph_config", "print_iter_log", "enable_attention_dp", "disable_overlap_scheduler", "attn_backend",
@@ -39,6 +41,7 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
         raise UsageError(f"Got unexpected extra arguments or missing MODEL ({positionals})")
     require_int(options, "--port", minimum=1)
     require_choice(options, "--backend", ("pytorch", "tensorrt", "trt", "_autodeploy"))
+    require_choice(options, "--tool_parser", TOOL_PARSERS)
     path = options.get("--config") or options.get("--extra_llm_api_options")
     config = read_config(path) if path else {}
     settings = {
@@ -46,6 +49,7 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
         "host": options.get("--host", "localhost"),
         "port": options.get("--port", "8000"),
         "api_key": None,
+        "tools": "auto" if "--tool_parser" in options else None,
     }
     return settings, {"config": config}
 

@@ -9,12 +9,21 @@ VALUED = {
     "--host", "--port", "--api-key", "--max-num-seqs", "--max-model-len", "--gpu-memory-utilization",
     "--kv-cache-dtype", "--kv-cache-memory-bytes", "--mm-processor-kwargs", "--speculative-config",
     "--tensor-parallel-size", "--dtype", "--quantization", "--reasoning-parser", "--served-model-name",
-    "--seed", "--max-num-batched-tokens", "--runner",
+    "--seed", "--max-num-batched-tokens", "--runner", "--tool-call-parser", "--tool-parser-plugin",
 }
-SWITCHES = {"--enforce-eager", "--trust-remote-code", "--enable-prefix-caching", "--enable-chunked-prefill"}
+SWITCHES = {
+    "--enforce-eager", "--trust-remote-code", "--enable-prefix-caching", "--enable-chunked-prefill",
+    "--enable-auto-tool-choice",
+}
 CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "nvfp4")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 SPECULATIVE_KEYS = {"method", "model", "num_speculative_tokens", "moe_backend", "attention_backend"}
+# Tool parsers vLLM registers (vllm/tool_parsers/__init__.py; the list grows with its versions).
+TOOL_PARSERS = (
+    "deepseek_v3", "deepseek_v31", "glm45", "granite", "granite-20b-fc", "hermes", "hunyuan_a13b", "internlm",
+    "jamba", "kimi_k2", "llama3_json", "llama4_json", "llama4_pythonic", "longcat", "minimax_m2", "mistral",
+    "olmo3", "openai", "phi4_mini_json", "pythonic", "qwen3_coder", "qwen3_xml", "seed_oss", "step3", "xlam",
+)
 
 
 def parse(argv: list[str]) -> tuple[dict, dict]:
@@ -31,6 +40,13 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
     require_json(options, "--mm-processor-kwargs", {"max_pixels", "min_pixels", "do_pan_and_scan"})
     require_json(options, "--speculative-config", SPECULATIVE_KEYS)
     require_choice(options, "--runner", ("auto", "generate", "pooling", "draft"))
+    auto_tools = bool(options.get("--enable-auto-tool-choice"))
+    if auto_tools and "--tool-call-parser" not in options:
+        raise UsageError("--enable-auto-tool-choice requires --tool-call-parser")
+    if auto_tools and options["--tool-call-parser"] not in TOOL_PARSERS:
+        raise UsageError(
+            f"invalid tool call parser: {options['--tool-call-parser']} (chose from {{ {','.join(TOOL_PARSERS)} }})"
+        )
     settings = {
         "model": options.get("--served-model-name") or positionals[0],
         "host": options.get("--host", "0.0.0.0"),
@@ -38,6 +54,9 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
         "api_key": options.get("--api-key"),
         # --runner pooling: embeddings only, as vLLM's (chat completions answer 400).
         "runner": options.get("--runner", "generate"),
+        # Tool calls only with --enable-auto-tool-choice (without it, unlike vLLM, the fake
+        # answers tools with text: the pass-through tests send tools to every fake).
+        "tools": "auto" if auto_tools else None,
     }
     return settings, {}
 

@@ -21,6 +21,15 @@ Knobs, all from the environment (the model definition's ``*_env``):
 The reply to a chat is ``echo: <last user text>``, word by word; a json_schema
 ``response_format`` gets ``{"echo": "<text>"}``.  The user texts
 ``__error_400__`` / ``__error_500__`` / ``__context__`` get those errors.
+
+Tools (``_tool_calls``): a chat that offers tools, with a tool_choice other than "none", to a
+server started for them (``settings["tools"]``; any other answers with text) is answered with a call of the named function,
+else of the first tool, with the arguments ``{"text": <last user text>}``; the user text
+``__parallel__ ...`` calls every tool (one unless parallel_tool_calls is false).  Streamed, each
+call is a header fragment (index, id, name) and its arguments in 8-character fragments, the
+calls' fragments interleaved.  A conversation that ends with a tool result is answered
+``result <tool_call_id>: <its content>``.  Earlier calls and results must have the chat shape
+(a 400 otherwise, as a strict server answers).
 """
 from __future__ import annotations
 
@@ -298,6 +307,11 @@ class _Handler(BaseHTTPRequestHandler):
         if request.get("model") != self.state["settings"]["model"]:
             self._error(404, f"The model `{request.get('model')}` does not exist.", "NotFoundError")
             return
+        try:
+            calls = self._tool_calls(request)
+        except UsageError as refusal:
+            self._error(400, str(refusal))
+            return
         text = self._last_user_text(request["messages"])
         if text in ("__error_400__", "__context__", "__error_500__"):
             status = 500 if text == "__error_500__" else 400
@@ -308,8 +322,14 @@ class _Handler(BaseHTTPRequestHandler):
             }[text]
             self._error(status, message, "InternalServerError" if status == 500 else "BadRequestError")
             return
+        if calls:
+            self._answer_calls(request, calls)
+            return
         reply = f"echo: {text}"
-        if (request.get("response_format") or {}).get("type") == "json_schema":
+        last = request["messages"][-1]
+        if last["role"] == "tool":
+            reply = f"result {last['tool_call_id']}: {_text(last['content'])}"
+        elif (request.get("response_format") or {}).get("type") == "json_schema":
             reply = json.dumps({"echo": text})
         words = reply.split(" ")
         tokens = [word if index == 0 else " " + word for index, word in enumerate(words)]
@@ -323,7 +343,8 @@ class _Handler(BaseHTTPRequestHandler):
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         if request.get("stream"):
             include_usage = (request.get("stream_options") or {}).get("include_usage")
-            self._stream(request["model"], tokens, finish, usage if include_usage else None)
+            deltas = [{"content": token} for token in tokens]
+            self._stream(request["model"], deltas, finish, usage if include_usage else None)
         else:
             if self.state["token_delay"]:  # the same compute time as a streamed answer, all before the answer
                 time.sleep(self.state["token_delay"] * len(tokens))
@@ -332,6 +353,56 @@ class _Handler(BaseHTTPRequestHandler):
                 "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()), "model": request["model"],
                 "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage,
             })
+
+    def _tool_calls(self, request: dict) -> list[dict]:
+        """The calls this chat is answered with ({"id", "name", "arguments"}), or []; raise
+        UsageError for what the server refuses (400)."""
+        _check_tool_turns(request["messages"])
+        tools = [tool["function"] for tool in request.get("tools") or () if tool.get("type") == "function"]
+        choice = request.get("tool_choice", "auto" if tools else "none")
+        mode = self.state["settings"].get("tools")
+        if not tools or choice == "none" or request["messages"][-1]["role"] == "tool" or mode is None:
+            return []
+        text = self._last_user_text(request["messages"])
+        if isinstance(choice, dict):
+            name = choice["function"]["name"]
+            if name not in [tool["name"] for tool in tools]:
+                raise UsageError(f"Tool '{name}' has not been passed in `tools`.")
+            chosen = [tool for tool in tools if tool["name"] == name]
+        elif text.startswith("__parallel__") and request.get("parallel_tool_calls") is not False:
+            chosen = tools
+        else:
+            chosen = tools[:1]
+        arguments = json.dumps({"text": text})
+        return [{"id": f"call_fake_{index}", "name": tool["name"], "arguments": arguments}
+                for index, tool in enumerate(chosen)]
+
+    def _answer_calls(self, request: dict, calls: list[dict]) -> None:
+        pieces = [[call["arguments"][at: at + 8] for at in range(0, len(call["arguments"]), 8)] for call in calls]
+        usage = {"prompt_tokens": sum(len(_text(m["content"]).split()) for m in request["messages"]),
+                 "completion_tokens": sum(len(parts) + 1 for parts in pieces)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        if not request.get("stream"):
+            tool_calls = [
+                {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+                for call in calls
+            ]
+            message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            self._json(200, {"id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+                             "model": request["model"], "choices": [choice], "usage": usage})
+            return
+        deltas = [
+            {"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                             "function": {"name": call["name"], "arguments": ""}}]}
+            for index, call in enumerate(calls)
+        ]
+        for step in range(max(len(parts) for parts in pieces)):
+            for index, parts in enumerate(pieces):
+                if step < len(parts):
+                    deltas.append({"tool_calls": [{"index": index, "function": {"arguments": parts[step]}}]})
+        include_usage = (request.get("stream_options") or {}).get("include_usage")
+        self._stream(request["model"], deltas, "tool_calls", usage if include_usage else None)
 
     def _last_user_text(self, messages: list[dict]) -> str:
         for message in reversed(messages):
@@ -358,7 +429,7 @@ class _Handler(BaseHTTPRequestHandler):
                 pieces.append(f"[{part['type']}]")
         return " ".join(pieces)
 
-    def _stream(self, model: str, tokens: list[str], finish: str, usage: dict | None) -> None:
+    def _stream(self, model: str, deltas: list[dict], finish: str, usage: dict | None) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -377,10 +448,10 @@ class _Handler(BaseHTTPRequestHandler):
                     "choices": [choice]}
 
         event(chunk({"role": "assistant", "content": ""}))
-        for token in tokens:
+        for delta in deltas:
             if self.state["token_delay"]:
                 time.sleep(self.state["token_delay"])
-            event(chunk({"content": token}))
+            event(chunk(delta))
         event(chunk({}, finish))
         if usage is not None:
             event({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": created, "model": model,
@@ -388,6 +459,19 @@ class _Handler(BaseHTTPRequestHandler):
         event("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+
+def _check_tool_turns(messages: list[dict]) -> None:
+    """Refuse earlier calls and results that are not in the chat shape (UsageError)."""
+    called = set()
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            if call.get("type") != "function" or not call.get("id") or not isinstance(function.get("arguments"), str):
+                raise UsageError(f"a tool call must be {{id, type: function, function: {{name, arguments}}}}: {call}")
+            called.add(call["id"])
+        if message["role"] == "tool" and message.get("tool_call_id") not in called:
+            raise UsageError(f"tool message answers no earlier call: {message.get('tool_call_id')!r}")
 
 
 def _text(content) -> str:
