@@ -11,17 +11,26 @@ The next request comes from the backlogged key with the lowest counter; a key
 that becomes backlogged again is lifted to the current minimum so idle time
 banks no credit.  A key's prompt estimate is charged at dispatch and corrected
 to the real token count when the request ends.
+
+Per-key state is bounded: a key is kept while it has pending or active requests; once idle
+it stays only as a record for the lift (and its rejection count), at most
+``IDLE_KEYS_RETAINED`` idle keys, the least recently active forgotten first.  An idle key
+whose counter is at or below the floor (the lowest counter at the last dispatch) with no
+rejections is forgotten at once: the lift would give it the same counter as a new key.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, LLMPoolError
+
+# How many idle keys (no pending or active request) keep their counter for the lift.
+IDLE_KEYS_RETAINED = 4096
 
 
 @dataclass(eq=False)
@@ -64,6 +73,8 @@ class Scheduler:
     _heap: list = field(default_factory=list)
     _floor: float = 0.0  # the lowest backlogged counter seen at the last dispatch
     _seq: itertools.count = field(default_factory=itertools.count)
+    # Idle keys of ``keys``, least recently active first (the values are unused).
+    _idle: OrderedDict = field(default_factory=OrderedDict)
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self, replicas: int, target_per_replica: int) -> None:
@@ -83,6 +94,7 @@ class Scheduler:
     def reset(self) -> None:
         """Forget counters and key statistics (on unload)."""
         self.keys.clear()
+        self._idle.clear()
         self.active.clear()
         self._heap.clear()
         self._floor = 0.0
@@ -96,12 +108,14 @@ class Scheduler:
         if self.queue_depth >= self.fairness.executor_queue_limit:
             self.rejected_executor_limit += 1
             state.rejected += 1
+            self._settle(ticket.fairness_key, state)
             raise ExecutorQueueFull(
                 f"the model's queue is full ({self.fairness.executor_queue_limit} pending requests)"
             )
         if len(state.queue) >= self.fairness.per_key_queue_limit:
             self.rejected_per_key_limit += 1
             state.rejected += 1
+            self._settle(ticket.fairness_key, state)
             raise FairnessKeyQueueFull(
                 f"fairness key {ticket.fairness_key!r} already has {len(state.queue)} pending requests "
                 f"(limit {self.fairness.per_key_queue_limit})"
@@ -126,6 +140,7 @@ class Scheduler:
         if tokens is not None:
             self._charge(state, ticket, tokens / state.weight - ticket.charged)
         self._dispatch()
+        self._settle(ticket.fairness_key, state)
 
     def on_cancel(self, ticket: Ticket) -> bool:
         """Withdraw a queued request; False when it already started (or is unknown)."""
@@ -137,6 +152,7 @@ class Scheduler:
         self.queue_depth -= 1
         if was_head and state.queue:
             heapq.heappush(self._heap, (state.counter, state.queue[0].seq, ticket.fairness_key))
+        self._settle(ticket.fairness_key, state)
         return True
 
     # -- views -------------------------------------------------------------------------
@@ -171,11 +187,27 @@ class Scheduler:
 
     # -- internals ---------------------------------------------------------------------
     def _key(self, key: str | None) -> KeyState:
+        """The key's state, kept (no longer idle) until ``_settle`` finds it idle again."""
         state = self.keys.get(key)
         if state is None:
             weight = self.fairness.weights.get(key, self.fairness.default_weight)
             state = self.keys[key] = KeyState(weight=weight)
+        else:
+            self._idle.pop(key, None)
         return state
+
+    def _settle(self, key: str | None, state: KeyState) -> None:
+        """After a key's request left the queue or ended: an idle key becomes a bounded record."""
+        if state.queue or state.active or self.keys.get(key) is not state:
+            return
+        if state.counter <= self._floor and not state.rejected:
+            del self.keys[key]
+            return
+        self._idle[key] = None
+        self._idle.move_to_end(key)
+        while len(self._idle) > IDLE_KEYS_RETAINED:
+            oldest, _ = self._idle.popitem(last=False)
+            del self.keys[oldest]
 
     def _current_minimum(self) -> float:
         self._drop_stale()
