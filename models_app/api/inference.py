@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from models_app.api.errors import error_headers
+from models_app.api.errors import error_headers, internal_error
 from models_app.api.keys import Caller, key_ring
+from models_app.api.limits import parse_json
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
-from runtime.errors import InvalidRequest, LLMPoolError, RequestTooLarge
+from runtime.errors import LLMPoolError, RequestTooLarge
 from runtime.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
 
-logger = logging.getLogger("llmpool.api")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 STREAM_HEADERS = [
@@ -67,6 +66,15 @@ class _EarlyStream:
 
 _EARLY: ContextVar[_EarlyStream | None] = ContextVar("llmpool_early_stream", default=None)
 
+# The inference path being served: the runtime's metrics and activity label requests by it.
+ENDPOINT: ContextVar[str | None] = ContextVar("llmpool_endpoint", default=None)
+
+
+def with_endpoint(wire: dict) -> dict:
+    """A generate / embed payload with the path it came in on (``endpoint``), when known."""
+    endpoint = ENDPOINT.get()
+    return wire if endpoint is None else {**wire, "endpoint": endpoint}
+
 
 async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
     """Run ``request`` in the runtime: its result (``text``, ``finish_reason``, ``usage``), or,
@@ -79,9 +87,10 @@ async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
     by the stream's iterator; closing it early cancels the request in the runtime.
     """
     client = RuntimeClient()
+    wire = with_endpoint(request.to_wire())
     if not request.stream:
-        return await client.call(OP_GENERATE, request.to_wire())
-    exchange = client.exchange(OP_GENERATE, request.to_wire())
+        return await client.call(OP_GENERATE, wire)
+    exchange = client.exchange(OP_GENERATE, wire)
     early = _EARLY.get()
     try:
         waiting_for = await _until_admitted(exchange, stop_when_waiting=early is not None)
@@ -128,6 +137,14 @@ def json_bytes(data) -> bytes:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+DONE = b"data: [DONE]\n\n"  # the end of an OpenAI-style stream
+
+
+def sse_data(payload) -> bytes:
+    """One ``data: <json>`` server-sent event."""
+    return b"data: " + json_bytes(payload) + b"\n\n"
+
+
 class _Disconnected(Exception):
     pass
 
@@ -156,6 +173,7 @@ def inference_app(create: Create, path: str):
             return
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
+        ENDPOINT.set(path)  # this request's own task: nothing else reads it
         try:
             await _serve(create, path, caller, body, send)
         except asyncio.CancelledError:
@@ -177,17 +195,13 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
     early = _EarlyStream()
     token = _EARLY.set(early)
     try:
-        try:
-            data = json.loads(body) if body else {}
-        except ValueError as exc:
-            raise InvalidRequest(f"JSON parse error - {exc}") from None
+        data = parse_json(body) if body else {}
         answer = await create(data, caller)
     except LLMPoolError as exc:
         await _send_error(send, exc)
         return
-    except Exception as exc:
-        logger.exception("unhandled error in POST %s", path)
-        await _send_error(send, LLMPoolError(str(exc)))  # 500 internal_error
+    except Exception:
+        await _send_error(send, internal_error(f"POST {path}"))
         return
     finally:
         _EARLY.reset(token)

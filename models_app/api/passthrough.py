@@ -19,18 +19,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from models_app.api.inference import json_bytes
+from models_app.api.inference import DONE, sse_data
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
 from runtime.request import GENERATE_UPSTREAM
 
-DONE = b"data: [DONE]\n\n"
-
 Messages = AsyncIterator[dict]
 
-
-def _data(payload: dict) -> bytes:
-    return b"data: " + json_bytes(payload) + b"\n\n"
 
 
 def forwarded_answer(result: dict, model: str) -> dict | None:
@@ -50,7 +45,7 @@ async def relay(messages: Messages, model: str, typed: Callable[[Messages], Asyn
         try:
             first = await anext(messages, None)
         except LLMPoolError as exc:
-            yield _data(exc.envelope()) + DONE
+            yield sse_data(exc.envelope()) + DONE
             return
         shaped = _forwarded(_chained(first, messages), model) if _is_upstream(first) else typed(_chained(first, messages))
         async for piece in shaped:
@@ -63,11 +58,11 @@ async def _forwarded(messages: Messages, model: str) -> AsyncIterator[bytes]:
     try:
         async for message in messages:
             if _is_upstream(message):
-                yield _data({**message["data"]["chunk"], "model": model})
+                yield sse_data({**message["data"]["chunk"], "model": model})
             elif message["kind"] == REPLY_RESULT:
                 yield DONE
     except LLMPoolError as exc:
-        yield _data(exc.envelope()) + DONE
+        yield sse_data(exc.envelope()) + DONE
 
 
 async def _chained(first: dict | None, rest: Messages) -> Messages:

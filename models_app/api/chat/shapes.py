@@ -11,18 +11,14 @@ raises as an ``APIError``.
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
 from models_app.api.chat.protocol import ChatRequest
+from models_app.api.inference import DONE, sse_data
 from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL
 
-DONE = b"data: [DONE]\n\n"
 
-
-def _data(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
 class ChatCompletionBuilder:
@@ -65,7 +61,7 @@ class ChatCompletionBuilder:
                  "choices": choices, **fields}
         if self.include_usage:
             chunk.setdefault("usage", None)
-        return _data(chunk)
+        return sse_data(chunk)
 
     @staticmethod
     def _choice(delta: dict, finish_reason: str | None = None, logprobs: list[dict] | None = None) -> dict:
@@ -107,7 +103,7 @@ class ChatCompletionBuilder:
 
     @staticmethod
     def error_chunks(envelope: dict) -> list[bytes]:
-        return [_data(envelope), DONE]
+        return [sse_data(envelope), DONE]
 
 
 def _tool_call(call: dict) -> dict:

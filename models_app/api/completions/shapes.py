@@ -13,16 +13,14 @@ the completion's text), built from the runtime's per-token entries (the chat com
 """
 from __future__ import annotations
 
-import json
 import time
 import uuid
 
-from models_app.api.chat.shapes import DONE, usage
+from models_app.api.chat.shapes import usage
+from models_app.api.inference import DONE, sse_data
+from runtime.request import GENERATE_DELTA
 from models_app.api.completions.protocol import CompletionRequest
 
-
-def _data(payload: dict) -> bytes:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
 class CompletionBuilder:
@@ -54,7 +52,15 @@ class CompletionBuilder:
         chunk = self._object(choices, **fields)
         if self.include_usage:
             chunk.setdefault("usage", None)
-        return _data(chunk)
+        return sse_data(chunk)
+
+    @staticmethod
+    def opening_chunk() -> bytes:
+        return b""  # a completion stream opens with its first text
+
+    def event_chunk(self, event: dict) -> bytes:
+        """The chunk of one of the runtime's generate events: a ``delta``'s; nothing for the others."""
+        return self.delta_chunk(event) if event.get("event") == GENERATE_DELTA else b""
 
     def delta_chunk(self, delta: dict) -> bytes:
         """The chunk of one runtime ``delta`` event (its text, and its tokens' logprobs when asked)."""
@@ -71,7 +77,7 @@ class CompletionBuilder:
 
     @staticmethod
     def error_chunks(envelope: dict) -> list[bytes]:
-        return [_data(envelope), DONE]
+        return [sse_data(envelope), DONE]
 
 
 def legacy_logprobs(entries: list[dict], offset: int = 0) -> dict:
