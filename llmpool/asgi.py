@@ -49,7 +49,7 @@ async def http_router(scope, receive, send):
     if inference is not None:
         await inference(scope, receive, send)
         return
-    machine_api = path.startswith("/v1/") and path != "/v1/openapi.json" or path in ("/v1", "/healthz")
+    machine_api = path.startswith("/v1/") and path != "/v1/openapi.json" or path in ("/v1", "/healthz", "/metrics")
     await (api_http if machine_api else browser_http)(scope, receive, send)
 
 

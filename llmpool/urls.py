@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from models_app.api import views
+from models_app.api import metrics, views
 
 urlpatterns = [
     path("v1/admin/models", views.ModelListApi.as_view(), name="admin-models"),
@@ -21,6 +21,7 @@ urlpatterns = [
     re_path(r"^v1(?:/.*)?$", views.unknown_path, name="v1-not-found"),
     path("docs", SpectacularSwaggerView.as_view(url_name="openapi-schema"), name="swagger-ui"),
     path("healthz", views.HealthApi.as_view(), name="healthz"),
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("admin/llm-pool/", include("models_app.workbench.urls")),
     path("admin/", admin.site.urls),
 ]

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, 
 from runtime.backends import BACKENDS
 from runtime.backends.overrides import TARGET_INFLIGHT, load_body_model
 from runtime.errors import InvalidSettings, LoadBodyInvalid
+from runtime.memory import MemorySettings
 from runtime.request import DecodingSettings
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
@@ -95,6 +96,12 @@ class ServiceSettings(_Strict):
     )
     # The browser origins that may call /v1 (CORS, models_app/api/cors.py); empty: CORS off.
     cors_allowed_origins: list[Annotated[str, AfterValidator(_cors_origin)]] = Field(default_factory=list)
+    # GET /metrics: this token opens it to a scraper alone (the admin token opens it too).
+    metrics_token: str | None = Field(None, min_length=1)
+    # The runtime's ring of finished requests (GET /v1/admin/activity, the entries' stats).
+    activity_requests: int = Field(1000, ge=1, le=100_000)
+    # Keep each request's prompt and answer text in that ring (a privacy choice: off by default).
+    capture_requests: bool = False
 
 
 class FairnessSettings(_Strict):
@@ -131,6 +138,8 @@ class Settings(_Strict):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: dict[str, ModelDefinition] = Field(default_factory=dict)
     groups: dict[str, GroupSettings] = Field(default_factory=dict)
+    # Device budgets and eviction (runtime.memory; docs/settings.md, "Memory and devices").
+    memory: MemorySettings = Field(default_factory=MemorySettings)
 
     @field_validator("groups", mode="before")
     @classmethod
@@ -176,6 +185,10 @@ def _read_json(path: str) -> dict:
             data = json.load(handle)
     except json.JSONDecodeError as exc:
         raise InvalidSettings(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidSettings(f"{path}: not UTF-8 (byte {exc.start}: {exc.reason})") from None
+    except RecursionError:
+        raise InvalidSettings(f"{path}: invalid JSON: nested too deeply") from None
     except OSError as exc:
         raise InvalidSettings(f"{path}: cannot be read: {exc.strerror}") from exc
     if not isinstance(data, dict):

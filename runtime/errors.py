@@ -51,6 +51,8 @@ ModelUnloading = _error("ModelUnloading", "model_unloading", 503, retry_after=5)
 RuntimeUnavailable = _error("RuntimeUnavailable", "runtime_unavailable", 503, retry_after=2)
 InvalidRequest = _error("InvalidRequest", "invalid_request", 400)
 RequestTooLarge = _error("RequestTooLarge", "request_too_large", 413)
+# A fairness key (a fairness header or the body's user) longer than the edge's limit.
+FairnessKeyTooLong = _error("FairnessKeyTooLong", "fairness_key_too_long", 400)
 NotFound = _error("NotFound", "not_found", 404)  # a path under /v1 that names no endpoint
 FileInputUnsupported = _error("FileInputUnsupported", "file_input_unsupported", 400)
 ModalityUnsupported = _error("ModalityUnsupported", "modality_unsupported", 400)
@@ -88,6 +90,23 @@ Unauthorized = _error("Unauthorized", "unauthorized", 401)
 UnknownOperation = _error("UnknownOperation", "unknown_operation", 400)
 
 
+class InsufficientMemory(LLMPoolError):
+    """A load that does not fit its device's free budget (runtime.memory): 409, and the plan
+    ``{"device", "needed_mib", "free_mib", "evictable", "blocking"}`` in the envelope's
+    ``details`` (an additive key of this error's envelope only; docs/api.md)."""
+
+    code = "insufficient_memory"
+    http_status = 409
+
+    def envelope(self) -> dict:
+        envelope = super().envelope()
+        envelope["error"]["details"] = self.details
+        return envelope
+
+
+_REGISTRY[InsufficientMemory.code] = InsufficientMemory
+
+
 def error_from_dict(data: dict) -> LLMPoolError:
     """Rebuild an error that crossed the channel layer."""
     cls = _REGISTRY.get(data.get("code"), LLMPoolError)
@@ -96,3 +115,8 @@ def error_from_dict(data: dict) -> LLMPoolError:
         error.code = data.get("code") or "internal_error"
         error.http_status = data.get("http_status") or 500
     return error
+
+
+def error_codes() -> frozenset[str]:
+    """Every code this registry knows (the bounded values of a metric's ``code`` label)."""
+    return frozenset(_REGISTRY)

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from dataclasses import dataclass, field
 
+from runtime.activity import RequestObserver, RequestRecord
 from runtime.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
 from runtime.backends.base import Finished, TextDelta
 from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk
@@ -20,6 +21,7 @@ from runtime.controller import Lease
 from runtime.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
 from runtime.errors import BackendError, RequestTimeout, UnknownOperation
 from runtime.gpu import probe_gpus
+from runtime.metrics import RuntimeMetrics
 from runtime.paths import state_dir
 from runtime.pool import ModelPool
 from runtime.reasoning import ReasoningDelta, split_reasoning
@@ -35,7 +37,7 @@ from runtime.request import (
 )
 from runtime.tool_calls import ToolCall, tool_parser
 from runtime.scheduler import Ticket
-from runtime.state import TransitionEvent
+from runtime.state import RuntimeState, TransitionEvent
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -58,6 +60,9 @@ class RuntimeService:
         that raises fails the reload's answer (the reload itself stays applied).
         """
         self.pool = ModelPool(settings_path, listeners)
+        self.metrics = RuntimeMetrics(lambda: self.pool)  # runtime.metrics: GET /metrics's figures
+        self.pool.listeners.append(self.metrics.on_transition)
+        self.observer = RequestObserver(self.metrics)  # runtime.activity: each request's record
         self.reload_listeners = list(reload_listeners or [])
         self._requests: dict[str, asyncio.Task] = {}
 
@@ -67,6 +72,7 @@ class RuntimeService:
         if killed:
             logger.warning("killed %d managed server(s) left by a previous runtime", len(killed))
         await self.pool.start(load_enabled=load_enabled)
+        self.observer.configure(self.pool.startup_service)
 
     async def shutdown(self) -> None:
         for task in list(self._requests.values()):
@@ -95,8 +101,10 @@ class RuntimeService:
 
     async def op_unload(self, payload, emit) -> dict:
         controller = self.pool.controller(payload["name"])
-        await controller.unload()
-        return model_entry(controller)
+        produced = await controller.unload()
+        # The entry as now, but in the state the unload produced: a load that another call
+        # started since is that call's answer.
+        return {**model_entry(controller), "runtime_state": produced.value, "is_loaded": produced is RuntimeState.LOADED}
 
     async def op_reload_settings(self, payload, emit) -> dict:
         diff = await self.pool.reload()
@@ -125,25 +133,30 @@ class RuntimeService:
             "service": self.pool.settings.service.model_dump(),
         }
 
+    # ---- observability (runtime.metrics, runtime.activity) ---------------------------
+    async def op_metrics(self, payload, emit) -> dict:
+        return {"text": await self.metrics.exposition()}
+
     # ---- generation ------------------------------------------------------------------
     async def op_generate(self, payload, emit) -> dict:
         task = asyncio.current_task()
         request_id = payload["request_id"]
         self._requests[request_id] = task
         try:
-            return await self._generate(payload, emit)
+            return await self.observer.run(payload, lambda record: self._generate(payload, emit, record))
         finally:
             self._requests.pop(request_id, None)
 
-    async def _generate(self, payload: dict, emit: Emit) -> dict:
+    async def _generate(self, payload: dict, emit: Emit, record: RequestRecord) -> dict:
         controller = self.pool.lookup(payload["model"])  # a name or an alias
+        record.model = controller.name
         request = GenerationRequest.from_wire(payload).resolved(self.pool.settings.engine.decoding)
         request = with_reasoning_effort(controller.entry, request)
         check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
         ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
         forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)
-        run = _Run(open_on_first_chunk=request.stream and forwarded)
+        run = _Run(open_on_first_chunk=request.stream and forwarded, record=record)
 
         async def waiting() -> None:  # the model loads for this request: a stream may open now
             if request.stream:
@@ -154,6 +167,7 @@ class RuntimeService:
             if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
                 await emit({"event": GENERATE_ADMITTED})  # this get their status
             lease = await dispatched
+            record.replica = lease.replica
             lease.check()
             await _run_on_engine(controller, lease, request, emit, run)
             await run.open_stream(emit)  # a forwarded stream the upstream ended without a chunk
@@ -183,22 +197,26 @@ class RuntimeService:
         request_id = payload["request_id"]
         self._requests[request_id] = asyncio.current_task()
         try:
-            controller = self.pool.lookup(payload["model"])  # a name or an alias
-            request = EmbeddingRequest.from_wire(payload)
-            check_embedding_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
-            ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_input_tokens(request))
-            dispatched = await controller.admit(ticket)
-            used = None
-            try:
-                lease = await dispatched
-                lease.check()
-                vectors, used = await embed_on_engine(controller, lease.engine, request)
-                lease.check()
-            finally:
-                controller.finish(ticket, used)
-            return {"vectors": vectors, "usage": {"prompt_tokens": used}}
+            return await self.observer.run(payload, lambda record: self._embed(payload, record))
         finally:
             self._requests.pop(request_id, None)
+
+    async def _embed(self, payload: dict, record: RequestRecord) -> dict:
+        controller = self.pool.lookup(payload["model"])  # a name or an alias
+        record.model = controller.name
+        request = EmbeddingRequest.from_wire(payload)
+        check_embedding_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
+        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_input_tokens(request))
+        dispatched = await controller.admit(ticket)
+        used = None
+        try:
+            lease = await dispatched
+            lease.check()
+            vectors, used = await embed_on_engine(controller, lease.engine, request)
+            lease.check()
+        finally:
+            controller.finish(ticket, used)
+        return {"vectors": vectors, "usage": {"prompt_tokens": used}}
 
 
 @dataclass
@@ -215,6 +233,7 @@ class _Run:
     logprobs: list[dict] | None = None  # the answer's, when the request asked for them
     unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
     tool_calls: list[ToolCall] = field(default_factory=list)
+    record: RequestRecord | None = None  # the request's activity record (its first output's time)
 
     async def add_tool_calls(self, calls: list[ToolCall], request: GenerationRequest, emit: Emit) -> None:
         """Keep (and stream) ``calls``; with ``parallel_tool_calls`` false, only the answer's first."""
@@ -277,6 +296,8 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
         async with deadline:
             async for event in events:
                 lease.check()
+                if run.record is not None and not isinstance(event, Finished):
+                    run.record.saw_output()
                 if isinstance(event, UpstreamChunk):
                     run.deltas += 1
                     if request.stream:

@@ -24,13 +24,15 @@ from models_app.api.chat.endpoint import create_chat_completion
 from models_app.api.completions.endpoint import create_completion
 from models_app.api.embeddings.endpoint import create_embedding
 from models_app.api.errors import error_response
+from models_app.api.inference import ENDPOINT
 from models_app.api.event_stream import sse_event, transition_stream
 from models_app.api.keys import key_ring
+from models_app.api.limits import BodyRefused, refused_as
 from models_app.api.responses.endpoint import create_response
 from models_app.transport.messages import OP_CATALOG
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import LoadBody
-from runtime.errors import LLMPoolError, NotFound
+from runtime.errors import LLMPoolError, LoadBodyInvalid, NotFound
 
 ERROR = inline_serializer(
     "ErrorEnvelope",
@@ -116,6 +118,19 @@ def load_body_schema() -> dict:
     return {"type": "object", "additionalProperties": False, "properties": properties}
 
 
+def load_body(request) -> dict | None:
+    """The load body, or None without one; JSON ``null`` or a body past the limits is 422 invalid_load_body."""
+    if not request.body:
+        return None
+    try:
+        data = request.data
+    except BodyRefused as exc:
+        raise refused_as(exc, LoadBodyInvalid) from None
+    if data is None:
+        raise LoadBodyInvalid("the load body must be a JSON object (send no body for the configured defaults)")
+    return data
+
+
 class ModelLoadApi(AdminApi):
     @extend_schema(
         summary="Load a model",
@@ -131,7 +146,7 @@ class ModelLoadApi(AdminApi):
         responses={200: AdminModelEntrySerializer, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 422: ERROR, 503: ERROR},
     )
     async def post(self, request, model_name: str):
-        return Response(await services.model_load(model_name, request.data if request.body else None))
+        return Response(await services.model_load(model_name, load_body(request)))
 
 
 class ModelUnloadApi(AdminApi):
@@ -247,6 +262,7 @@ class InferenceApi(APIView):
 
     @staticmethod
     async def answer(create, request):
+        ENDPOINT.set(request.path)  # the runtime's metrics label (models_app.api.inference)
         answer = await create(request.data, key_ring().caller(request.headers.get))
         if isinstance(answer, dict):
             return Response(answer)

@@ -33,6 +33,9 @@ OP_GPU_MEMORY = "gpu_memory"
 OP_CATALOG = "catalog"
 OP_GENERATE = "generate"
 OP_EMBED = "embed"
+OP_METRICS = "metrics"  # the runtime's Prometheus text (GET /metrics)
+OP_ACTIVITY = "activity"  # the ring of finished requests (GET /v1/admin/activity)
+OP_MODEL_LOGS = "model_logs"  # a model's server / engine process output (GET .../logs)
 
 # The kinds of a runtime reply: ``ack`` and ``heartbeat`` only keep the exchange alive; a
 # ``chunk`` is streamed data; ``result`` and ``error`` end the exchange.
