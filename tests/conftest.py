@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -209,3 +211,31 @@ def live_service(tmp_path, service_mode):
     yield start
     for service in started:
         service.stop()
+
+
+@contextmanager
+def service_with_loaded_models(
+    folder: Path, models: dict, *, unloaded: tuple[str, ...] = ("cold",), admin_token: str | None = None, **settings
+) -> Iterator[LiveService]:
+    """A live service over ``models`` (``settings`` as ``write_settings`` takes them) with every
+    model loaded but those named ``unloaded``; stopped when the block ends."""
+    live = LiveService(write_settings(folder, models, **settings), folder / "db.sqlite3").start()
+    headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
+    try:
+        with live.client(headers=headers, timeout=60) as admin:
+            for name in models:
+                if name not in unloaded:
+                    answer = admin.post(f"/v1/admin/models/{name}/load")
+                    assert answer.json()["runtime_state"] == "loaded", answer.text
+        yield live
+    finally:
+        live.stop()
+
+
+@contextmanager
+def openai_client(live: LiveService, api_key: str = "unused"):
+    """The official openai client on ``live`` (no retries, so each answer is the first)."""
+    import openai
+
+    with openai.OpenAI(base_url=live.url + "/v1", api_key=api_key, max_retries=0) as client:
+        yield client

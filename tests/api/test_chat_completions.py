@@ -11,7 +11,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from tests.conftest import LiveService, model_entry, wait_until, write_settings
+from tests.conftest import LiveService, model_entry, openai_client, service_with_loaded_models, wait_until, write_settings
 
 REPLY = "alpha beta gamma delta epsilon"
 SLOW_REPLY = " ".join(f"w{i}" for i in range(60))  # 60 tokens x 100 ms
@@ -35,21 +35,13 @@ SMOLLM2 = {
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, api_shape):
-    folder = tmp_path_factory.mktemp("chat_completions")
-    live = LiveService(write_settings(folder, MODELS), folder / "db.sqlite3").start()
-    try:
-        with live.client() as http:
-            for name in MODELS:
-                if name != "cold":
-                    assert http.post(f"/v1/admin/models/{name}/load").json()["runtime_state"] == "loaded"
+    with service_with_loaded_models(tmp_path_factory.mktemp("chat_completions"), MODELS) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture
 def client(service):
-    with openai.OpenAI(base_url=service.url + "/v1", api_key="unused", max_retries=0) as client:
+    with openai_client(service) as client:
         yield client
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.conftest import LiveService, write_settings
+from tests.conftest import openai_client, service_with_loaded_models
 
 REPLY = "alpha beta gamma"
 REASONING = "I weigh it up"
@@ -26,15 +25,8 @@ STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, api_shape):
-    folder = tmp_path_factory.mktemp("chat_sampling")
-    live = LiveService(write_settings(folder, MODELS), folder / "db.sqlite3").start()
-    try:
-        with live.client() as http:
-            for name in MODELS:
-                assert http.post(f"/v1/admin/models/{name}/load").json()["runtime_state"] == "loaded"
+    with service_with_loaded_models(tmp_path_factory.mktemp("chat_sampling"), MODELS, unloaded=()) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def chat(http, model="thinker", **fields):
@@ -117,7 +109,7 @@ def test_what_the_stub_does_not_honour_is_400_naming_the_field(http, fields, par
 
 
 def test_the_openai_client_reads_reasoning_and_logprobs(service):
-    with openai.OpenAI(base_url=service.url + "/v1", api_key="unused", max_retries=0) as client:
+    with openai_client(service) as client:
         answer = client.chat.completions.create(
             model="thinker", messages=[{"role": "user", "content": "hi"}], reasoning_effort="medium", seed=1,
             logprobs=True,

@@ -16,7 +16,7 @@ import openai
 import pytest
 from openai.types import CreateEmbeddingResponse
 
-from tests.conftest import LiveService, model_entry, wait_until, write_settings
+from tests.conftest import model_entry, openai_client, service_with_loaded_models, wait_until
 
 DIMS = 8
 MODELS = {
@@ -46,21 +46,12 @@ def expected(text: str, dims: int = DIMS) -> list[float]:
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, api_shape):
-    folder = tmp_path_factory.mktemp("embeddings")
-    settings = write_settings(
-        folder, MODELS,
+    with service_with_loaded_models(
+        tmp_path_factory.mktemp("embeddings"), MODELS, admin_token=ADMIN_TOKEN,
         service={"admin_token": ADMIN_TOKEN, "api_keys": API_KEYS},
         engine={"fairness": {"per_key_queue_limit": 1}},
-    )
-    live = LiveService(settings, folder / "db.sqlite3").start()
-    try:
-        with live.client(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as admin:
-            for name in MODELS:
-                if name != "cold":
-                    assert admin.post(f"/v1/admin/models/{name}/load").json()["runtime_state"] == "loaded"
+    ) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture
@@ -77,7 +68,7 @@ def admin(service):
 
 @pytest.fixture
 def client(service):
-    with openai.OpenAI(base_url=service.url + "/v1", api_key=FULL_KEY, max_retries=0) as client:
+    with openai_client(service, FULL_KEY) as client:
         yield client
 
 

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from tests.conftest import LiveService, model_entry, write_settings
+from tests.conftest import model_entry, openai_client, service_with_loaded_models
 
 WEATHER = {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
 CLOCK = {"name": "get_time", "arguments": {"zone": "CET"}}
@@ -45,20 +44,13 @@ STREAM_EVENT = TypeAdapter(ResponseStreamEvent)
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, api_shape):
-    folder = tmp_path_factory.mktemp("tool_calls_api")
-    live = LiveService(write_settings(folder, MODELS), folder / "db.sqlite3").start()
-    try:
-        with live.client(timeout=60) as http:
-            for name in MODELS:
-                assert http.post(f"/v1/admin/models/{name}/load").json()["runtime_state"] == "loaded"
+    with service_with_loaded_models(tmp_path_factory.mktemp("tool_calls_api"), MODELS, unloaded=()) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture
 def client(service):
-    with openai.OpenAI(base_url=service.url + "/v1", api_key="unused", max_retries=0) as client:
+    with openai_client(service) as client:
         yield client
 
 
