@@ -10,6 +10,7 @@ urlpatterns = [
     path("v1/admin/models/<str:model_name>/unload", views.ModelUnloadApi.as_view(), name="admin-model-unload"),
     path("v1/admin/gpu-memory", views.GpuMemoryApi.as_view(), name="admin-gpu-memory"),
     path("v1/admin/settings/reload", views.SettingsReloadApi.as_view(), name="admin-settings-reload"),
+    path("v1/admin/activity", views.ActivityApi.as_view(), name="admin-activity"),
     path("v1/admin/events", views.AdminEventStreamApi.as_view(), name="admin-events"),
     path("v1/responses", views.ResponseCreateApi.as_view(), name="responses"),
     path("v1/chat/completions", views.ChatCompletionCreateApi.as_view(), name="chat-completions"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from models_app.models import CatalogModel
-from models_app.transport.messages import OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
+from models_app.transport.messages import OP_ACTIVITY, OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
 from models_app.transport.runtime_client import RuntimeClient
 
 MIB = 1024 * 1024
@@ -75,3 +75,9 @@ def _meaning(key: str, value: Any, constraint: dict) -> str | None:
         if constraint.get("default") is not None:
             return f"runtime default: {constraint['default']}"
     return None
+
+
+async def activity(*, model: str | None = None, limit: str | None = None) -> dict:
+    """The runtime's ring of finished requests (GET /v1/admin/activity); the runtime checks both."""
+    query = {key: value for key, value in (("model", model), ("limit", limit)) if value is not None}
+    return await RuntimeClient().call(OP_ACTIVITY, query)

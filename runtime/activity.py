@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from runtime.errors import LLMPoolError, error_codes
+from runtime.errors import InvalidRequest, LLMPoolError, error_codes
 from runtime.read_models import iso_time
 
 CANCELLED_STATUS = 499  # the caller went away (nginx's convention); counted with code "cancelled"
@@ -118,13 +118,12 @@ class ActivityRing:
     def add(self, record: RequestRecord) -> None:
         self.records.append(record)
 
-    def items(self, model: str | None = None, limit: int | None = None) -> list[dict]:
-        """Newest first, of ``model`` only when given."""
-        chosen = [r for r in reversed(self.records) if model is None or r.model == model]
-        return [r.to_wire() for r in chosen[:limit]]
-
-    def capture(self, record_id: int) -> dict | None:
-        return next((r.capture for r in self.records if r.id == record_id and r.capture is not None), None)
+    def items(self, model: str | None = None, limit: int | None = None, *, captures: bool = False) -> list[dict]:
+        """Newest first, of ``model`` only when given; with ``captures``, each one's ``capture``."""
+        chosen = [r for r in reversed(self.records) if model is None or r.model == model][:limit]
+        if not captures:
+            return [r.to_wire() for r in chosen]
+        return [{**r.to_wire(), "capture": r.capture} for r in chosen]
 
     def stats(self, model: str, window: float = STATS_WINDOW_SECONDS) -> dict:
         """The entry's rolling ``stats``: requests, p50/p95 time to first token and output tokens
@@ -184,3 +183,22 @@ class RequestObserver:
                 record.capture = capture_of(payload, result)
             self.metrics.observe_request(record)
             self.ring.add(record)
+
+
+def activity_answer(pool, observer: RequestObserver, payload: dict) -> dict:
+    """``{"requests": [...], "size", "capture_requests"}``; an unknown ``model`` is 404
+    unknown_model, a ``limit`` that is not an integer from 1 to the ring's size 400 invalid_request."""
+    model = payload.get("model")
+    if model is not None:
+        model = pool.lookup(model).name  # a name or an alias; else UnknownModel
+    size = observer.ring.records.maxlen
+    limit = payload.get("limit")
+    if limit is not None:
+        try:
+            limit = int(limit)
+        except (TypeError, ValueError):
+            limit = 0
+        if not 1 <= limit <= size:
+            raise InvalidRequest(f"limit must be an integer from 1 to {size}", param="limit")
+    items = observer.ring.items(model, limit, captures=observer.capture)
+    return {"requests": items, "size": size, "capture_requests": observer.capture}

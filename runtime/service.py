@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from dataclasses import dataclass, field
 
-from runtime.activity import RequestObserver, RequestRecord
+from runtime.activity import RequestObserver, RequestRecord, activity_answer
 from runtime.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
 from runtime.backends.base import Finished, TextDelta
 from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk
@@ -87,24 +87,24 @@ class RuntimeService:
 
     # ---- admin -----------------------------------------------------------------------
     async def op_list_models(self, payload, emit) -> dict:
-        return {"models": [model_entry(c) for c in self.pool.controllers.values()]}
+        return {"models": [self._entry(c) for c in self.pool.controllers.values()]}
 
     async def op_get_model(self, payload, emit) -> dict:
-        return model_entry(self.pool.controller(payload["name"]))
+        return self._entry(self.pool.controller(payload["name"]))
 
     async def op_load(self, payload, emit) -> dict:
         body = parse_load_body(payload.get("body"))  # the only check of the schema: 422 before 404
         controller = self.pool.controller(payload["name"])
         replicas = body.pop("replicas", None)
         await controller.load(body, replicas)
-        return model_entry(controller)
+        return self._entry(controller)
 
     async def op_unload(self, payload, emit) -> dict:
         controller = self.pool.controller(payload["name"])
         produced = await controller.unload()
         # The entry as now, but in the state the unload produced: a load that another call
         # started since is that call's answer.
-        return {**model_entry(controller), "runtime_state": produced.value, "is_loaded": produced is RuntimeState.LOADED}
+        return {**self._entry(controller), "runtime_state": produced.value, "is_loaded": produced is RuntimeState.LOADED}
 
     async def op_reload_settings(self, payload, emit) -> dict:
         diff = await self.pool.reload()
@@ -133,9 +133,17 @@ class RuntimeService:
             "service": self.pool.settings.service.model_dump(),
         }
 
+    def _entry(self, controller) -> dict:
+        """The admin entry with its rolling ``stats`` (additive; runtime.activity)."""
+        return {**model_entry(controller), "stats": self.observer.ring.stats(controller.name)}
+
     # ---- observability (runtime.metrics, runtime.activity) ---------------------------
     async def op_metrics(self, payload, emit) -> dict:
         return {"text": await self.metrics.exposition()}
+
+    async def op_activity(self, payload, emit) -> dict:
+        """GET /v1/admin/activity: the ring's requests, newest first (``model``, ``limit`` optional)."""
+        return activity_answer(self.pool, self.observer, payload)
 
     # ---- generation ------------------------------------------------------------------
     async def op_generate(self, payload, emit) -> dict:

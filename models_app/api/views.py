@@ -21,14 +21,19 @@ from models_app.api import openai_models
 from models_app.api.auth import AdminTokenPermission
 from models_app.api.base import APIView
 from models_app.api.chat.endpoint import create_chat_completion
+from models_app.api.chat.protocol import ChatBody
 from models_app.api.completions.endpoint import create_completion
+from models_app.api.completions.protocol import CompletionBody
 from models_app.api.embeddings.endpoint import create_embedding
+from models_app.api.embeddings.protocol import EmbeddingBody
 from models_app.api.errors import error_response
 from models_app.api.inference import ENDPOINT
 from models_app.api.event_stream import sse_event, transition_stream
 from models_app.api.keys import key_ring
 from models_app.api.limits import BodyRefused, refused_as
+from models_app.api.openapi import request_schema
 from models_app.api.responses.endpoint import create_response
+from models_app.api.responses.protocol import ResponsesBody
 from models_app.transport.messages import OP_CATALOG
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import LoadBody
@@ -83,14 +88,42 @@ class AdminModelEntrySerializer(serializers.Serializer):
     waiting_requests = serializers.IntegerField(
         help_text="Requests waiting for the model to load (load_on_request), not yet queued."
     )
+    stats = serializers.DictField(
+        help_text="Rolling figures of the last 5 minutes (additive; docs/observability.md): window_seconds, "
+        "requests, errors, ttft_p50_ms, ttft_p95_ms, output_tokens, tokens_per_second."
+    )
     last_reason = serializers.ChoiceField(
-        ["admin", "startup", "request", "ttl", "group_swap", "keep_warm", "engine_failure"],
+        ["admin", "startup", "request", "ttl", "group_swap", "keep_warm", "engine_failure", "memory_eviction"],
         allow_null=True, help_text="Why the last lifecycle operation (load or unload) happened.",
+    )
+    # Additive: memory-aware placement (docs/api.md, docs/settings.md "Memory and devices").
+    placement = serializers.ListField(
+        child=serializers.CharField(), allow_null=True,
+        help_text="The devices of the current or last load (cpu, cuda:N); null before any load.",
+    )
+    memory = serializers.DictField(
+        allow_null=True, help_text="estimate_mib and estimate_source (estimate, measured, raised_after_oom, "
+        "unavailable) of the next load, charge_mib per device and charge (reserved, measured or null) held now, "
+        "awaiting_memory.",
     )
 
 
 class AdminApi(APIView):
     permission_classes = [AdminTokenPermission]
+
+
+class ActivityApi(AdminApi):
+    @extend_schema(
+        summary="Recent requests (the runtime's activity ring)",
+        description="The last service.activity_requests finished requests, newest first: time, model, endpoint, "
+        "fairness key, status, error code, tokens, time to first token, duration, tokens/s, replica. Prompt and "
+        "answer text only with service.capture_requests (each item's capture). ?model= (a name or alias; 404 "
+        "unknown_model), ?limit= (1 to the ring's size; else 400 invalid_request). docs/observability.md.",
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 404: ERROR, 503: ERROR},
+    )
+    async def get(self, request):
+        query = request.query_params
+        return Response(await selectors.activity(model=query.get("model"), limit=query.get("limit")))
 
 
 class ModelListApi(AdminApi):
@@ -278,6 +311,12 @@ KEYS_NOTE = (
     "first of service.fairness_key_headers present (default X-LLMPool-Fairness-Key), else the user field."
 )
 
+# A streamed answer (stream true) is text/event-stream, any other answer JSON.
+STREAMED_ANSWERS = {
+    (200, "application/json"): OpenApiTypes.OBJECT,
+    (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The server-sent events (stream true)."),
+}
+
 INFERENCE_ERRORS = {
     400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 405: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 502: ERROR,
     503: ERROR, 504: ERROR,
@@ -292,8 +331,8 @@ class ResponseCreateApi(InferenceApi):
             "(response.created … response.output_text.delta … response.completed; a failure mid-stream is a "
             "final error event). " + KEYS_NOTE
         ),
-        request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
+        request={"application/json": request_schema(ResponsesBody)},
+        responses=STREAMED_ANSWERS | INFERENCE_ERRORS,
     )
     async def post(self, request):
         return await self.answer(create_response, request)
@@ -310,8 +349,8 @@ class ChatCompletionCreateApi(InferenceApi):
             "tools_unsupported, unless tool_choice is \"none\"); calls come back as message.tool_calls "
             "(delta.tool_calls when streamed) with finish_reason tool_calls. " + KEYS_NOTE
         ),
-        request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
+        request={"application/json": request_schema(ChatBody)},
+        responses=STREAMED_ANSWERS | INFERENCE_ERRORS,
     )
     async def post(self, request):
         return await self.answer(create_chat_completion, request)
@@ -329,8 +368,8 @@ class CompletionCreateApi(InferenceApi):
             "`data: <text_completion>` server-sent events and `data: [DONE]`; stream_options.include_usage adds "
             "a last chunk with the usage. " + KEYS_NOTE
         ),
-        request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
+        request={"application/json": request_schema(CompletionBody)},
+        responses=STREAMED_ANSWERS | INFERENCE_ERRORS,
     )
     async def post(self, request):
         return await self.answer(create_completion, request)
@@ -347,8 +386,8 @@ class EmbeddingCreateApi(InferenceApi):
             "dimensions only where the upstream judges it (vllm_serve, openai_remote), else 400 naming the field. "
             + KEYS_NOTE
         ),
-        request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT, **INFERENCE_ERRORS},
+        request={"application/json": request_schema(EmbeddingBody)},
+        responses={200: OpenApiTypes.OBJECT} | INFERENCE_ERRORS,
     )
     async def post(self, request):
         return await self.answer(create_embedding, request)

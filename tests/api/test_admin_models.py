@@ -27,6 +27,10 @@ ENTRY_KEYS = {
     "definition",
     # additive (docs/api.md): models that switch by themselves
     "group", "idle_expires_at", "last_request_at", "waiting_requests", "last_reason",
+    # additive (docs/observability.md): rolling request figures
+    "stats",
+    # additive (docs/api.md): memory-aware placement
+    "placement", "memory",
 }
 # The keys of each item of "models" in the GET /v1/admin/gpu-memory example.
 GPU_MODEL_KEYS = {
