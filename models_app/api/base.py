@@ -1,6 +1,8 @@
 """The base of every API view: adrf's async APIView, minus the thread hops of a request."""
 from __future__ import annotations
 
+import inspect
+
 from adrf.views import APIView as AdrfAPIView
 from django.http import HttpResponse
 from rest_framework.response import Response
@@ -24,7 +26,9 @@ class APIView(AdrfAPIView):
             handler = getattr(self, request.method.lower(), self.http_method_not_allowed)
             if request.method.lower() not in self.http_method_names:
                 handler = self.http_method_not_allowed
-            response = await handler(request, *args, **kwargs)
+            response = handler(request, *args, **kwargs)
+            if inspect.isawaitable(response):  # DRF's own options() is sync
+                response = await response
         except Exception as exc:
             response = self.handle_exception(exc)
         self.response = self.finalize_response(request, response, *args, **kwargs)

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import logging
+import uuid
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from runtime.errors import InvalidApiKey, LLMPoolError
+from runtime.errors import InvalidApiKey, LLMPoolError, RequestTooLarge
 
 logger = logging.getLogger("llmpool.api")
 
@@ -38,7 +41,17 @@ def error_response(exc: LLMPoolError) -> Response:
     return Response(exc.envelope(), status=exc.http_status, headers=error_headers(exc))
 
 
+def internal_error(where: str) -> LLMPoolError:
+    """A 500 for an unexpected exception (being handled): logged with a request id, which is all
+    the answer says, so no internal detail reaches the client."""
+    request_id = uuid.uuid4().hex[:16]
+    logger.exception("unhandled error in %s (request id %s)", where, request_id)
+    return LLMPoolError(f"internal error (request id {request_id})")
+
+
 def exception_handler(exc, context):
+    if isinstance(exc, RequestDataTooBig):
+        exc = RequestTooLarge(f"the request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
     if isinstance(exc, LLMPoolError):
         return error_response(exc)
     if isinstance(exc, drf.APIException):
@@ -46,5 +59,4 @@ def exception_handler(exc, context):
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         body = {"error": {"code": code, "message": detail, "param": None}}
         return Response(body, status=exc.status_code)
-    logger.exception("unhandled error in %s", context.get("view"))
-    return Response({"error": {"code": "internal_error", "message": str(exc), "param": None}}, status=500)
+    return error_response(internal_error(type(context.get("view")).__name__))

@@ -23,6 +23,7 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
 from runtime.config import ApiKey, ServiceSettings
 from runtime.errors import InvalidApiKey, ModelNotAllowed
@@ -69,6 +70,7 @@ class KeyRing:
         for name in self._fairness_headers:
             value = header(name)
             if value is not None:
+                check_fairness_key(value, param=name)
                 return value
         return None
 

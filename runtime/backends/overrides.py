@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from runtime.errors import InvalidLoadRequest
 
-PositiveInt = Annotated[int, Field(ge=1)]
+# A signed 64-bit integer at most: what the channel between the API and the runtime carries.
+MAX_INTEGER = 2**63 - 1
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_INTEGER)]
 MIB_256 = 268435456  # the step of the KV-cache byte sizes the GPU backends take
 
 
@@ -45,7 +47,7 @@ TARGET_INFLIGHT = LoadOverride(
 
 def integer_override(name: str, minimum: int = 1, step: int = 1, **extra) -> LoadOverride:
     """An integer override at least ``minimum`` (a multiple of ``step`` above it); ``extra`` joins the constraint."""
-    return LoadOverride(name, PositiveInt if minimum >= 1 else Annotated[int, Field(ge=minimum)],
+    return LoadOverride(name, PositiveInt if minimum >= 1 else Annotated[int, Field(ge=minimum, le=MAX_INTEGER)],
                         {"kind": "integer", "minimum": minimum, "step": step, **extra})
 
 

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from models_app.api import limits
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
 from runtime.request import GenerationRequest
@@ -127,11 +128,11 @@ class ChatBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     messages: list[ChatMessage]
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
+    max_completion_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -144,7 +145,7 @@ class ChatBody(BaseModel):
     functions: list[dict] | None = None
     function_call: str | dict | None = None
     # Carried in the typed request (a penalty of 0 and logprobs false change nothing: left out).
-    seed: int | None = None
+    seed: int | None = Field(None, ge=limits.MIN_INTEGER, le=limits.MAX_INTEGER)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
@@ -191,7 +192,7 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:
-        body = ChatBody.model_validate(data)
+        body = ChatBody.model_validate(data, strict=True)
     except ValidationError as exc:
         problem = exc.errors()[0]
         path = json_path(_field_loc(problem["loc"]))
@@ -217,7 +218,7 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
             stream=stream,
             thinking=body.thinking,
             response_format=_response_format(body.response_format),
-            fairness_key=fairness_key if fairness_key is not None else body.user,
+            fairness_key=limits.fairness_key(fairness_key, body.user),
             stop=_stop_sequences(body.stop),
             seed=body.seed,
             presence_penalty=body.presence_penalty or None,

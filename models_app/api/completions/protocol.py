@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
+from models_app.api import limits
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError
 from runtime.request import GenerationRequest
@@ -38,18 +39,18 @@ class CompletionBody(BaseModel):
     model: str = Field(min_length=1)
     # Strict members: a list of token ids must not be read as a list of strings, or the reverse.
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1)
-    best_of: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
+    best_of: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     echo: bool | None = None
     suffix: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     user: str | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=limits.MIN_INTEGER, le=limits.MAX_INTEGER)
     logprobs: int | None = Field(None, ge=0, le=20)  # alternatives per token (chat's top_logprobs bound)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
@@ -86,7 +87,7 @@ def parse_completion_body(data: Any, fairness_key: str | None) -> CompletionRequ
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:
-        body = CompletionBody.model_validate(data)
+        body = CompletionBody.model_validate(data, strict=True)
     except ValidationError as exc:
         problem = exc.errors()[0]
         if problem["loc"][:1] == ("prompt",) and problem["type"] != "missing":
@@ -113,7 +114,7 @@ def parse_completion_body(data: Any, fairness_key: str | None) -> CompletionRequ
             temperature=body.temperature,
             top_p=body.top_p,
             stream=stream,
-            fairness_key=fairness_key if fairness_key is not None else body.user,
+            fairness_key=limits.fairness_key(fairness_key, body.user),
             stop=_stop_sequences(body.stop),
             seed=body.seed,
             presence_penalty=body.presence_penalty or None,

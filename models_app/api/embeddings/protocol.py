@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
+from models_app.api import limits
 from runtime.config import json_path
 from runtime.embedding import EmbeddingRequest
 from runtime.errors import InvalidRequest
@@ -26,7 +27,7 @@ class EmbeddingBody(BaseModel):
     model: str = Field(min_length=1)
     input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     user: str | None = None
 
 
@@ -48,7 +49,7 @@ def parse_embedding_body(data: Any, fairness_key: str | None) -> EmbeddingCall:
             param="input",
         )
     try:
-        body = EmbeddingBody.model_validate(data)
+        body = EmbeddingBody.model_validate(data, strict=True)
     except ValidationError as exc:
         problem = exc.errors()[0]
         path = json_path(problem["loc"][:1])  # the union's branch names say nothing to a client
@@ -60,7 +61,7 @@ def parse_embedding_body(data: Any, fairness_key: str | None) -> EmbeddingCall:
             model=body.model,
             inputs=inputs,
             dimensions=body.dimensions,
-            fairness_key=fairness_key if fairness_key is not None else body.user,
+            fairness_key=limits.fairness_key(fairness_key, body.user),
         ),
         encoding_format=body.encoding_format,
     )

@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
 
+from models_app.api import limits
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
 from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL, GenerationRequest
@@ -143,7 +144,7 @@ class ResponsesBody(BaseModel):
     model: str = Field(min_length=1)
     input: list[InputItem]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
@@ -173,6 +174,9 @@ class ResponsesBody(BaseModel):
     @field_validator("input", mode="before")
     @classmethod
     def _string_input(cls, value):
+        # An empty string is no input, as [] is: both are "input must not be empty".
+        if value == "":
+            return []
         return [{"role": "user", "content": value}] if isinstance(value, str) else value
 
 
@@ -184,7 +188,7 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     try:
-        body = ResponsesBody.model_validate(data)
+        body = ResponsesBody.model_validate(data, strict=True)
     except ValidationError as exc:
         problem = exc.errors()[0]
         path = json_path(_field_loc(problem["loc"]))
@@ -205,7 +209,7 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
         thinking=body.thinking,
         response_format=_response_format(body),
         metadata=body.metadata or {},
-        fairness_key=fairness_key if fairness_key is not None else body.user,
+        fairness_key=limits.fairness_key(fairness_key, body.user),
         extra={
             key: value
             for key, value in (("source_lang_code", body.source_lang_code), ("target_lang_code", body.target_lang_code))

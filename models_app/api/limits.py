@@ -1,0 +1,86 @@
+"""The limits every request body and fairness key meets at the edge (docs/api.md, "Limits").
+
+A body is parsed once (``parse_json``): strict JSON (no NaN or Infinity), UTF-8 (or the UTF-16/32
+that JSON allows), nested at most ``MAX_JSON_DEPTH`` arrays or objects deep, and every integer
+in it, wherever it sits (a tool's parameters schema too), within a signed 64-bit integer: the
+channel to the runtime (msgpack) carries nothing larger.  The declared integer fields of each
+body have tighter bounds in their schemas.  A fairness key (a fairness header's value or the
+body's ``user``) is at most ``MAX_FAIRNESS_KEY_LENGTH`` characters: the scheduler keeps one
+record per key.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rest_framework.parsers import JSONParser
+
+from runtime.errors import FairnessKeyTooLong, InvalidRequest, LLMPoolError
+
+MAX_JSON_DEPTH = 64
+MIN_INTEGER, MAX_INTEGER = -(2**63), 2**63 - 1
+# Every declared integer field of a request body is at most this (and the schema says so).
+MAX_FIELD_INTEGER = 2**31 - 1
+MAX_FAIRNESS_KEY_LENGTH = 256
+
+
+class BodyRefused(InvalidRequest):
+    """A body that is not JSON within the limits (400 invalid_request unless an endpoint says otherwise)."""
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(body: bytes | str) -> Any:
+    """The body as JSON within the limits; raises ``BodyRefused`` naming the problem."""
+    try:
+        data = json.loads(body, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise BodyRefused(f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BodyRefused(f"JSON parse error - {exc}") from None
+    check_json(data)
+    return data
+
+
+def check_json(data: Any) -> None:
+    """Raises ``BodyRefused`` for nesting deeper than ``MAX_JSON_DEPTH`` or an integer outside 64 bits."""
+    pending = [(data, 0)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise BodyRefused(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+            children = value.values() if isinstance(value, dict) else value
+            pending.extend((child, depth + 1) for child in children)
+        elif isinstance(value, int) and not isinstance(value, bool) and not MIN_INTEGER <= value <= MAX_INTEGER:
+            raise BodyRefused(f"the integer {str(value)[:24]}... is outside the signed 64-bit range")
+
+
+def fairness_key(decided: str | None, user: str | None) -> str | None:
+    """The request's fairness key: the edge's (a key's bucket or a fairness header), else ``user``."""
+    if decided is not None:
+        return decided
+    check_fairness_key(user, param="user")
+    return user
+
+
+def check_fairness_key(value: str | None, *, param: str) -> None:
+    if value is not None and len(value) > MAX_FAIRNESS_KEY_LENGTH:
+        raise FairnessKeyTooLong(
+            f"{param} is a fairness key and may be at most {MAX_FAIRNESS_KEY_LENGTH} characters "
+            f"(this one has {len(value)})", param=param,
+        )
+
+
+def refused_as(exc: LLMPoolError, error: type[LLMPoolError]) -> LLMPoolError:
+    """``exc`` (a BodyRefused) as the endpoint's own error class, same message."""
+    return error(exc.message, param=exc.param)
+
+
+class JSONBodyParser(JSONParser):
+    """DRF's JSON parser with ``parse_json``'s limits (the machine API's only parser)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return parse_json(stream.read() if stream is not None else b"")

@@ -1,0 +1,55 @@
+"""OpenAPI 3.0 request schemas from the pydantic models that really validate the bodies.
+
+drf-spectacular writes OpenAPI 3.0.3; pydantic writes JSON Schema 2020-12.  ``request_schema``
+inlines pydantic's ``$defs`` and turns what 3.0 spells differently into its spelling:
+``anyOf [T, null]`` -> ``T`` with ``nullable``, ``const`` -> a one-value ``enum``, a numeric
+``exclusiveMinimum``/``exclusiveMaximum`` -> ``minimum``/``maximum`` with the boolean flag, and
+drops ``discriminator`` (its mapping names the inlined definitions).  A field that a validator
+widens before validation (a string ``input`` or ``content``) is documented in its full form.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def request_schema(model: type[BaseModel]) -> dict:
+    schema = model.model_json_schema(mode="validation")
+    definitions = schema.pop("$defs", {})
+    return _convert(schema, definitions)
+
+
+def _convert(node: Any, definitions: dict) -> Any:
+    if isinstance(node, list):
+        return [_convert(item, definitions) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        return _convert(definitions[node["$ref"].rsplit("/", 1)[-1]], definitions)
+    node = {key: value for key, value in node.items() if key not in ("discriminator", "title")}
+    for union in ("anyOf", "oneOf"):
+        kinds = node.get(union)
+        if kinds and any(kind.get("type") == "null" for kind in kinds):
+            rest = [kind for kind in kinds if kind.get("type") != "null"]
+            del node[union]
+            node["nullable"] = True
+            if len(rest) == 1:
+                node.update(rest[0])
+            else:
+                node[union] = rest
+    if "$ref" in node:  # a nullable reference: the definition, nullable
+        reference = node.pop("$ref")
+        return _convert({**definitions[reference.rsplit("/", 1)[-1]], **node}, definitions)
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(exclusive), (int, float)) and not isinstance(node[exclusive], bool):
+            node[bound] = node.pop(exclusive)
+            node[exclusive] = True
+    # properties and $defs-like maps hold names, not keywords: convert their values only.
+    return {
+        key: ({name: _convert(value, definitions) for name, value in sub.items()}
+              if key == "properties" and isinstance(sub, dict) else _convert(sub, definitions))
+        for key, sub in node.items()
+    }
