@@ -155,8 +155,10 @@ class ModelController(SwitchingWriter):
         """Start a load with the configured definition without waiting (start-up loading)."""
         return self._post("load", {}, None, REASON_STARTUP)
 
-    async def unload(self) -> None:
-        await self._post("unload")
+    async def unload(self) -> RuntimeState:
+        """Unload (or join the unload under way); returns the state the unload produced, as the
+        writer saw it then (a load that starts right after cannot show in the answer)."""
+        return await self._post("unload")
 
     async def admit(self, ticket: Ticket, on_wait: Callable[[], Awaitable[None]] | None = None) -> asyncio.Future:
         """Queue a request; returns a future resolving to the ``Lease`` of the replica it runs on.
@@ -356,7 +358,7 @@ class ModelController(SwitchingWriter):
             return
         if state is S.UNLOADING:
             self.reason = REASON_ADMIN  # an automatic unload under way becomes the operator's
-        future.set_result(None)
+        future.set_result(state)
 
     def _start_unload(self, reason: str) -> None:
         """loaded -> unloading: queued requests are refused, active ones finish first."""
@@ -385,7 +387,7 @@ class ModelController(SwitchingWriter):
             self.machine.transition(S.UNLOADING, S.FAILED, self.reason)
         else:
             self.machine.transition(S.UNLOADING, S.UNLOADED, self.reason)
-        _resolve(self._unload_waiters)
+        _resolve(self._unload_waiters, self.state)
         self._release_slot()
         if self.state is S.FAILED:
             self.waiters.fail(_not_serving(self.name, S.FAILED, self.last_error))
@@ -524,10 +526,10 @@ class ModelController(SwitchingWriter):
         return self.entry.spec.effective_target_inflight(self.configured_target_inflight)
 
 
-def _resolve(waiters: list[asyncio.Future]) -> None:
+def _resolve(waiters: list[asyncio.Future], result: Any = None) -> None:
     for waiter in waiters:
         if not waiter.done():
-            waiter.set_result(None)
+            waiter.set_result(result)
     waiters.clear()
 
 
