@@ -26,6 +26,7 @@ from runtime.catalog import CatalogEntry
 from runtime.config import FairnessSettings
 from runtime.errors import (
     BackendError,
+    InsufficientMemory,
     InvalidLoadRequest,
     LLMPoolError,
     ModelFailed,
@@ -36,6 +37,7 @@ from runtime.errors import (
     UnknownModel,
 )
 from runtime.groups import SwapGroup
+from runtime.memory_writer import MemoryWriter, measure_engines, process_rss_mib
 from runtime.on_demand import IdleClock, Waiters, Waiting
 from runtime.replicas import load_replicas, release_replicas
 from runtime.scheduler import Scheduler, Ticket
@@ -95,16 +97,18 @@ RELOAD_SAFE_FIELDS = frozenset(
 )
 
 
-class ModelController(SwitchingWriter):
+class ModelController(SwitchingWriter, MemoryWriter):
     def __init__(
         self,
         entry: CatalogEntry,
         fairness: FairnessSettings,
         listeners: list[Callable[[TransitionEvent], None]] | None = None,
         group: SwapGroup | None = None,
+        memory=None,
     ):
         self.entry = entry
         self.group = group
+        self.memory = memory  # the pool's runtime.memory.MemoryManager (None: no accounting)
         self.machine = StateMachine(entry.name, listeners)
         self.last_error: str | None = None
         self.load_override: dict[str, Any] = {}
@@ -152,8 +156,17 @@ class ModelController(SwitchingWriter):
         await self._post("load", overrides, replicas, REASON_ADMIN)
 
     def begin_load(self) -> asyncio.Future:
-        """Start a load with the configured definition without waiting (start-up loading)."""
-        return self._post("load", {}, None, REASON_STARTUP)
+        """Start a load with the configured definition without waiting (start-up loading); a load
+        that does not fit keeps the model unloaded with ``insufficient_memory`` as its last_error."""
+        started = self._post("load", {}, None, REASON_STARTUP)
+        started.add_done_callback(self._startup_outcome)
+        return started
+
+    def _startup_outcome(self, started: asyncio.Future) -> None:
+        error = None if started.cancelled() else started.exception()
+        if isinstance(error, InsufficientMemory):
+            self.last_error = error.message
+            logger.warning("model %s is not loaded at start-up: %s", self.name, error.message)
 
     async def unload(self) -> RuntimeState:
         """Unload (or join the unload under way); returns the state the unload produced, as the
@@ -216,6 +229,7 @@ class ModelController(SwitchingWriter):
             await asyncio.gather(self._work, return_exceptions=True)
         await release_replicas(self.engines)
         self.engines = []
+        self._memory_release()
         gone = UnknownModel(f"model {self.name} is no longer served")
         pending: list[asyncio.Future] = []
         while not self._inbox.empty():
@@ -291,13 +305,20 @@ class ModelController(SwitchingWriter):
                 param="replicas",
             )
         accepted = self.entry.spec.validate_overrides(definition, overrides)
+        plan = self.checked_plan(accepted, count, reason)  # insufficient_memory: nothing changes
         if reason == REASON_ADMIN:
             self._swapped_out = False  # the operator decides again what it is loaded for
         self._load_waiters.append(future)
-        self._begin_load(state, reason, accepted, count)
+        self._begin_load(state, reason, accepted, count, plan)
 
-    def _begin_load(self, state: RuntimeState, reason: str, overrides: dict | None = None, count: int | None = None) -> None:
-        """state -> loading; the engines load at once, or once the swap group grants a slot."""
+    def _begin_load(
+        self, state: RuntimeState, reason: str, overrides: dict | None = None, count: int | None = None, plan=False
+    ) -> None:
+        """state -> loading; the engines load at once, or once the memory they need is free and
+        the swap group grants a slot.  ``plan``: the memory plan made already (False: make it;
+        refused, it raises InsufficientMemory before anything changes)."""
+        if plan is False:
+            plan = self.checked_plan(overrides or {}, self.entry.definition.replicas if count is None else count, reason)
         # Fields first, transition last: listeners read a consistent entry.
         self.last_error = None
         self.load_override = overrides or {}
@@ -305,6 +326,10 @@ class ModelController(SwitchingWriter):
         self.reason = reason
         self._yielding = False
         self.machine.transition(state, S.LOADING, reason)
+        if self._memory_go(plan):
+            self._after_memory()
+
+    def _after_memory(self) -> None:
         if self.group is None or self.group.want(self.name):
             self._start_engines()
         else:
@@ -317,26 +342,33 @@ class ModelController(SwitchingWriter):
 
     async def _load_engines(self, entry: CatalogEntry, overrides: dict, count: int) -> None:
         try:
+            rss_before = await asyncio.to_thread(process_rss_mib)
             engines, observed_mib = await load_replicas(entry, overrides, count, self.engine_failed)
+            rss_after = await asyncio.to_thread(process_rss_mib)
+            rss_delta = None if None in (rss_before, rss_after) else max(0, rss_after - rss_before)
+            measured = await measure_engines(engines, self.placement, observed_mib, rss_delta)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._post("load_finished", None, str(exc) or type(exc).__name__)
             return
-        self._post("load_finished", engines, None, observed_mib)
+        self._post("load_finished", engines, None, observed_mib, measured)
 
     def _on_load_finished(
-        self, future, engines: list[Engine] | None, error: str | None, observed_mib: int | None = None
+        self, future, engines: list[Engine] | None, error: str | None, observed_mib: int | None = None,
+        measured_mib: int | None = None,
     ) -> None:
         self._work = None
         if engines is not None:
             self.engines = engines
             self.vram.observe(observed_mib, len(engines))
+            self._memory_loaded(measured_mib)
             self.scheduler.open(len(engines), self.effective_target_inflight)
             self.machine.transition(S.LOADING, S.LOADED, self.reason)
             self.waiters.release(self._queue)  # they waited for this turn, even if the group ended it
         else:
             self.last_error = error
+            self._memory_failed(error)
             self.load_override = {}
             self.replicas = self.entry.definition.replicas
             self.machine.transition(S.LOADING, S.FAILED, self.reason)
@@ -382,6 +414,7 @@ class ModelController(SwitchingWriter):
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
         self._yielding = False
+        self._memory_release()
         if errors:
             self.last_error = "unload failed: " + "; ".join(errors)
             self.machine.transition(S.UNLOADING, S.FAILED, self.reason)
@@ -427,6 +460,7 @@ class ModelController(SwitchingWriter):
             self._work = None
         if self.state is S.FAILED:  # its engines are gone now: so is its claim on the group's slot
             self._release_slot()
+            self._memory_release()
         future.set_result(None)
 
     def _on_hold_for_reload(self, future, entry: CatalogEntry | None) -> None:
@@ -491,6 +525,7 @@ class ModelController(SwitchingWriter):
     def _on_finish(self, future, ticket: Ticket, tokens: int | None) -> None:
         if self.waiters.remove(ticket):
             self._withdraw_unwanted_load()
+            self._withdraw_memory_wait()
         elif not self.scheduler.on_cancel(ticket):
             self.scheduler.on_done(ticket, tokens)
         self._dispatch.pop(ticket, None)

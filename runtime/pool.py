@@ -24,6 +24,7 @@ from runtime.config import (
 )
 from runtime.controller import ModelController
 from runtime.groups import SwapGroup
+from runtime.memory import MemoryManager
 from runtime.engine_process.spares import SPARES
 from runtime.errors import SettingsReloadConflict, UnknownModel
 from runtime.paths import state_dir
@@ -41,6 +42,7 @@ class ModelPool:
         self.controllers: dict[str, ModelController] = {}
         self.groups: dict[str, SwapGroup] = {}
         self.aliases: dict[str, str] = {}  # alias -> model name
+        self.memory: MemoryManager | None = None  # device budgets and charges (runtime.memory)
         self._reload_lock = asyncio.Lock()
 
     @property
@@ -53,6 +55,7 @@ class ModelPool:
         self.startup_service = self.current.settings.service.model_dump()
         # API keys' bucket weights are service settings: read once, like the API process reads the keys.
         self.key_weights = key_weights(self.current.settings.service)
+        self.memory = MemoryManager(self.current.settings.memory, lambda: self.controllers.values())
         self.groups = self._build_groups(self.current.settings, {})
         for name, entry in build_catalog(self.current).items():
             self._add(entry)
@@ -112,7 +115,9 @@ class ModelPool:
         return with_key_weights(settings.engine.fairness, self.key_weights)
 
     def _add(self, entry: CatalogEntry) -> None:
-        controller = ModelController(entry, self.fairness(self.settings), self.listeners, self.group_of(entry.name))
+        controller = ModelController(
+            entry, self.fairness(self.settings), self.listeners, self.group_of(entry.name), self.memory
+        )
         controller.launch()
         self.controllers[entry.name] = controller
 
@@ -143,6 +148,7 @@ class ModelPool:
                 raise
             removed = [self.controllers.pop(name) for name in diff["removed_models"]]
             self.current = loaded
+            self.memory.configure(loaded.settings.memory)
             fairness = self.fairness(loaded.settings)
             old_groups, self.groups = self.groups, self._build_groups(loaded.settings, self.groups)
             for name, group in old_groups.items():

@@ -49,6 +49,10 @@ def model_entry(controller: ModelController) -> dict:
         "last_request_at": iso_time(controller.clock.last_request_at),
         "waiting_requests": len(controller.waiters),
         "last_reason": controller.reason,
+        # Memory-aware placement (additive; docs/api.md): the devices of the current or last load,
+        # and the next load's estimate with the charge held now (runtime.memory).
+        "placement": controller.placement,
+        "memory": controller.memory_view(),
     }
 
 

@@ -42,6 +42,7 @@ REASON_TTL = "ttl"  # idle for ttl_seconds
 REASON_GROUP_SWAP = "group_swap"  # unloaded to free its swap group's slot for another member
 REASON_KEEP_WARM = "keep_warm"  # a keep_warm model coming back once its group is free
 REASON_ENGINE_FAILURE = "engine_failure"  # a loaded engine died
+REASON_MEMORY_EVICTION = "memory_eviction"  # unloaded to make room for another model's load (runtime.memory)
 
 # States in which a model holds (or is acquiring / releasing) resources.
 ACTIVE_STATES = frozenset({RuntimeState.LOADING, RuntimeState.LOADED, RuntimeState.UNLOADING})

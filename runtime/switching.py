@@ -8,6 +8,7 @@ command and tells the idle clock and the group what the step left.
 """
 from __future__ import annotations
 
+from runtime.errors import InsufficientMemory
 from runtime.state import (
     ACTIVE_STATES,
     REASON_ADMIN,
@@ -36,7 +37,10 @@ class SwitchingWriter:
 
     def _load_for_waiters(self) -> None:
         if self.waiters and self.state is S.UNLOADED and not self._reload_held:
-            self._begin_load(S.UNLOADED, REASON_REQUEST)
+            try:
+                self._begin_load(S.UNLOADED, REASON_REQUEST)
+            except InsufficientMemory as exc:  # nothing changed: the requests get the plan
+                self.waiters.fail(exc)
 
     def _release_slot(self) -> None:
         self._awaiting_slot = False
@@ -58,6 +62,7 @@ class SwitchingWriter:
             and self.group is not None and self.group.withdraw(self.name)
         ):
             self._awaiting_slot = False
+            self._memory_release()
             self.machine.transition(S.LOADING, S.UNLOADED, REASON_REQUEST)
 
     def _on_ttl_expired(self, future, idle_since: float) -> None:
@@ -103,7 +108,10 @@ class SwitchingWriter:
             self.state is S.UNLOADED and definition.keep_warm and definition.enabled and self._swapped_out
             and not self._reload_held and self.group is not None and self.group.has_free_slot()
         ):
-            self._begin_load(S.UNLOADED, REASON_KEEP_WARM)
+            try:
+                self._begin_load(S.UNLOADED, REASON_KEEP_WARM)
+            except InsufficientMemory as exc:
+                self.last_error = exc.message  # it comes back when there is room (the next warm_up)
 
     def _settle(self) -> None:
         """After each command: tell the idle clock (TTL) and the swap group what the step left."""
@@ -113,6 +121,8 @@ class SwitchingWriter:
             self._idle = idle
             if idle:
                 self.clock.idle(self._ttl(), self._ttl_expired)
+                if self.memory is not None:
+                    self.memory.model_idle()  # a load waiting for memory may evict it now
             else:
                 self.clock.busy()
         if drained != self._drained and self.group is not None:

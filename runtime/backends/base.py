@@ -13,10 +13,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.backends.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
+from runtime.memory import check_device_field
 from runtime.request import GenerationRequest
 from runtime.model_files import locate_model_file
 
@@ -45,7 +46,9 @@ class CommonDefinition(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model_path: str | None = None
-    device: str | None = None
+    # Where the model is placed (runtime.memory): "auto" (null: the backend's default_device),
+    # "cpu", "cuda:N", or a list of "cuda:N" for a tensor-parallel server.
+    device: str | list[str] | None = None
     prompt_format: str | None = None
     enable_thinking: bool | None = None
     enabled: bool = False
@@ -76,6 +79,11 @@ class CommonDefinition(BaseModel):
     # The tags around a thinking model's reasoning in its output (docs/settings.md, "Reasoning"):
     # null: the backend detects them (BackendSpec.reasoning_tags); []: never split; [start, end].
     reasoning_tags: list[Annotated[str, Field(min_length=1)]] | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value):
+        return check_device_field(value)
 
     @model_validator(mode="after")
     def _replicas_within_max(self):
@@ -277,6 +285,10 @@ class BackendSpec:
         Nothing by default.  A library that is missing is not an error here: the load raises
         ``EngineUnavailable`` as it would have without the warm-up.
         """
+
+    def default_device(self, definition: CommonDefinition) -> str:
+        """Where a definition with ``device`` null is placed (runtime.memory): a GPU when there is one."""
+        return "auto"
 
     def vram_estimate(
         self, definition: CommonDefinition, config: dict[str, Any], replicas: int, base_dir: str

@@ -45,8 +45,10 @@ def import_ctranslate2():
 
 def split_device(device: str | None) -> tuple[str, int]:
     """``None`` -> ("auto", 0); ``"cuda:1"`` -> ("cuda", 1); ``"cpu"`` -> ("cpu", 0)."""
-    if device is None:
+    if device is None or device == "auto":
         return "auto", 0
+    if isinstance(device, list):  # tensor parallel over several GPUs
+        return "cuda", [int(item.partition(":")[2]) for item in device]
     name, _, index = device.partition(":")
     return name, int(index) if index else 0
 

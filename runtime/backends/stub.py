@@ -67,7 +67,10 @@ class StubDefinition(CommonDefinition):
     stub_token_delay_ms: float = Field(0.0, ge=0, le=60000)
     stub_reply: str | None = None
     stub_fail_after_tokens: int | None = Field(None, ge=0)
+    # Its memory cost on whatever device it is placed on (cpu included): the estimate, and what a
+    # load measures unless stub_observed_mib says otherwise (runtime.memory).
     stub_vram_mib: int | None = Field(None, ge=0)
+    stub_observed_mib: int | None = Field(None, ge=0)
     stub_remote: bool = False
     # Allocate this much GPU memory with torch while loaded (scripts/gpu_check.sh checks
     # observed_load_delta against it); needs torch with CUDA.
@@ -130,6 +133,11 @@ class StubEngine:
         if self.config["stub_gpu_alloc_mib"]:
             self.gpu_block = await asyncio.to_thread(_allocate_gpu_mib, self.config["stub_gpu_alloc_mib"])
         self.loaded = True
+
+    def memory_mib(self) -> int | None:
+        """What this replica holds, as a load measures it (runtime.memory_writer.measure_engines)."""
+        observed = self.config["stub_observed_mib"]
+        return observed if observed is not None else self.config["stub_vram_mib"]
 
     def _crash_if(self, moment: str) -> None:
         """Die by stub_crash_signal at ``moment`` (settings allow it only in an engine process)."""
@@ -308,6 +316,9 @@ class StubSpec(BackendSpec):
 
     def create_engine(self, model_name, config, replica_index, context):
         return StubEngine(config, replica_index)
+
+    def default_device(self, definition: StubDefinition) -> str:
+        return "cpu"
 
     def vram_estimate(self, definition: StubDefinition, config, replicas, base_dir):
         if definition.stub_vram_mib is None:
