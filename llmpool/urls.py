@@ -8,6 +8,7 @@ urlpatterns = [
     path("v1/admin/models", views.ModelListApi.as_view(), name="admin-models"),
     path("v1/admin/models/<str:model_name>/load", views.ModelLoadApi.as_view(), name="admin-model-load"),
     path("v1/admin/models/<str:model_name>/unload", views.ModelUnloadApi.as_view(), name="admin-model-unload"),
+    path("v1/admin/models/<str:model_name>/logs", views.ModelLogsApi.as_view(), name="admin-model-logs"),
     path("v1/admin/gpu-memory", views.GpuMemoryApi.as_view(), name="admin-gpu-memory"),
     path("v1/admin/settings/reload", views.SettingsReloadApi.as_view(), name="admin-settings-reload"),
     path("v1/admin/activity", views.ActivityApi.as_view(), name="admin-activity"),

@@ -22,6 +22,7 @@ from runtime.embedding import EmbeddingRequest, check_embedding_request, embed_o
 from runtime.errors import BackendError, RequestTimeout, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.metrics import RuntimeMetrics
+from runtime.model_logs import model_logs
 from runtime.paths import state_dir
 from runtime.pool import ModelPool
 from runtime.reasoning import ReasoningDelta, split_reasoning
@@ -96,6 +97,8 @@ class RuntimeService:
         body = parse_load_body(payload.get("body"))  # the only check of the schema: 422 before 404
         controller = self.pool.controller(payload["name"])
         replicas = body.pop("replicas", None)
+        if payload.get("dry_run"):  # ?dry_run=true: the memory plan, nothing acted on (docs/api.md)
+            return await controller.plan(body, replicas)
         await controller.load(body, replicas)
         return self._entry(controller)
 
@@ -144,6 +147,10 @@ class RuntimeService:
     async def op_activity(self, payload, emit) -> dict:
         """GET /v1/admin/activity: the ring's requests, newest first (``model``, ``limit`` optional)."""
         return activity_answer(self.pool, self.observer, payload)
+
+    async def op_model_logs(self, payload, emit) -> dict:
+        """GET /v1/admin/models/{name}/logs: each loaded replica's process output (runtime.model_logs)."""
+        return model_logs(self.pool, payload)
 
     # ---- generation ------------------------------------------------------------------
     async def op_generate(self, payload, emit) -> dict:

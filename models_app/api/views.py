@@ -28,6 +28,7 @@ from models_app.api.embeddings.endpoint import create_embedding
 from models_app.api.embeddings.protocol import EmbeddingBody
 from models_app.api.errors import error_response
 from models_app.api.inference import ENDPOINT
+from models_app.api.model_logs import logs_follow, logs_tail
 from models_app.api.event_stream import sse_event, transition_stream
 from models_app.api.keys import key_ring
 from models_app.api.limits import BodyRefused, refused_as
@@ -37,7 +38,7 @@ from models_app.api.responses.protocol import ResponsesBody
 from models_app.transport.messages import OP_CATALOG
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import LoadBody
-from runtime.errors import LLMPoolError, LoadBodyInvalid, NotFound
+from runtime.errors import InvalidRequest, LLMPoolError, LoadBodyInvalid, NotFound
 
 ERROR = inline_serializer(
     "ErrorEnvelope",
@@ -172,14 +173,22 @@ class ModelLoadApi(AdminApi):
             "Already loaded or loading: 200 with the current state. The optional body selects replicas, "
             "target_inflight (concurrent server backends) and backend-specific overrides for this one load. "
             "422: body fails the schema; 400 invalid_load_request: values invalid for the backend or state; "
-            "409 model_state_conflict: the model is unloading."
+            "409 model_state_conflict: the model is unloading; 409 insufficient_memory: it does not fit its "
+            "device's free budget (the plan in error.details). ?dry_run=true answers the plan (fits, action, "
+            "placement, device, needed_mib, free_mib, evictable, blocking, evict) and acts on nothing."
         ),
         request={"application/json": load_body_schema()},
-        parameters=[OpenApiParameter("model_name", str, OpenApiParameter.PATH)],
+        parameters=[
+            OpenApiParameter("model_name", str, OpenApiParameter.PATH),
+            OpenApiParameter("dry_run", bool, OpenApiParameter.QUERY, description="Answer the memory plan only."),
+        ],
         responses={200: AdminModelEntrySerializer, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 422: ERROR, 503: ERROR},
     )
     async def post(self, request, model_name: str):
-        return Response(await services.model_load(model_name, load_body(request)))
+        dry_run = request.query_params.get("dry_run", "false").lower()
+        if dry_run not in ("true", "false", "1", "0"):
+            raise InvalidRequest("dry_run must be true or false", param="dry_run")
+        return Response(await services.model_load(model_name, load_body(request), dry_run in ("true", "1")))
 
 
 class ModelUnloadApi(AdminApi):
@@ -245,6 +254,27 @@ class EventStreamRenderer(BaseRenderer):
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
         return sse_event("error", data)
+
+
+class ModelLogsApi(AdminApi):
+    renderer_classes = [JSONRenderer, EventStreamRenderer]
+
+    @extend_schema(
+        summary="A model's server / engine process output",
+        description="The newest ?lines= (1 to 200, default 100) lines of each loaded replica's managed server or "
+        "engine process output: {model, replicas: [{replica, kind, running, lines, next}]}. With ?follow=true a "
+        "text/event-stream of `log` events {replica, line}: the tail, then each new line until the client leaves. "
+        "docs/observability.md.",
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 404: ERROR, 503: ERROR},
+    )
+    async def get(self, request, model_name: str):
+        first = await logs_tail(model_name, request.query_params.get("lines"))  # errors before the stream
+        if request.query_params.get("follow", "").lower() not in ("1", "true", "yes"):
+            return Response(first)
+        response = StreamingHttpResponse(logs_follow(first, model_name), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+        return response
 
 
 class AdminEventStreamApi(AdminApi):

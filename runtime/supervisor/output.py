@@ -17,6 +17,7 @@ class OutputLog:
     def __init__(self, path: Path):
         self.path = path
         self.lines: deque[str] = deque(maxlen=RING_LINES)
+        self.written = 0  # lines ever appended: the number after the ring's newest line
         self.done = threading.Event()  # set once every writer has closed the pipe
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,6 +45,7 @@ class OutputLog:
                         self._file.write(raw)
                         self._file.flush()
                         self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                        self.written += 1
                         if self._file.tell() > LOG_ROTATE_BYTES:
                             self._file.close()
                             self._rotate()
@@ -55,6 +57,18 @@ class OutputLog:
         with self._lock:
             lines = list(self.lines)[-count:]
         return "\n".join(lines) if lines else "(no output)"
+
+
+    def since(self, after: int | None, count: int) -> tuple[list[str], int]:
+        """The ring's lines numbered from ``after`` on (the last ``count`` when ``after`` is None),
+        and the number that follows the newest; lines that left the ring are gone.  An ``after``
+        past the newest (another process's number) reads as 0."""
+        with self._lock:
+            lines, written = list(self.lines), self.written
+        if after is not None:
+            after = 0 if after > written else after
+            lines = lines[max(0, len(lines) - max(0, written - after)):]
+        return lines[-count:], written
 
 
 def _keep_previous(path: Path) -> None:

@@ -76,6 +76,10 @@ class ManagedProcess:
     def tail(self, count: int = TAIL_LINES) -> str:
         return self._output.tail(count) if self._output else "(no output)"
 
+    def output_since(self, after: int | None, count: int) -> tuple[list[str], int]:
+        """``OutputLog.since`` of this process's output (nothing before it started)."""
+        return self._output.since(after, count) if self._output else ([], 0)
+
     def rename(self, label: str, log_path: Path) -> None:
         """Go on as ``label`` (in messages and the pidfile), with the output so far and from now on
         in ``log_path``: a spare engine process taken by a replica."""
