@@ -43,7 +43,7 @@ def catalog_sync(models: list[dict]) -> None:
             row.save()
 
 
-async def model_load(name: str, body: dict | None) -> dict:
+async def model_load(name: str, body: dict | None, dry_run: bool = False) -> dict:
     """Load a configured model and answer its AdminModelEntry once it is loaded or failed.
 
     ``body`` is the optional load body (replicas, target_inflight, backend overrides);
@@ -51,9 +51,10 @@ async def model_load(name: str, body: dict | None) -> dict:
     body that fails the schema, UnknownModel (404), InvalidLoadRequest (400),
     ModelStateConflict (409); RuntimeUnavailable (503) when the runtime does not answer.
     """
-    return await RuntimeClient().call(
-        OP_LOAD, {"name": name, "body": body}, deadline=service_settings().admin_call_timeout_seconds
-    )
+    payload = {"name": name, "body": body}
+    if dry_run:  # the memory plan of this load, acting on nothing (docs/api.md)
+        payload["dry_run"] = True
+    return await RuntimeClient().call(OP_LOAD, payload, deadline=service_settings().admin_call_timeout_seconds)
 
 
 async def model_unload(name: str) -> dict:

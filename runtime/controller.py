@@ -155,6 +155,10 @@ class ModelController(SwitchingWriter, MemoryWriter):
         In a swap group the load first waits for a slot (the model is ``loading`` meanwhile)."""
         await self._post("load", overrides, replicas, REASON_ADMIN)
 
+    async def plan(self, overrides: dict[str, Any], replicas: int | None) -> dict:
+        """The dry run of ``load``: the memory plan it would follow (runtime.memory), changing nothing."""
+        return await self._post("plan", overrides, replicas)
+
     def begin_load(self) -> asyncio.Future:
         """Start a load with the configured definition without waiting (start-up loading); a load
         that does not fit keeps the model unloaded with ``insufficient_memory`` as its last_error."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from runtime.errors import InsufficientMemory
+from runtime.errors import InsufficientMemory, InvalidLoadRequest
 from runtime.memory import Plan, measure_process_memory
 from runtime.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, RuntimeState
 
@@ -44,22 +44,43 @@ class MemoryWriter:
 
     # ---- planning ----------------------------------------------------------------------
     def plan_load(self, overrides: dict, count: int, reason: str) -> Plan | None:
-        """The plan for a load with ``overrides`` and ``count`` replicas (None without a manager)."""
+        """The plan for a load with ``overrides`` and ``count`` replicas (None without a manager);
+        it changes nothing (the dry run answers it)."""
         if self.memory is None:
             return None
-        needed, source, key = self.memory.estimate(self, overrides, count)
+        needed, source, _key = self.memory.estimate(self, overrides, count)
         config = self.entry.spec.effective_config(self.entry.definition, overrides)
         requested = self.memory.requested(self, config.get("device"))
-        plan = self.memory.decide(self, needed, requested, operator=reason == REASON_ADMIN, source=source)
-        self._memory_key = key
-        return plan
+        return self.memory.decide(self, needed, requested, operator=reason == REASON_ADMIN, source=source)
 
     def checked_plan(self, overrides: dict, count: int, reason: str) -> Plan | None:
         """``plan_load``, raising ``InsufficientMemory`` with the plan when it is refused."""
         plan = self.plan_load(overrides, count, reason)
+        if self.memory is not None:
+            self._memory_key = self.memory.estimate(self, overrides, count)[2]
         if plan is not None and plan.action == "refuse":
             raise InsufficientMemory(_refusal(self.name, plan), details=plan.details())
         return plan
+
+    def _on_plan(self, future, overrides: dict, replicas: int | None) -> None:
+        """The dry run of an admin load: what it would do, checked as the load would be, acting on nothing."""
+        state = self.state
+        definition = self.entry.definition
+        count = definition.replicas if replicas is None else replicas
+        if count > definition.replica_max:
+            raise InvalidLoadRequest(
+                f"replicas={count} exceeds replica_max={definition.replica_max} of model {self.name}",
+                param="replicas",
+            )
+        accepted = self.entry.spec.validate_overrides(definition, overrides)
+        answer = {"model": self.name, "runtime_state": state.value}
+        if state in (S.LOADED, S.LOADING, S.UNLOADING) or self.memory is None:
+            charge = self.memory.charges.get(self.name) if self.memory is not None else None
+            answer.update({"fits": state is not S.UNLOADING, "action": "none", "placement": self.placement,
+                           "charge_mib": dict(charge.mib) if charge is not None else {}})
+        else:
+            answer.update(self.plan_load(accepted, count, REASON_ADMIN).to_dict())
+        future.set_result(answer)
 
     def _memory_go(self, plan: Plan | None) -> bool:
         """Act on ``plan`` once the model is loading: True when its engines may start now."""
