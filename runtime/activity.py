@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from runtime.errors import InvalidRequest, LLMPoolError, error_codes
+from runtime.metrics import endpoint_label
 from runtime.read_models import iso_time
 
 CANCELLED_STATUS = 499  # the caller went away (nginx's convention); counted with code "cancelled"
@@ -166,8 +167,6 @@ class RequestObserver:
 
     async def run(self, payload: dict, work) -> dict:
         """``await work(record)``: its result, its error; the record is kept either way."""
-        from runtime.metrics import endpoint_label
-
         record = RequestRecord(endpoint_label(payload.get("endpoint")), payload.get("fairness_key"))
         result = None
         try:

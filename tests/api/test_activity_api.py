@@ -1,6 +1,4 @@
 """GET /v1/admin/activity and the admin entry's rolling stats, on both shapes."""
-import httpx
-
 from tests.conftest import model_entry
 
 FAST = {"backend": "stub", "stub_reply": "a b c d", "stub_token_delay_ms": 20}
