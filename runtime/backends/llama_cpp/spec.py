@@ -149,6 +149,10 @@ class LlamaCppSpec(BackendSpec):
     def warm_up(self) -> None:
         native()  # maps libllama and initialises its backend
 
+    def default_device(self, definition) -> str:
+        """No layers offloaded: the model lives in RAM (runtime.memory charges cpu)."""
+        return "cpu" if definition.gguf_n_gpu_layers == 0 else "auto"
+
     def vram_estimate(self, definition, config, replicas, base_dir):
         """Per replica: the GGUF file plus its KV cache at the effective n_ctx and cache types.
 
