@@ -6,6 +6,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -50,6 +51,8 @@ def internal_error(where: str) -> LLMPoolError:
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, Http404):  # DRF's own handler does this too (an unknown ?format= raises it)
+        exc = drf.NotFound()
     if isinstance(exc, RequestDataTooBig):
         exc = RequestTooLarge(f"the request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
     if isinstance(exc, LLMPoolError):

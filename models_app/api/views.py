@@ -297,6 +297,7 @@ class AdminEventStreamApi(AdminApi):
                 response=OpenApiTypes.STR, description="The transition event stream."
             ),
             401: ERROR,
+            404: ERROR,  # an unknown ?format=
         },
     )
     async def get(self, request):
@@ -425,6 +426,7 @@ class EmbeddingCreateApi(InferenceApi):
 
 class OpenAIModelListApi(APIView):
     @extend_schema(
+        operation_id="v1_models_list",
         summary="List models (OpenAI shape)",
         description=(
             "`{object: \"list\", data: [{id, object: \"model\", created, owned_by, runtime_state, backend, "
@@ -439,6 +441,7 @@ class OpenAIModelListApi(APIView):
 
 class OpenAIModelApi(APIView):
     @extend_schema(
+        operation_id="v1_models_retrieve",
         summary="One model (OpenAI shape)",
         description=(
             "Any configured model, whatever service.list_models lists; 404 unknown_model otherwise. With "
