@@ -156,7 +156,7 @@ def test_the_load_body_schema_lists_every_declared_override(schema):
     body = schema["paths"]["/v1/admin/models/{model_name}/load"]["post"]["requestBody"]
     properties = body["content"]["application/json"]["schema"]["properties"]
     assert set(properties) == set(LoadBody.model_fields)
-    assert properties["gguf_n_ctx"] == {"type": "integer", "minimum": 1, "nullable": True}
+    assert properties["gguf_n_ctx"] == {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True}
     assert properties["sglang_chunked_prefill_size"]["minimum"] == -1
 
 

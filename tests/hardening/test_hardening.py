@@ -194,3 +194,8 @@ def test_what_the_http_server_itself_refuses_gets_a_bare_400(service):
         assert raw_exchange(service.port, request).startswith(b"HTTP/1.1 400"), request[:60]
     # One header line longer than the server's line limit: it closes the connection unanswered.
     assert raw_exchange(service.port, b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n") == b""
+
+
+def test_accept_event_stream_alone_is_answered_as_any_other(http):
+    answer = http.post("/v1/responses", headers={"Accept": "text/event-stream"}, json=BODIES["/v1/responses"])
+    assert answer.status_code == 200 and answer.json()["status"] == "completed"
