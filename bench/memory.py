@@ -1,8 +1,9 @@
 """Memory benchmark: estimate vs measured, and the admission decision time.
 
 Part one: SmolLM2-135M and Gemma 3 270M (llama_cpp on cpu, each in an engine process) at three
-context sizes and two KV cache types: the estimate (runtime.memory: the GGUF's tensors and its
-KV cache at the effective n_ctx and types) against what the load measured (the engine process's
+context sizes and two KV cache types: the estimate (runtime.memory, with its parts: the GGUF's
+tensors, its KV cache at the effective n_ctx and types, the compute margin, and the vocabulary
+plus the engine process's own memory) against what the load measured (the engine process's
 RSS after its load, as the pool charges it), with the ratio estimate / measured (target: within
 15%, never under by more than 5%).
 
@@ -62,6 +63,7 @@ async def estimate_vs_measured(folder: Path) -> list[dict]:
     try:
         for name, controller in pool.controllers.items():
             estimate = controller.plan_load({}, 1, "admin").needed_mib
+            parts = controller.memory_view()["estimate_parts"]
             await controller.load({}, None)
             if controller.last_error:
                 rows.append({"model": name, "error": controller.last_error})
@@ -69,7 +71,8 @@ async def estimate_vs_measured(folder: Path) -> list[dict]:
             measured = pool.memory.charges[name].mib["cpu"]
             rows.append({
                 "model": name, "estimate_mib": estimate, "measured_mib": measured,
-                "ratio": round(estimate / measured, 3) if measured else None,
+                "ratio": round(estimate / measured, 3) if measured else None, "parts": parts,
+                "within_target": bool(measured) and 0.95 <= estimate / measured <= 1.15,
             })
             await controller.unload()
     finally:

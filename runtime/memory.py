@@ -208,11 +208,39 @@ class MemoryManager:
         learned = self.learned.get((entry.name, key))
         if learned is not None:
             return learned[0] * replicas, learned[1], key
+        parts = self.estimate_parts(controller, overrides)
+        if parts is not None:
+            per_replica = sum(value for part, value in parts.items() if part.endswith("_mib"))
+            fraction = parts.get("device_fraction")
+            if fraction:
+                totals = self._fraction_totals(self.requested(controller, config.get("device")))
+                if totals:
+                    per_replica = max(per_replica, sum(int(fraction * total) for total in totals))
+            return per_replica * replicas, "estimate", key
         cache_key = (entry.name, id(entry), key, replicas)
         if cache_key not in self._estimates:
             self._estimates[cache_key] = entry.spec.vram_estimate(entry.definition, config, replicas, entry.base_dir)
         mib, source = self._estimates[cache_key]
         return (mib or 0), ("estimate" if mib is not None else "unavailable"), key
+
+    def estimate_parts(self, controller, overrides: dict) -> dict | None:
+        """One replica's estimate in parts (the backend's ``estimate_parts``), cached per catalog
+        entry and effective config; None when the backend gives only a total."""
+        entry = controller.entry
+        config = entry.spec.effective_config(entry.definition, overrides)
+        cache_key = ("parts", entry.name, id(entry), config_key(config))
+        if cache_key not in self._estimates:
+            self._estimates[cache_key] = entry.spec.estimate_parts(entry.definition, config, entry.base_dir)
+        return self._estimates[cache_key]
+
+    def _fraction_totals(self, requested) -> list[int]:
+        """The totals a share of the device is taken of: each named GPU's, for "auto" the largest
+        GPU's; empty when none is known (the parts' sum counts then)."""
+        gpus = {name: d.total_mib for name, d in self.devices.items() if name != "cpu" and d.total_mib}
+        if requested == "auto":
+            return [max(gpus.values())] if gpus else []
+        names = requested if isinstance(requested, list) else [requested]
+        return [gpus[name] for name in names if name in gpus]
 
     def learn(self, name: str, key: str, per_replica_mib: int, source: str) -> None:
         self.learned[(name, key)] = (per_replica_mib, source)

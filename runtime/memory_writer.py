@@ -183,10 +183,15 @@ class MemoryWriter:
             estimate, source, _key = self.memory.estimate(self, self.load_override, self.replicas)
         except Exception:  # an estimate that cannot be made is no reason to fail a read
             estimate, source = None, "unavailable"
+        try:
+            parts = self.memory.estimate_parts(self, self.load_override) if source == "estimate" else None
+        except Exception:
+            parts = None
         charge = self.memory.charges.get(self.name)
         return {
             "estimate_mib": estimate,
             "estimate_source": source,
+            "estimate_parts": parts,
             "charge_mib": dict(charge.mib) if charge is not None else {},
             "charge": charge.kind if charge is not None else None,
             "awaiting_memory": self._awaiting_memory,

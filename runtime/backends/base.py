@@ -145,6 +145,16 @@ class BackendSpec:
     overrides: ClassVar[tuple[LoadOverride, ...]] = ()
     # Backends that may run more than one request per replica; only they take target_inflight.
     concurrent: ClassVar[bool] = False
+    # Whether a loaded model can sleep (runtime.residency: its engines' ``sleep``/``wake``).
+    sleepable: ClassVar[bool] = False
+
+    def context_length(self, config: dict[str, Any]) -> int | None:
+        """The context size (tokens) an effective config gives a replica, where the backend knows it."""
+        return None
+
+    def reconfigurable_fields(self) -> frozenset[str]:
+        """The overrides whose load_constraints entry says ``"reconfigurable": true``."""
+        return frozenset(o.name for o in self.overrides if o.constraint.get("reconfigurable"))
 
     @property
     def override_fields(self) -> tuple[str, ...]:
@@ -295,6 +305,13 @@ class BackendSpec:
     ) -> tuple[int | None, str]:
         """(MiB for ``replicas`` replicas, source) before any load was measured."""
         return None, "unavailable"
+
+    def estimate_parts(self, definition: CommonDefinition, config: dict[str, Any], base_dir: str) -> dict | None:
+        """One replica's memory estimate in parts (runtime.memory, the admin entry's
+        ``memory.estimate_parts``): ``weights_mib``, ``kv_cache_mib``, ``compute_mib``,
+        ``overhead_mib``, and ``device_fraction`` for a server that takes that share of its
+        device whatever it needs.  None: the backend has only ``vram_estimate``'s total."""
+        return None
 
 
 def resolve_model_path(path: str | None, base_dir: str) -> str | None:

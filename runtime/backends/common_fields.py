@@ -7,11 +7,20 @@ operator's extra CLI args from setting those flags a second time.
 """
 from __future__ import annotations
 
+import json
+import math
+import os
 from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from runtime.backends.base import THINKING_ALL, THINKING_DEFAULT_ONLY, CommonDefinition, artifact_size_mib
+from runtime.backends.base import (
+    THINKING_ALL,
+    THINKING_DEFAULT_ONLY,
+    CommonDefinition,
+    artifact_size_mib,
+    resolve_model_path,
+)
 
 # prompt_format values that name a model family; backends that template chats
 # themselves use them only to decide which thinking controls are safe.
@@ -77,3 +86,44 @@ def artifact_estimate(base_dir: str, replicas: int, *paths: str | None) -> tuple
         if size is not None:
             return size * replicas, "model_artifact_size"
     return None, "unavailable"
+
+
+# A margin for a server's compute buffers over its weights and KV cache (not measured on a GPU yet).
+SERVER_COMPUTE_MARGIN = 0.05
+
+
+def server_parts(base_dir: str, paths: tuple[str | None, ...], *, kv_cache_bytes: int | None = None,
+                 device_fraction: float | None = None) -> dict | None:
+    """A GPU server's estimate parts (``BackendSpec.estimate_parts``): the local artifact's size
+    as its weights with a configured KV budget, or the share of the device it takes
+    (``device_fraction``: counted of the device's total by runtime.memory); None when neither
+    applies (the artifact total of ``vram_estimate`` counts then)."""
+    weights = next((size for size in (artifact_size_mib(path, base_dir) for path in paths) if size is not None), None)
+    if device_fraction is not None:
+        return {"weights_mib": weights or 0, "kv_cache_mib": 0, "compute_mib": 0, "overhead_mib": 0,
+                "device_fraction": device_fraction}
+    if kv_cache_bytes is None or weights is None:
+        return None
+    kv = -(-kv_cache_bytes // (1024 * 1024))
+    return {"weights_mib": weights, "kv_cache_mib": kv,
+            "compute_mib": math.ceil((weights + kv) * SERVER_COMPUTE_MARGIN), "overhead_mib": 0}
+
+
+def hf_kv_bytes_per_token(base_dir: str, path: str | None, dtype_bytes: int = 2) -> int | None:
+    """K and V bytes per token of a local Hugging Face checkpoint (its config.json: layers × KV
+    heads × head dim × 2 × ``dtype_bytes``), or None when it cannot be read."""
+    resolved = resolve_model_path(path, base_dir)
+    if not resolved or not os.path.isdir(resolved):
+        return None
+    try:
+        with open(os.path.join(resolved, "config.json"), encoding="utf-8") as handle:
+            config = json.load(handle)
+        config = config.get("text_config", config)
+        layers = int(config["num_hidden_layers"])
+        heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or config["hidden_size"] // heads)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    return layers * kv_heads * head_dim * 2 * dtype_bytes
+

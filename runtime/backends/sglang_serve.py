@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, model_validator
 
 import runtime.backends.managed as managed
-from runtime.backends.common_fields import GEMMA4, FamilyDefinition
+from runtime.backends.common_fields import GEMMA4, FamilyDefinition, hf_kv_bytes_per_token, server_parts
 from runtime.backends.overrides import LoadOverride, integer_override
 from runtime.errors import InvalidLoadRequest
 
@@ -123,6 +123,20 @@ def _effective(definition: SglangServeDefinition, overrides: dict[str, Any], key
 class SglangServeSpec(managed.ManagedServerSpec):
     profile = SGLANG_SERVE
     definition_model = SglangServeDefinition
+
+    def estimate_parts(self, definition, config, base_dir):
+        """With ``sglang_max_total_tokens`` and a local checkpoint: its weights plus that many
+        tokens of KV cache (from its config.json; 1 byte per value for an fp8/fp4 cache type,
+        else 2); with ``sglang_mem_fraction_static`` alone: that share of the device."""
+        paths = (definition.sglang_serve_model, definition.model_path)
+        tokens = config.get("sglang_max_total_tokens")
+        if tokens is not None:
+            dtype = config.get("sglang_kv_cache_dtype") or "auto"
+            per_token = hf_kv_bytes_per_token(base_dir, paths[0] or paths[1], 1 if dtype.startswith(("fp8", "fp4", "nvfp4", "mxfp8")) else 2)
+            if per_token is not None:
+                return server_parts(base_dir, paths, kv_cache_bytes=tokens * per_token)
+        fraction = config.get("sglang_mem_fraction_static")
+        return server_parts(base_dir, paths, device_fraction=fraction) if fraction is not None else None
     thinking_families = (GEMMA4,)
     tools_field = "sglang_tool_call_parser"
     overrides = (

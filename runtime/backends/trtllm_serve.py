@@ -25,7 +25,7 @@ from pydantic import Field
 
 import runtime.backends.managed as managed
 from runtime.backends.base import resolve_model_path
-from runtime.backends.common_fields import GEMMA4, FamilyDefinition
+from runtime.backends.common_fields import GEMMA4, FamilyDefinition, server_parts
 from runtime.backends.overrides import MIB_256, LoadOverride, integer_override
 
 TRTLLM_CACHE_DTYPES = ["auto", "fp8", "nvfp4"]
@@ -127,6 +127,11 @@ TRTLLM_SERVE = managed.ServerProfile(
 class TrtllmServeSpec(managed.ManagedServerSpec):
     profile = TRTLLM_SERVE
     definition_model = TrtllmServeDefinition
+
+    def estimate_parts(self, definition, config, base_dir):
+        """With ``trtllm_kv_cache_memory_bytes``: the checkpoint plus that KV budget."""
+        paths = (definition.trtllm_serve_model, definition.model_path)
+        return server_parts(base_dir, paths, kv_cache_bytes=config.get("trtllm_kv_cache_memory_bytes"))
     thinking_families = (GEMMA4,)
     tools_field = "trtllm_tool_parser"
     overrides = (

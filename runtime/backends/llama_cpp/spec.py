@@ -70,14 +70,31 @@ def _cache_type_constraint() -> dict:
         "default": "f16",
         "allowed_values": list(GGML_CACHE_TYPES),
         "examples": ["f16", "q8_0", "q4_0"],
+        "reconfigurable": True,
     }
+
+
+# The memory estimate's constants (estimate_parts), measured by bench/memory.py with llama.cpp
+# on cpu (docs/performance.md): an engine process's own RSS besides its model (the interpreter,
+# runtime.backends, libllama and its threads), what llama.cpp keeps per vocabulary token and BPE
+# merge (its token tables and the GGUF metadata), and a margin for the compute buffers over
+# the weights and KV cache (on cpu those are allocated but mostly not resident after a load).
+ENGINE_PROCESS_BASELINE_MIB = 64
+LLAMA_VOCAB_ENTRY_BYTES = 256
+COMPUTE_MARGIN = 0.05
+
+
+def _mib(size: float) -> int:
+    return int(-(-size // (1024 * 1024)))
 
 
 class LlamaCppSpec(BackendSpec):
     name = "llama_cpp"
     definition_model = LlamaCppDefinition
+    sleepable = True  # POST .../sleep frees the context and KV cache; the weights stay (runtime.residency)
     overrides = (
-        integer_override("gguf_n_ctx"),
+        # "reconfigurable": POST .../reconfigure changes it while loaded (runtime.residency).
+        integer_override("gguf_n_ctx", reconfigurable=True),
         LoadOverride(
             "gguf_flash_attn",
             str,
@@ -86,11 +103,15 @@ class LlamaCppSpec(BackendSpec):
                 "default": "auto",
                 "allowed_values": ["on", "off", "auto"],
                 "examples": ["auto", "on", "off"],
+                "reconfigurable": True,
             },
         ),
         LoadOverride("gguf_type_k", str, _cache_type_constraint()),
         LoadOverride("gguf_type_v", str, _cache_type_constraint()),
     )
+
+    def context_length(self, config):
+        return config.get("gguf_n_ctx")
 
     def load_recommendations(self, definition):
         return {
@@ -152,6 +173,41 @@ class LlamaCppSpec(BackendSpec):
     def default_device(self, definition) -> str:
         """No layers offloaded: the model lives in RAM (runtime.memory charges cpu)."""
         return "cpu" if definition.gguf_n_gpu_layers == 0 else "auto"
+
+    def estimate_parts(self, definition, config, base_dir):
+        """One replica: the GGUF's tensors (the file), its KV cache at the effective n_ctx and
+        cache types, a compute margin, and on ``cpu`` (no GPU layers) what the process holds
+        besides: its vocabulary (``LLAMA_VOCAB_ENTRY_BYTES`` per token and merge) and, in an
+        engine process, the process itself (``ENGINE_PROCESS_BASELINE_MIB``).  bench/memory.py
+        measures these against the engine process's RSS; docs/settings.md has the figures."""
+        path = locate_model_file(definition.model_path, base_dir)
+        if path is None or not os.path.isfile(path):
+            return None
+        try:
+            info = read_gguf_info(path)
+        except OSError:
+            return None
+        except GgufError:
+            weights, cache, vocab = os.path.getsize(path), 0, 0
+        else:
+            weights = info.file_size
+            cache = info.kv_cache_bytes(config["gguf_n_ctx"], config["gguf_type_k"], config["gguf_type_v"]) or 0
+            vocab = sum(
+                getattr(info.metadata.get(key), "length", 0)
+                for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+            )
+        weights_mib, cache_mib = _mib(weights), _mib(cache)
+        overhead = 0
+        if config["gguf_n_gpu_layers"] == 0:
+            overhead = _mib(vocab * LLAMA_VOCAB_ENTRY_BYTES)
+            if config["isolation"] == "process":
+                overhead += ENGINE_PROCESS_BASELINE_MIB
+        return {
+            "weights_mib": weights_mib,
+            "kv_cache_mib": cache_mib,
+            "compute_mib": _mib((weights + cache) * COMPUTE_MARGIN),
+            "overhead_mib": overhead,
+        }
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         """Per replica: the GGUF file plus its KV cache at the effective n_ctx and cache types.

@@ -18,6 +18,7 @@ from runtime.backends.common_fields import (
     FamilyDefinition,
     artifact_estimate,
     require_model_target,
+    server_parts,
     thinking_for_families,
 )
 from runtime.backends.overrides import MIB_256, LoadOverride, integer_override
@@ -133,3 +134,13 @@ class VllmSpec(BackendSpec):
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)
+
+    def estimate_parts(self, definition, config, base_dir):
+        """With ``vllm_kv_cache_memory_bytes`` vLLM sizes its cache to that budget (and leaves
+        gpu_memory_utilization aside); without it vLLM takes ``vllm_gpu_memory_utilization`` of
+        the device (its default 0.9), counted as that share of the device's total."""
+        paths = (getattr(definition, f"{self.name}_model", None), definition.model_path)
+        kv = config.get("vllm_kv_cache_memory_bytes")
+        if kv is not None:
+            return server_parts(base_dir, paths, kv_cache_bytes=kv)
+        return server_parts(base_dir, paths, device_fraction=config.get("vllm_gpu_memory_utilization") or 0.9)
