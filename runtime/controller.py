@@ -40,6 +40,7 @@ from runtime.groups import SwapGroup
 from runtime.memory_writer import MemoryWriter, measure_engines, process_rss_mib
 from runtime.on_demand import IdleClock, Waiters, Waiting
 from runtime.replicas import load_replicas, release_replicas
+from runtime.residency import ResidencyWriter
 from runtime.scheduler import Scheduler, Ticket
 from runtime.switching import SwitchingWriter
 from runtime.state import (
@@ -97,7 +98,7 @@ RELOAD_SAFE_FIELDS = frozenset(
 )
 
 
-class ModelController(SwitchingWriter, MemoryWriter):
+class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
     def __init__(
         self,
         entry: CatalogEntry,
@@ -131,6 +132,7 @@ class ModelController(SwitchingWriter, MemoryWriter):
         self.waiters = Waiters()  # requests waiting for a load (load_on_request)
         self.clock = IdleClock()
         self.reason: str | None = None  # of the lifecycle operation under way, or of the last one
+        self.load_progress: dict | None = None  # {stage, fraction} of the load under way (runtime.load_progress)
         self._awaiting_slot = False  # loading, but the swap group has no slot for it yet
         self._yielding = False  # its group turn is over: new requests wait for its next turn
         self._swapped_out = False  # the last unload was a group swap (keep_warm brings it back)
@@ -328,6 +330,7 @@ class ModelController(SwitchingWriter, MemoryWriter):
         self.load_override = overrides or {}
         self.replicas = self.entry.definition.replicas if count is None else count
         self.reason = reason
+        self.load_progress = None
         self._yielding = False
         self.machine.transition(state, S.LOADING, reason)
         if self._memory_go(plan):
@@ -341,13 +344,16 @@ class ModelController(SwitchingWriter, MemoryWriter):
 
     def _start_engines(self) -> None:
         self._work = asyncio.get_running_loop().create_task(
-            self._load_engines(self.entry, self.load_override, self.replicas)
+            # The engines see where the load was placed (config["placement"]: CUDA_VISIBLE_DEVICES, main_gpu).
+            self._load_engines(self.entry, {**self.load_override, "placement": self.placement}, self.replicas)
         )
 
     async def _load_engines(self, entry: CatalogEntry, overrides: dict, count: int) -> None:
         try:
             rss_before = await asyncio.to_thread(process_rss_mib)
-            engines, observed_mib = await load_replicas(entry, overrides, count, self.engine_failed)
+            engines, observed_mib = await load_replicas(
+                entry, overrides, count, self.engine_failed, on_load_progress=self._report_load_progress
+            )
             rss_after = await asyncio.to_thread(process_rss_mib)
             rss_delta = None if None in (rss_before, rss_after) else max(0, rss_after - rss_before)
             measured = await measure_engines(engines, self.placement, observed_mib, rss_delta)
@@ -357,6 +363,14 @@ class ModelController(SwitchingWriter, MemoryWriter):
             self._post("load_finished", None, str(exc) or type(exc).__name__)
             return
         self._post("load_finished", engines, None, observed_mib, measured)
+
+    def _report_load_progress(self, stage: str, fraction: float | None) -> None:
+        self._post("load_progress", stage, fraction)
+
+    def _on_load_progress(self, future, stage: str, fraction: float | None) -> None:
+        if self.state is S.LOADING and self._work is not None:  # not a late report of a load that ended
+            self.load_progress = {"stage": stage, "fraction": None if fraction is None else round(fraction, 4)}
+        future.set_result(None)
 
     def _on_load_finished(
         self, future, engines: list[Engine] | None, error: str | None, observed_mib: int | None = None,
@@ -514,6 +528,7 @@ class ModelController(SwitchingWriter, MemoryWriter):
         else:
             raise _not_serving(self.name, S.UNLOADING if state is S.LOADED else state, self.last_error)
         self.clock.touch()
+        self._wake_for_request()  # a sleeping model wakes for it (runtime.residency)
 
     def _queue(self, ticket: Ticket) -> asyncio.Future:
         """Put a request in the scheduler (its 429s raise); the future it will be dispatched by."""
@@ -535,6 +550,7 @@ class ModelController(SwitchingWriter, MemoryWriter):
         self._dispatch.pop(ticket, None)
         self._leases.pop(ticket, None)
         self._release_when_idle()
+        self._operate_when_idle()  # a reconfigure or sleep waiting for the active requests (runtime.residency)
         future.set_result(None)
 
     # ---- scheduler effects (called from inside the writer) ----------------------------

@@ -53,6 +53,10 @@ def model_entry(controller: ModelController) -> dict:
         # and the next load's estimate with the charge held now (runtime.memory).
         "placement": controller.placement,
         "memory": controller.memory_view(),
+        # Load progress (additive; docs/observability.md): {stage, fraction} while loading, else null.
+        "load_progress": controller.load_progress if state is RuntimeState.LOADING else None,
+        # The warm tier (additive; docs/api.md, runtime.residency): "active" or "sleeping".
+        "residency": controller.residency,
     }
 
 

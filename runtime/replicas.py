@@ -14,6 +14,7 @@ from runtime import gpu
 from runtime.backends.base import Engine
 from runtime.catalog import CatalogEntry
 from runtime.engine_process.engine import ProcessEngine
+from runtime.load_progress import ProgressCallback, replica_reporter
 from runtime.paths import state_dir
 
 logger = logging.getLogger("llmpool.runtime")
@@ -33,13 +34,16 @@ def create_replica(entry: CatalogEntry, config: dict, index: int, context: dict)
 
 
 async def load_replicas(
-    entry: CatalogEntry, overrides: dict, count: int, on_engine_failure: Callable[[str], None]
+    entry: CatalogEntry, overrides: dict, count: int, on_engine_failure: Callable[[str], None],
+    on_load_progress: ProgressCallback | None = None,
 ) -> tuple[list[Engine], int | None]:
     """Load ``count`` replicas one after the other, all or nothing.
 
     Returns the engines and the GPU memory the load took (MiB, None when no GPU is
     visible).  On any failure, or when cancelled, the replicas loaded so far are
     released first; a replica's failure raises ``ReplicaLoadError`` naming it.
+    ``on_load_progress`` hears each replica's stages, its fraction scaled into the whole load's
+    (runtime.load_progress).
     """
     config = entry.spec.effective_config(entry.definition, overrides)
     context = {
@@ -53,7 +57,10 @@ async def load_replicas(
     try:
         used_before = await asyncio.to_thread(gpu.used_memory_mib)
         for index in range(count):
-            engine = create_replica(entry, config, index, context)
+            replica_context = context
+            if on_load_progress is not None:
+                replica_context = {**context, "on_load_progress": replica_reporter(on_load_progress, index, count)}
+            engine = create_replica(entry, config, index, replica_context)
             engines.append(engine)
             try:
                 await engine.load()

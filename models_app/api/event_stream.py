@@ -11,14 +11,22 @@ from collections.abc import AsyncIterator
 
 from channels.layers import get_channel_layer
 
-from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_TRANSITION
+from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_LOAD_PROGRESS, EVENT_TRANSITION
 
 TRANSITION_FIELDS = ("model", "from", "to", "at", "reason", "last_error")
+# A loaded model's inference state changed (runtime.residency; additive event names).
+MODEL_EVENT_FIELDS = {
+    "reconfigured": ("model", "at", "duration_ms", "changed", "reason"),
+    "slept": ("model", "at", "duration_ms", "reason"),
+    "woke": ("model", "at", "duration_ms", "reason"),
+}
+LOAD_PROGRESS_FIELDS = ("model", "load_progress", "at")
 SSE_KEEPALIVE_SECONDS = 15.0
 
 
-async def transition_stream(keepalive: float = SSE_KEEPALIVE_SECONDS) -> AsyncIterator[bytes]:
-    """Server-Sent Events: one ``transition`` event per lifecycle transition, until the client leaves.
+async def transition_stream(keepalive: float = SSE_KEEPALIVE_SECONDS, progress: bool = False) -> AsyncIterator[bytes]:
+    """Server-Sent Events: one ``transition`` event per lifecycle transition, until the client leaves;
+    with ``progress`` also a ``load_progress`` event ({model, load_progress, at}) per progress step.
 
     The first bytes (a comment) are sent once the subscription is in place, so a
     client that has read them sees every later transition.  A comment every
@@ -38,6 +46,11 @@ async def transition_stream(keepalive: float = SSE_KEEPALIVE_SECONDS) -> AsyncIt
             event = message.get("event") or {}
             if event.get("kind") == EVENT_TRANSITION:
                 yield sse_event(EVENT_TRANSITION, {key: event.get(key) for key in TRANSITION_FIELDS})
+            elif event.get("kind") in MODEL_EVENT_FIELDS:
+                kind = event["kind"]
+                yield sse_event(kind, {key: event.get(key) for key in MODEL_EVENT_FIELDS[kind]})
+            elif progress and event.get("kind") == EVENT_LOAD_PROGRESS:
+                yield sse_event(EVENT_LOAD_PROGRESS, {key: event.get(key) for key in LOAD_PROGRESS_FIELDS})
     finally:
         await layer.group_discard(ADMIN_EVENTS_GROUP, channel)
 

@@ -107,6 +107,11 @@ class AdminModelEntrySerializer(serializers.Serializer):
         "unavailable) of the next load, charge_mib per device and charge (reserved, measured or null) held now, "
         "awaiting_memory.",
     )
+    # Additive: load progress (docs/observability.md).
+    load_progress = serializers.DictField(
+        allow_null=True, help_text="While loading: {stage, fraction} (fraction 0..1 or null where the stage has "
+        "no measure); null otherwise or before the first report.",
+    )
 
 
 class AdminApi(APIView):
@@ -207,6 +212,49 @@ class ModelUnloadApi(AdminApi):
         return Response(await services.model_unload(model_name))
 
 
+class ModelReconfigureApi(AdminApi):
+    @extend_schema(
+        summary="Reconfigure a loaded model (additive; docs/api.md)",
+        description=(
+            "Changes the fields whose load_constraints entry says \"reconfigurable\": true while the model stays "
+            "loaded and its weights stay in memory: admission pauses (new requests queue), active requests finish, "
+            "the engines rebuild their inference state, admission resumes. The body is checked as a load body "
+            "(422); a field that is not reconfigurable is 400 not_reconfigurable; a value the backend rejects "
+            "is 400 invalid_load_request with the old configuration rebuilt; a context below a queued request's "
+            "size is 400; 409 insufficient_memory when it does not fit (nothing changed); 409 model_not_loaded "
+            "or model_state_conflict. Answers the entry with reconfigured {duration_ms, changed, reason}."
+        ),
+        request={"application/json": load_body_schema()},
+        parameters=[OpenApiParameter("model_name", str, OpenApiParameter.PATH)],
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 422: ERROR, 503: ERROR},
+    )
+    async def post(self, request, model_name: str):
+        return Response(await services.model_reconfigure(model_name, load_body(request)))
+
+
+class ModelSleepApi(AdminApi):
+    op = "sleep"
+
+    @extend_schema(
+        summary="Put a loaded model to sleep, or wake it (additive; docs/api.md)",
+        description=(
+            "sleep: once its active requests finish, the model frees its inference state (llama_cpp: the context "
+            "and KV cache) and keeps its weights; it stays loaded with residency \"sleeping\", and a request "
+            "wakes it (and waits). wake: builds the inference state again (residency \"active\"). 400 "
+            "not_sleepable for a backend without a warm tier; 409 model_not_loaded or model_state_conflict."
+        ),
+        request=None,
+        parameters=[OpenApiParameter("model_name", str, OpenApiParameter.PATH)],
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR, 503: ERROR},
+    )
+    async def post(self, request, model_name: str):
+        return Response(await services.model_residency(model_name, self.op))
+
+
+class ModelWakeApi(ModelSleepApi):
+    op = "wake"
+
+
 class GpuMemoryApi(AdminApi):
     @extend_schema_serializer(component_name="GpuMemory")
     class OutputSerializer(serializers.Serializer):
@@ -290,18 +338,29 @@ class AdminEventStreamApi(AdminApi):
             "`last_error` (the error when `to` is failed, else null). Example:\n\n"
             "```\nevent: transition\ndata: {\"model\":\"stub-echo\",\"from\":\"loading\",\"to\":\"failed\","
             "\"at\":\"2026-01-01T12:00:00.123Z\",\"last_error\":\"weights are corrupt\"}\n```\n\n"
-            "Requires the admin token like every /v1/admin endpoint."
+            "Requires the admin token like every /v1/admin endpoint. Additive: with ?progress=true the stream "
+            "also carries `load_progress` events, {model, load_progress: {stage, fraction}, at}, while a model "
+            "loads (docs/observability.md)."
         ),
+        parameters=[
+            OpenApiParameter("progress", bool, OpenApiParameter.QUERY,
+                             description="Also send load_progress events (default false)."),
+        ],
         responses={
             (200, "text/event-stream"): OpenApiResponse(
                 response=OpenApiTypes.STR, description="The transition event stream."
             ),
+            400: ERROR,  # ?progress= neither true nor false
             401: ERROR,
             404: ERROR,  # an unknown ?format=
         },
     )
     async def get(self, request):
-        response = StreamingHttpResponse(transition_stream(), content_type="text/event-stream")
+        progress = request.query_params.get("progress", "false").lower()
+        if progress not in ("true", "false", "1", "0"):
+            raise InvalidRequest("progress must be true or false", param="progress")
+        stream = transition_stream(progress=progress in ("true", "1"))
+        response = StreamingHttpResponse(stream, content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response

@@ -16,23 +16,30 @@ event's ``kind`` is one of (``models_app.transport.messages`` names them):
 - ``counters``: model and its inflight_requests, queue_depth,
   runtime_inflight, loaded_replicas, replicas and fairness, sent when any of
   them changed (sampled every ``COUNTER_INTERVAL_SECONDS``);
-- ``catalog``: a settings reload changed the catalog (its diff).
+- ``load_progress``: model, load_progress ({stage, fraction}, see ``runtime.load_progress``)
+  and at, sent when a loading model's progress changed (sampled with the counters);
+- ``catalog``: a settings reload changed the catalog (its diff);
+- ``reconfigured``, ``slept``, ``woke`` (runtime.residency): model, at, duration_ms, reason,
+  changed (reconfigured: {field: {from, to}}), entry; the model stayed loaded.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import datetime, timezone
 
 from models_app.transport.messages import (
     ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
     ADMIN_EVENTS_GROUP,
     EVENT_COUNTERS,
+    EVENT_LOAD_PROGRESS,
     EVENT_TRANSITION,
     admin_event_message,
 )
 from runtime.state import RuntimeState, TransitionEvent
 from runtime.read_models import model_entry
+from runtime.residency import ModelEvent
 
 logger = logging.getLogger("llmpool.events")
 
@@ -55,6 +62,7 @@ class RuntimeEventPublisher:
         self.pool = None
         self._outbox: asyncio.Queue = asyncio.Queue(maxsize=OUTBOX_LIMIT)
         self._counters: dict[str, dict] = {}
+        self._progress: dict[str, dict | None] = {}  # the load_progress last sent per model
         self._tasks: list[asyncio.Task] = []
 
     def attach(self, pool) -> None:
@@ -74,7 +82,15 @@ class RuntimeEventPublisher:
 
     def on_transition(self, event: TransitionEvent) -> None:
         # Publish after the writer's current step, so the entry read is the one the step left.
+        if isinstance(event, ModelEvent):
+            asyncio.get_running_loop().call_soon(self._publish_model_event, event)
+            return
         asyncio.get_running_loop().call_soon(self._publish_transition, event)
+
+    def _publish_model_event(self, event: ModelEvent) -> None:
+        controller = self.pool.controllers.get(event.model) if self.pool is not None else None
+        entry = model_entry(controller) if controller is not None else None
+        self._enqueue({"kind": event.kind, "model": event.model, "at": _iso(event.at), **event.details, "entry": entry})
 
     def _publish_transition(self, event: TransitionEvent) -> None:
         controller = self.pool.controllers.get(event.model) if self.pool is not None else None
@@ -112,13 +128,24 @@ class RuntimeEventPublisher:
         controllers = dict(self.pool.controllers) if self.pool is not None else {}
         for name in [n for n in self._counters if n not in controllers]:
             del self._counters[name]
+        for name in [n for n in self._progress if n not in controllers]:
+            del self._progress[name]
         for name, controller in controllers.items():
-            counters = _counters(model_entry(controller))
+            entry = model_entry(controller)
+            self._sample_progress(name, entry)
+            counters = _counters(entry)
             if self._counters.get(name) != counters:
                 first_sight = name not in self._counters
                 self._counters[name] = counters
                 if not first_sight:
                     self._enqueue({"kind": EVENT_COUNTERS, "model": name, **counters})
+
+    def _sample_progress(self, name: str, entry: dict) -> None:
+        progress = entry.get("load_progress")
+        if progress is not None and progress != self._progress.get(name):
+            self._enqueue({"kind": EVENT_LOAD_PROGRESS, "model": name, "load_progress": progress,
+                           "at": _iso(time.time())})
+        self._progress[name] = progress
 
     def _enqueue(self, event: dict) -> None:
         try:

@@ -6,7 +6,7 @@ A request goes to ``RUNTIME_CHANNEL`` as a ``RUNTIME_REQUEST`` naming one ``OP_*
 ``RUNTIME_REPLY`` messages whose ``kind`` is a ``REPLY_*``.  A ``RUNTIME_CANCEL``
 drops a request its caller gave up on.  The runtime publishes admin events to
 ``ADMIN_EVENTS_GROUP`` as ``ADMIN_EVENT`` messages whose ``event["kind"]`` is one of
-``EVENT_TRANSITION``, ``EVENT_COUNTERS`` or ``EVENT_CATALOG``; the admin WebSocket adds
+``EVENT_TRANSITION``, ``EVENT_COUNTERS``, ``EVENT_LOAD_PROGRESS`` or ``EVENT_CATALOG``; the admin WebSocket adds
 ``EVENT_SNAPSHOT`` of its own.
 
 Channels dispatches a message to the consumer method named after its type with the dot
@@ -36,6 +36,9 @@ OP_EMBED = "embed"
 OP_METRICS = "metrics"  # the runtime's Prometheus text (GET /metrics)
 OP_ACTIVITY = "activity"  # the ring of finished requests (GET /v1/admin/activity)
 OP_MODEL_LOGS = "model_logs"  # a model's server / engine process output (GET .../logs)
+OP_RECONFIGURE = "reconfigure"  # change a loaded model's inference state (runtime.residency)
+OP_SLEEP = "sleep"
+OP_WAKE = "wake"
 
 # The kinds of a runtime reply: ``ack`` and ``heartbeat`` only keep the exchange alive; a
 # ``chunk`` is streamed data; ``result`` and ``error`` end the exchange.
@@ -49,6 +52,7 @@ REPLY_ERROR = "error"
 EVENT_TRANSITION = "transition"
 EVENT_COUNTERS = "counters"
 EVENT_CATALOG = "catalog"
+EVENT_LOAD_PROGRESS = "load_progress"
 EVENT_SNAPSHOT = "snapshot"
 
 # Admin events are best effort: a publisher waits this long for the layer to take one, then drops it.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +55,10 @@ from runtime.backends.forwarding import forward
 from runtime.backends.openai_chat import chat_completion, chat_request, required_for_named
 from runtime.backends.openai_embeddings import create_embeddings
 from runtime.backends.prompts import template_variables
+from runtime.memory import cuda_visible_devices
 from runtime.errors import BackendError
+from runtime.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
+from runtime.load_progress import report as report_progress
 from runtime.supervisor import (
     ManagedProcess,
     ServerCommand,
@@ -114,6 +118,38 @@ class ServerProfile:
         return server_target(config, self.prefix, base_dir)
 
 
+# A server's own words for reading its weights (llama-server, vLLM, SGLang, TensorRT-LLM), and
+# a percentage on such a line (vLLM's and SGLang's "Loading safetensors checkpoint shards: 50% ...").
+LOADING_WEIGHTS_LINE = re.compile(
+    r"load_tensors|loading model|llama_model_load|Loading weights|Loading safetensors|Loading model weights", re.I
+)
+PERCENT = re.compile(r"(\d{1,3})%")
+START_POLL_SECONDS = 0.1
+
+
+async def watch_start(process: ManagedProcess, host: str, port: int, context: dict) -> None:
+    """Until cancelled (the server is healthy): ``listening`` once its port takes a connection,
+    ``loading_weights`` while its output says so (with the line's percentage, if any)."""
+    listening = False
+    after = None
+    while True:
+        lines, after = process.output_since(after, 200)
+        if not listening:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+            except (OSError, TimeoutError):
+                pass
+            else:
+                writer.close()
+                listening = True
+                report_progress(context, STAGE_LISTENING)
+        for line in lines:
+            if LOADING_WEIGHTS_LINE.search(line):
+                percent = PERCENT.search(line)
+                report_progress(context, STAGE_LOADING_WEIGHTS, int(percent.group(1)) / 100 if percent else None)
+        await asyncio.sleep(START_POLL_SECONDS)
+
+
 class ManagedServerEngine:
     """One replica of a managed backend: its own server process and a pooled client to it.
 
@@ -142,6 +178,15 @@ class ManagedServerEngine:
     def _field(self, name: str) -> Any:
         return self.config[f"{self.profile.prefix}_{name}"]
 
+    def _placement_env(self) -> dict[str, str]:
+        """The definition's env, with CUDA_VISIBLE_DEVICES of the load's GPU placement (the
+        pool's choice wins over one set there; on cpu the environment is left as it is)."""
+        visible = cuda_visible_devices(self.config.get("placement"))
+        env = dict(self._field("env"))
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        return env
+
     @property
     def _auth(self) -> dict[str, str]:
         key = self._field("api_key")
@@ -167,24 +212,34 @@ class ManagedServerEngine:
         command = ServerCommand(
             label=self.label,
             argv=launch.argv,
-            env=server_env(self._field("env"), self._field("library_path")),
+            env=server_env(self._placement_env(), self._field("library_path")),
             log_path=state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log",
             temp_files=launch.temp_files,
         )
         self.process = ManagedProcess(command, state_dir)
         self.base_url = f"http://{connect_host(host)}:{port}"
+        watching = None
         try:
             await self.process.start()
             self.process.on_exit(self._server_exited)
+            report_progress(self.context, STAGE_SPAWNED)
+            watching = asyncio.get_running_loop().create_task(watch_start(self.process, connect_host(host), port,
+                                                                          self.context))
             await self.process.wait_ready(
                 self.base_url + self.profile.health_path, self._field("startup_timeout_seconds"), self._auth
             )
+            watching.cancel()
+            report_progress(self.context, STAGE_HEALTHY, 1.0)
             if not self.process.running:  # it exited right after answering: its exit went unreported
                 await self.process.output_settled()
                 raise ServerStartError(self.process.exit_report("right after it was ready"))
         except BaseException:
             await self._release()
             raise
+        finally:
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
         self._client = server_client(self.base_url, self._auth)
         self._loaded = True
 

@@ -39,9 +39,12 @@ from runtime.backends.base import (
 )
 from runtime.embedding import normalized
 from runtime.errors import BackendError
+from runtime.load_progress import STAGE_STUB_LOADING
+from runtime.load_progress import report as report_progress
 from runtime.tool_calls import HERMES_CLOSE, HERMES_OPEN, choice_kind, chosen_name, format_for
 
 _TOKEN = re.compile(r"\s*\S+")
+STUB_LOAD_STEPS = 10  # stub_load_seconds is waited in this many reported steps
 
 
 def stub_tokens(text: str) -> list[str]:
@@ -118,14 +121,22 @@ class StubDefinition(CommonDefinition):
 
 
 class StubEngine:
-    def __init__(self, config: dict[str, Any], replica_index: int):
+    def __init__(self, config: dict[str, Any], replica_index: int, context: dict | None = None):
         self.config = config
         self.replica_index = replica_index
+        self.context = context or {}
         self.loaded = False
         self.gpu_block = None
 
     async def load(self) -> None:
-        await asyncio.sleep(self.config["stub_load_seconds"])
+        # stub_load_seconds in STUB_LOAD_STEPS steps, each reported (runtime.load_progress).
+        seconds = self.config["stub_load_seconds"]
+        if not seconds:
+            await asyncio.sleep(0)
+        for done in range(STUB_LOAD_STEPS if seconds else 0):
+            report_progress(self.context, STAGE_STUB_LOADING, done / STUB_LOAD_STEPS)
+            await asyncio.sleep(seconds / STUB_LOAD_STEPS)
+        report_progress(self.context, STAGE_STUB_LOADING, 1.0)
         self._crash_if("on_load")
         failing_replica = self.config["stub_fail_replica"]
         if self.config["stub_fail_load"] and failing_replica in (None, self.replica_index):
@@ -315,7 +326,7 @@ class StubSpec(BackendSpec):
         return definition.stub_remote
 
     def create_engine(self, model_name, config, replica_index, context):
-        return StubEngine(config, replica_index)
+        return StubEngine(config, replica_index, context)
 
     def default_device(self, definition: StubDefinition) -> str:
         return "cpu"

@@ -72,7 +72,8 @@ class EngineHost:
     async def _on_load(self, message: dict[str, Any]) -> None:
         if self.engine is not None:
             raise RuntimeError("this engine process has already loaded an engine")
-        context = {**message["context"], "on_engine_failure": self._engine_failed}
+        context = {**message["context"], "on_engine_failure": self._engine_failed,
+                   "on_load_progress": self._load_progress}
         spec = BACKENDS[message["backend"]]
         engine = spec.create_engine(message["model_name"], message["config"], message["replica_index"], context)
         self.engine = engine
@@ -84,6 +85,9 @@ class EngineHost:
         # The runtime's parser reads tool calls in the formats the engine answers them in.
         formats = getattr(engine, "tool_call_formats", None)
         self.outbox.send({"op": p.LOADED, "tool_call_formats": formats() if formats is not None else None})
+
+    def _load_progress(self, stage: str, fraction: float | None) -> None:
+        self.outbox.send({"op": p.PROGRESS, "stage": stage, "fraction": fraction})
 
     def _engine_failed(self, text: str) -> None:
         self.outbox.send({"op": p.FAILED, "message": text})
@@ -139,6 +143,23 @@ class EngineHost:
     async def _on_stats(self, message: dict[str, Any]) -> None:
         gpu_bytes = await asyncio.to_thread(process_gpu_memory_bytes, os.getpid())
         self.outbox.send({"op": p.STATS, "rss_bytes": rss_bytes(), "gpu_memory_bytes": gpu_bytes})
+
+    # ---- inference state (runtime.residency) ------------------------------------------
+    async def _on_reconfigure(self, message: dict[str, Any]) -> None:
+        await self._inference_state("reconfigure", p.RECONFIGURED, message["config"])
+
+    async def _on_sleep(self, message: dict[str, Any]) -> None:
+        await self._inference_state("sleep", p.SLEPT)
+
+    async def _on_wake(self, message: dict[str, Any]) -> None:
+        await self._inference_state("wake", p.WOKEN)
+
+    async def _inference_state(self, method: str, answer: str, *args) -> None:
+        operation = getattr(self.engine, method, None)
+        if operation is None:
+            raise RuntimeError(f"the engine in this engine process cannot {method}")
+        await operation(*args)
+        self.outbox.send({"op": answer})
 
     async def _on_unload(self, message: dict[str, Any]) -> None:
         if self.loading is not None:  # the runtime gave up on the load (its load was cancelled)

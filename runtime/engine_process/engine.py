@@ -31,7 +31,10 @@ from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.engine_process import protocol as p
 from runtime.engine_process.launch import launch_engine_process
 from runtime.engine_process.spares import SPARES
+from runtime.memory import cuda_visible_devices
 from runtime.errors import BackendError, LLMPoolError
+from runtime.load_progress import STAGE_ENGINE_PROCESS_STARTED
+from runtime.load_progress import report as report_progress
 from runtime.supervisor import ManagedProcess
 from runtime.tool_calls import format_for
 
@@ -128,6 +131,7 @@ class ProcessEngine:
         state_dir = Path(self.context["state_dir"])
         try:
             await self._start(state_dir)
+            report_progress(self.context, STAGE_ENGINE_PROCESS_STARTED)
             loaded = await self._call(p.LOAD, {
                 "backend": self.config["backend"],
                 "model_name": self.model_name,
@@ -150,9 +154,15 @@ class ProcessEngine:
 
     async def _start(self, state_dir: Path) -> None:
         log_path = state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log"
-        handle = await SPARES.take(self.config["backend"], state_dir, self.label, log_path)
+        # A spare was started without CUDA_VISIBLE_DEVICES and cannot take it later: spares serve
+        # loads placed on cpu (or on no device); a load placed on GPUs starts a process of its own.
+        visible = cuda_visible_devices(self.config.get("placement"))
+        handle = None
+        if visible is None:
+            handle = await SPARES.take(self.config["backend"], state_dir, self.label, log_path)
         if handle is None:
-            handle = await launch_engine_process(self.label, log_path, state_dir)
+            env = {"CUDA_VISIBLE_DEVICES": visible} if visible is not None else None
+            handle = await launch_engine_process(self.label, log_path, state_dir, env_extra=env)
         self.process = handle.process
         self.process.on_exit(lambda process: self._lost())
         if not self.process.running:  # it died between the take and here
@@ -188,6 +198,19 @@ class ProcessEngine:
         NVML cannot be read)."""
         reply = await self._call(p.STATS, {}, p.STATS)
         return {key: value for key, value in reply.items() if key != "op"}
+
+    # ---- inference state (runtime.residency) ------------------------------------------
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Rebuild the child engine's inference state with ``config`` (its weights stay); an
+        ``error`` answer (the old state rebuilt by the child) raises its LLMPoolError."""
+        await self._call(p.RECONFIGURE, {"config": config}, p.RECONFIGURED)
+        self.config = config
+
+    async def sleep(self) -> None:
+        await self._call(p.SLEEP, {}, p.SLEPT)
+
+    async def wake(self) -> None:
+        await self._call(p.WAKE, {}, p.WOKEN)
 
     # ---- generation ------------------------------------------------------------------
     def tool_call_format(self, request: GenerationRequest) -> str | None:
@@ -297,6 +320,10 @@ class ProcessEngine:
                 stream.cancelled.set()
             else:
                 stream.put(message)
+        elif op == p.PROGRESS:
+            if not self._loaded and isinstance(message.get("stage"), str):
+                fraction = message.get("fraction")
+                report_progress(self.context, message["stage"], fraction if isinstance(fraction, float) else None)
         elif op == p.FAILED:
             if self._loaded and not self._stopping:
                 self.context["on_engine_failure"](f"{self.label}: {message.get('message')}")

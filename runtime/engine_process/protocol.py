@@ -11,6 +11,9 @@ runtime -> engine process
     ``cancel`` {id}              answered by ``cancelled`` once that generate (or embed) has stopped
     ``stats``                    answered by ``stats`` {rss_bytes, gpu_memory_bytes}
     ``unload``                   answered by ``unloaded``; the process then exits 0
+    ``reconfigure`` {config}     answered by ``reconfigured`` once the engine's inference state (a
+        llama_cpp context) is rebuilt over the same weights with ``config``, or ``error`` (the old
+        state rebuilt); ``sleep`` / ``wake``: that state freed / built again (``slept`` / ``woken``)
 
 engine process -> runtime
     ``delta`` {id, text, tokens, logprobs?}: all text of generation ``id`` produced since the
@@ -20,6 +23,8 @@ engine process -> runtime
     ``error`` {id, reply_to, code, message}: ``id`` is the generation (or embed) or null, ``reply_to``
         the op that failed; ``code`` is the LLMPoolError code (``internal_error`` otherwise)
     ``failed`` {message}: the engine reported itself dead (``context["on_engine_failure"]``)
+    ``progress`` {stage, fraction}: while loading, the engine's ``context["on_load_progress"]``
+        (runtime.load_progress: a stage name and a fraction from 0 to 1, or null)
 
 An op the receiver does not know is answered with an ``error`` (code
 ``unknown_operation``), never a crash, so new operations can be added one at a
@@ -41,10 +46,13 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 
 # Requests (runtime -> engine process).
 LOAD, GENERATE, EMBED, CANCEL, STATS, UNLOAD = "load", "generate", "embed", "cancel", "stats", "unload"
+RECONFIGURE, SLEEP, WAKE = "reconfigure", "sleep", "wake"  # runtime.residency
+RECONFIGURED, SLEPT, WOKEN = "reconfigured", "slept", "woken"
 # Replies and events (engine process -> runtime); STATS answers with its own name.
 LOADED, DELTA, FINISHED, EMBEDDED, CANCELLED, ERROR, FAILED, UNLOADED = (
     "loaded", "delta", "finished", "embedded", "cancelled", "error", "failed", "unloaded",
 )
+PROGRESS = "progress"
 
 
 class ProtocolError(RuntimeError):

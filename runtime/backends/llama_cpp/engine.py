@@ -36,8 +36,17 @@ from runtime.backends.llama_cpp.native import (
 )
 from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
 from runtime.embedding import normalized
-from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest, LLMPoolError
+from runtime.errors import (
+    BackendError,
+    ContextLengthExceeded,
+    InsufficientMemory,
+    InvalidLoadRequest,
+    InvalidRequest,
+    LLMPoolError,
+)
 from runtime.gguf_info import GgufError, read_gguf_info
+from runtime.memory import OOM_WORDS
+from runtime.load_progress import STAGE_CREATING_CONTEXT, STAGE_LOADING_WEIGHTS, ThreadedFraction
 from runtime.model_files import ModelFileError, resolve_model_file
 from runtime.prompt_formats import (
     GGUF_TEMPLATE,
@@ -93,16 +102,20 @@ class LlamaCppEngine:
         self.config = config
         self.replica_index = replica_index
         self.base_dir = context.get("base_dir", ".")
+        self._progress_context = context  # its on_load_progress hears the load's stages
+        self._progress: ThreadedFraction | None = None
         self.prompt_format = config.get("prompt_format") or GGUF_TEMPLATE
         self.weights: GgufWeights | None = None
         self.context: GgufContext | None = None
         self.gguf_template: GgufChatTemplate | None = None
         self._tool_call_formats: dict[str, str] = {}  # set at load (tool_call_formats)
+        self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
 
     # -- lifecycle -----------------------------------------------------------------------
     async def load(self) -> None:
+        self._progress = ThreadedFraction(self._progress_context, STAGE_LOADING_WEIGHTS)
         await asyncio.get_running_loop().run_in_executor(self._worker, self._load)
 
     async def unload(self) -> None:
@@ -142,7 +155,9 @@ class LlamaCppEngine:
             _probe_template(info.chat_template, path)  # before any weights are read
         pooling = info.embedding_pooling if self.config.get("embeddings") else None
         settings = dataclasses.replace(ContextSettings.from_config(self.config), pooling=pooling)
-        self.weights = GgufWeights(path, self.config["gguf_n_gpu_layers"])
+        self.weights = GgufWeights(path, self.config["gguf_n_gpu_layers"], on_progress=self._progress)
+        if self._progress is not None:
+            self._progress.stage_now(STAGE_CREATING_CONTEXT)
         self.context = GgufContext(self.weights, settings)
         if self.prompt_format == GGUF_TEMPLATE:
             bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
@@ -152,6 +167,54 @@ class LlamaCppEngine:
             "model %s replica %d loaded from %s (%s, threads=%d)",
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
         )
+
+    # -- inference state (runtime.residency) -----------------------------------------------
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """A new context over the same weights with ``config``'s n_ctx, flash attention and K/V
+        types (break-then-make: the old context is freed first, so the peak stays one context).
+        If llama.cpp rejects the new one, the old is rebuilt and the rejection raises
+        InvalidLoadRequest (InsufficientMemory when it ran out of memory)."""
+        await asyncio.get_running_loop().run_in_executor(self._worker, self._reconfigure, config)
+
+    async def sleep(self) -> None:
+        """Free the context (KV cache, compute buffers); the weights stay mapped."""
+        await asyncio.get_running_loop().run_in_executor(self._worker, self._sleep)
+
+    async def wake(self) -> None:
+        """Build the context again with the settings it had before ``sleep``."""
+        await asyncio.get_running_loop().run_in_executor(self._worker, self._wake)
+
+    def _reconfigure(self, config: dict[str, Any]) -> None:
+        if self.weights is None:
+            raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
+        old = self.context.settings if self.context is not None else self._asleep
+        new = dataclasses.replace(ContextSettings.from_config(config), pooling=old.pooling)
+        if self.context is not None:
+            self.context.close()
+            self.context = None
+            release_heap()
+        try:
+            self.context = GgufContext(self.weights, new)
+        except EngineLoadError as exc:
+            self.context = GgufContext(self.weights, old)  # the configuration that served before
+            if OOM_WORDS.search(str(exc)):
+                raise InsufficientMemory(str(exc)) from None
+            raise InvalidLoadRequest(str(exc)) from None
+        self._asleep = None
+        self.config = config
+        logger.info("model %s replica %d reconfigured (%s)", self.model_name, self.replica_index + 1, new.describe())
+
+    def _sleep(self) -> None:
+        if self.context is not None:
+            self._asleep = self.context.settings
+            self.context.close()
+            self.context = None
+            release_heap()
+
+    def _wake(self) -> None:
+        if self.context is None and self._asleep is not None and self.weights is not None:
+            self.context = GgufContext(self.weights, self._asleep)
+            self._asleep = None
 
     def _release(self) -> None:
         if self.context is not None:

@@ -144,13 +144,32 @@ def release_heap() -> None:
 # ---- weights and context -----------------------------------------------------------------
 
 
+def _progress_callback(lib, on_progress):
+    """llama.cpp's load progress callback calling ``on_progress(fraction)`` (None: none); an
+    exception in it is logged, never raised into the native load, which goes on."""
+    if on_progress is None:
+        return None
+
+    def callback(fraction, _user_data):
+        try:
+            on_progress(float(fraction))
+        except Exception:
+            logger.exception("the load progress callback failed")
+        return True
+
+    return lib.llama_progress_callback(callback)
+
+
 class GgufWeights:
     """A loaded ``llama_model``: weights and vocabulary.  Not thread-safe; one owner thread."""
 
-    def __init__(self, path: str, n_gpu_layers: int):
+    def __init__(self, path: str, n_gpu_layers: int, on_progress=None):
         lib = native()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        progress = _progress_callback(lib, on_progress)  # referenced until the load returns
+        if progress is not None:
+            params.progress_callback = progress
         lines = _LOG.capture()
         try:
             model = lib.llama_model_load_from_file(path.encode("utf-8"), params)
