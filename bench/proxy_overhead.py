@@ -29,7 +29,9 @@ both see the same load:
   as it is (model renamed) and sends llama-server's chunks back, against the same body
   sent to llama-server directly: the added p50 of a 1-token non-streamed request (the
   two paths taking turns every request) and the streamed tokens/s ratios at 1 and 16
-  streams (same targets).
+  streams (same targets). Beside each, the CPU time llm-pool's serving process spent per
+  request or per streamed token, which the machine's other load moves less than the
+  latencies and ratios.
 
 llama-server decodes on ``--server-threads`` threads (default 1: on a two-core
 machine a server on both cores slows down whenever anything else runs, the
@@ -288,9 +290,14 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
     )
     await stream_rate(http, paths[0][1], direct, streams, tokens)  # warm up
     measured: dict[str, list[tuple[int, float]]] = {"direct": [], "llm_pool": []}
+    server, pool_cpu = serving_process(), 0.0
     for _ in range(rounds):
         for path, call, url in paths:
+            used = server.cpu_times()
             measured[path].append(await stream_rate(http, call, url, streams, tokens))
+            if path == "llm_pool":
+                now = server.cpu_times()
+                pool_cpu += now.user + now.system - used.user - used.system
     rates = {path: sum(u for u, _ in runs) / sum(e for _, e in runs) for path, runs in measured.items()}
     round_ratios = sorted(
         (pool_used / pool_elapsed) / (direct_used / direct_elapsed)
@@ -306,6 +313,8 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
         "llm_pool_tokens_per_s": round(rates["llm_pool"], 2),
         "ratio": round(rates["llm_pool"] / rates["direct"], 4),
         "median_round_ratio": round(round_ratios[len(round_ratios) // 2], 4),
+        # llm-pool's own CPU per streamed token: what it takes from the cores the server decodes on.
+        "llm_pool_cpu_ms_per_token": round(pool_cpu / sum(u for u, _ in measured["llm_pool"]) * 1000, 4),
         "target_ratio": target,
     }
 
