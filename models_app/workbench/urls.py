@@ -14,6 +14,7 @@ urlpatterns = [
     path("models/<str:name>/load", views.model_load, name="model-load"),
     path("models/<str:name>/unload", views.model_unload, name="model-unload"),
     path("gpu/", views.gpu_page, name="gpu"),
+    path("activity/", views.activity_page, name="activity"),
     path("settings/", views.settings_page, name="settings"),
 ]
 

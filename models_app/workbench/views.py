@@ -288,3 +288,27 @@ async def settings_page(request: HttpRequest) -> HttpResponse:
         ]
     return await render_page(request, "llmpool_admin/settings.html", context, status)
 
+
+
+# ---- activity --------------------------------------------------------------------------------
+
+
+@staff_view
+async def activity_page(request: HttpRequest) -> HttpResponse:
+    """The Activity page; ``?fragment=json`` is what its script polls: the activity ring's newest
+    requests, each device's memory and the models' entries (their load_progress)."""
+    if request.GET.get("fragment") == "json":
+        try:
+            activity, memory, models = await asyncio.gather(
+                selectors.activity(limit="200"), selectors.gpu_memory(), selectors.models_list()
+            )
+        except LLMPoolError as exc:
+            return JsonResponse({"error": error_of(exc)}, status=503)
+        progress = [{"name": m["name"], "load_progress": m.get("load_progress")} for m in models
+                    if m["runtime_state"] == "loading"]
+        devices = {f"cuda:{gpu['index']} used": gpu["used_mib"] for gpu in memory["gpus"]}
+        for model in models:
+            for device, mib in ((model.get("memory") or {}).get("charge_mib") or {}).items():
+                devices[f"{device} charged"] = devices.get(f"{device} charged", 0) + (mib or 0)
+        return JsonResponse({"requests": activity["requests"], "devices": devices, "loading": progress})
+    return await render_page(request, "llmpool_admin/activity.html", {"title": "Activity"})
