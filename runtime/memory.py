@@ -453,6 +453,14 @@ def fewest_lru(evictable: list[dict], deficit: int) -> list[str] | None:
     return chosen
 
 
+def cuda_visible_devices(placement) -> str | None:
+    """CUDA_VISIBLE_DEVICES for a load placed on ``placement`` (a list of devices, or None):
+    the GPUs' indices ("1", "0,1"), or None on cpu or without a placement (the environment is
+    left as it is)."""
+    gpus = [device.split(":")[1] for device in placement or () if device.startswith("cuda:")]
+    return ",".join(gpus) if gpus else None
+
+
 def measure_process_memory() -> int:
     """This process's resident set size, MiB."""
     import psutil

@@ -55,10 +55,10 @@ from runtime.backends.forwarding import forward
 from runtime.backends.openai_chat import chat_completion, chat_request, required_for_named
 from runtime.backends.openai_embeddings import create_embeddings
 from runtime.backends.prompts import template_variables
-from runtime.memory import cuda_visible_devices
 from runtime.errors import BackendError
 from runtime.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.load_progress import report as report_progress
+from runtime.memory import cuda_visible_devices
 from runtime.supervisor import (
     ManagedProcess,
     ServerCommand,

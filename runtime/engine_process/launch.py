@@ -28,12 +28,13 @@ class EngineProcessHandle:
 
 
 async def launch_engine_process(
-    label: str, log_path: Path, state_dir: Path, warm: str | None = None
+    label: str, log_path: Path, state_dir: Path, warm: str | None = None, env_extra: dict[str, str] | None = None
 ) -> EngineProcessHandle:
-    """Start one engine process; raise ``ServerStartError`` when it cannot be executed."""
+    """Start one engine process; raise ``ServerStartError`` when it cannot be executed.
+    ``env_extra``: set in its environment (CUDA_VISIBLE_DEVICES of its placement)."""
     ours, theirs = socket.socketpair()
     try:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **(env_extra or {}), "PYTHONUNBUFFERED": "1"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [PROJECT_ROOT, env.get("PYTHONPATH")]))
         argv = [sys.executable, "-m", "runtime.engine_process.child", "--fd", str(theirs.fileno())]
         command = ServerCommand(

@@ -20,6 +20,7 @@ import asyncio
 import codecs
 import dataclasses
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -155,7 +156,8 @@ class LlamaCppEngine:
             _probe_template(info.chat_template, path)  # before any weights are read
         pooling = info.embedding_pooling if self.config.get("embeddings") else None
         settings = dataclasses.replace(ContextSettings.from_config(self.config), pooling=pooling)
-        self.weights = GgufWeights(path, self.config["gguf_n_gpu_layers"], on_progress=self._progress)
+        self.weights = GgufWeights(path, self.config["gguf_n_gpu_layers"], on_progress=self._progress,
+                                   main_gpu=main_gpu(self.config.get("placement")))
         if self._progress is not None:
             self._progress.stage_now(STAGE_CREATING_CONTEXT)
         self.context = GgufContext(self.weights, settings)
@@ -459,3 +461,18 @@ def _probe_template(template: str, path: str) -> None:
         raise EngineLoadError(f"{path}: {exc}") from None
     except TemplateRenderError as exc:
         raise EngineLoadError(f"{path}: the chat template cannot render a single user message: {exc}") from None
+
+
+def main_gpu(placement, visible: str | None = None) -> int:
+    """llama.cpp's main_gpu for a load placed on ``placement``: the index of its first GPU among
+    those this process sees (CUDA_VISIBLE_DEVICES, which an engine process placed on GPUs gets
+    from runtime.engine_process: then 0); 0 on cpu or without a placement."""
+    gpus = [int(device.split(":")[1]) for device in placement or () if device.startswith("cuda:")]
+    if not gpus:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible:
+        shown = [item.strip() for item in visible.split(",")]
+        return shown.index(str(gpus[0])) if str(gpus[0]) in shown else 0
+    return gpus[0]
+

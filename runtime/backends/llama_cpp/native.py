@@ -163,10 +163,11 @@ def _progress_callback(lib, on_progress):
 class GgufWeights:
     """A loaded ``llama_model``: weights and vocabulary.  Not thread-safe; one owner thread."""
 
-    def __init__(self, path: str, n_gpu_layers: int, on_progress=None):
+    def __init__(self, path: str, n_gpu_layers: int, on_progress=None, main_gpu: int = 0):
         lib = native()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.main_gpu = main_gpu  # the placement's GPU (runtime.backends.llama_cpp.engine.main_gpu)
         progress = _progress_callback(lib, on_progress)  # referenced until the load returns
         if progress is not None:
             params.progress_callback = progress
