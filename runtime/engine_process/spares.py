@@ -22,7 +22,8 @@ spare per engine kind (backend) and state folder:
 
 Spares are engine processes like the others: started through the supervisor (own
 process group, PR_SET_PDEATHSIG, pidfile for the start-up sweep), their output in
-``<state_dir>/logs/spare-<backend>.log`` until taken, then in the replica's log.
+``<state_dir>/logs/spare-<backend>-<runtime pid>.log`` until taken, then in the replica's log
+(the runtime's pid in the name: two runtimes sharing a state folder never take each other's file).
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ class SparePool:
     async def _launch(self, key: SpareKey) -> EngineProcessHandle:
         backend, state_dir = key
         spare = await launch_engine_process(
-            f"spare engine process for {backend}", state_dir / "logs" / f"spare-{backend}.log", state_dir, warm=backend
+            f"spare engine process for {backend}", spare_log_path(state_dir, backend), state_dir, warm=backend
         )
         _set_policy(spare.process.pid, os.SCHED_IDLE)
         return spare
@@ -166,3 +167,9 @@ async def _stop_spare(task: asyncio.Task[EngineProcessHandle]) -> None:
 
 
 SPARES = SparePool()
+
+
+def spare_log_path(state_dir: Path, backend: str) -> Path:
+    """Where a spare's output goes until it is taken: named by this runtime's pid too, since
+    another runtime sharing the state folder keeps its own spare of the same backend."""
+    return state_dir / "logs" / f"spare-{backend}-{os.getpid()}.log"

@@ -100,3 +100,12 @@ async def test_a_reload_stops_the_spares_of_kinds_no_model_runs_in_engine_proces
         await asyncio.sleep(0.02)
     assert engine_processes(spares=True) == [] and SPARES.idle_pids() == []
     assert (await load(service, "a"))["runtime_state"] == "loaded"  # in the runtime process now
+
+
+def test_a_spares_log_is_named_by_its_runtime(tmp_path):
+    """Two runtimes sharing a state folder (two services of one user, the test suite's services)
+    must not rename each other's spare log when they take a spare (seen: FileNotFoundError)."""
+    from runtime.engine_process.spares import spare_log_path
+
+    path = spare_log_path(tmp_path, "llama_cpp")
+    assert path == tmp_path / "logs" / f"spare-llama_cpp-{os.getpid()}.log"
