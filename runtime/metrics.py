@@ -126,6 +126,8 @@ class RuntimeMetrics:
 
     # ---- events ----------------------------------------------------------------------
     def on_transition(self, event: TransitionEvent) -> None:
+        if not isinstance(event, TransitionEvent):
+            return  # a runtime.residency ModelEvent (no state changed)
         model, old, new, reason = event.model, event.old, event.new, event.reason or "none"
         if new is RuntimeState.LOADING:
             self._loading_since[model] = event.at
@@ -242,6 +244,30 @@ class _PoolCollector(Collector):
         yield from gauges.values()
         yield from self._processes(controllers)
         yield from self._fairness(pool)
+        yield from self._memory(pool)
+
+    @staticmethod
+    def _memory(pool) -> Iterable:
+        """Each device's budget, what its models hold (measured) and have reserved (loading),
+        and each model's charge by kind (runtime.memory)."""
+        mib = 1024 * 1024
+        budget = GaugeMetricFamily("llmpool_device_budget_bytes", "The memory budget of a device (memory.devices).",
+                                   labels=["device"])
+        used = GaugeMetricFamily("llmpool_device_charged_bytes",
+                                 "Memory the pool charges its models on a device, by kind: measured (loaded) or "
+                                 "reserved (the estimate of a load in progress).", labels=["device", "kind"])
+        charged = GaugeMetricFamily("llmpool_model_charged_bytes", "What one model is charged on a device.",
+                                    labels=["model", "device", "kind"])
+        memory = pool.memory
+        if memory is not None:
+            for device in memory.device_report():
+                budget.add_metric([device["device"]], device["budget_mib"] * mib)
+                used.add_metric([device["device"], "measured"], device["used_mib"] * mib)
+                used.add_metric([device["device"], "reserved"], device["reserved_mib"] * mib)
+            for name, charge in list(memory.charges.items()):
+                for device, amount in charge.mib.items():
+                    charged.add_metric([name, device, charge.kind], amount * mib)
+        yield from (budget, used, charged)
 
     def _processes(self, controllers) -> Iterable:
         rss = GaugeMetricFamily("llmpool_engine_resident_memory_bytes",
