@@ -18,8 +18,11 @@ from models_app.transport.messages import (
     ADMIN_EVENTS_GROUP,
     EVENT_CATALOG,
     OP_LOAD,
+    OP_RECONFIGURE,
     OP_RELOAD_SETTINGS,
+    OP_SLEEP,
     OP_UNLOAD,
+    OP_WAKE,
     admin_event_message,
 )
 from models_app.transport.runtime_client import RuntimeClient
@@ -61,6 +64,21 @@ async def model_unload(name: str) -> dict:
     """Gracefully unload a model; answers its AdminModelEntry once it is unloaded (or already was)."""
     return await RuntimeClient().call(
         OP_UNLOAD, {"name": name}, deadline=service_settings().admin_call_timeout_seconds
+    )
+
+
+async def model_reconfigure(name: str, body: dict | None) -> dict:
+    """Change a loaded model's reconfigurable fields without reloading its weights (runtime.residency);
+    answers its entry with ``reconfigured`` {duration_ms, changed, reason}."""
+    return await RuntimeClient().call(
+        OP_RECONFIGURE, {"name": name, "body": body}, deadline=service_settings().admin_call_timeout_seconds
+    )
+
+
+async def model_residency(name: str, op: str) -> dict:
+    """Put a loaded model to sleep (``sleep``) or wake it (``wake``); answers its entry."""
+    return await RuntimeClient().call(
+        {"sleep": OP_SLEEP, "wake": OP_WAKE}[op], {"name": name}, deadline=service_settings().admin_call_timeout_seconds
     )
 
 

@@ -88,6 +88,10 @@ SettingsReloadConflict = _error("SettingsReloadConflict", "settings_reload_confl
 InvalidSettings = _error("InvalidSettings", "invalid_settings", 400)
 Unauthorized = _error("Unauthorized", "unauthorized", 401)
 UnknownOperation = _error("UnknownOperation", "unknown_operation", 400)
+# A reconfigure (runtime.residency) naming a field its backend cannot change while loaded.
+NotReconfigurable = _error("NotReconfigurable", "not_reconfigurable", 400)
+# A sleep for a model whose backend has no warm tier (runtime.residency).
+NotSleepable = _error("NotSleepable", "not_sleepable", 400)
 
 
 class InsufficientMemory(LLMPoolError):

@@ -75,6 +75,8 @@ class Scheduler:
     _seq: itertools.count = field(default_factory=itertools.count)
     # Idle keys of ``keys``, least recently active first (the values are unused).
     _idle: OrderedDict = field(default_factory=OrderedDict)
+    # Admission paused (runtime.residency: a reconfigure or a sleep): requests queue, none starts.
+    paused: bool = False
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self, replicas: int, target_per_replica: int) -> None:
@@ -91,8 +93,17 @@ class Scheduler:
         self.queue_depth = 0
         self._heap.clear()
 
+    def pause(self) -> None:
+        """Queue requests without starting any until ``resume`` (active ones go on)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._dispatch()
+
     def reset(self) -> None:
         """Forget counters and key statistics (on unload)."""
+        self.paused = False
         self.keys.clear()
         self._idle.clear()
         self.active.clear()
@@ -231,6 +242,8 @@ class Scheduler:
             heapq.heappush(self._heap, (state.counter, state.queue[0].seq, ticket.fairness_key))
 
     def _free_replica(self) -> int | None:
+        if self.paused:
+            return None
         best, best_load = None, self.target_per_replica
         for index in range(self.replicas):
             load = len(self.active[index])

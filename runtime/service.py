@@ -109,6 +109,24 @@ class RuntimeService:
         # started since is that call's answer.
         return {**self._entry(controller), "runtime_state": produced.value, "is_loaded": produced is RuntimeState.LOADED}
 
+    async def op_reconfigure(self, payload, emit) -> dict:
+        """POST .../reconfigure (runtime.residency): the body checked as a load body (422), then
+        the reconfigurable fields changed with the model loaded; the entry and what changed."""
+        body = parse_load_body(payload.get("body"))  # replicas, if named, is not reconfigurable (400)
+        controller = self.pool.controller(payload["name"])
+        done = await controller.reconfigure(body)
+        return {**self._entry(controller), "reconfigured": done}
+
+    async def op_sleep(self, payload, emit) -> dict:
+        controller = self.pool.controller(payload["name"])
+        slept = await controller.sleep()
+        return {**self._entry(controller), "slept": slept}
+
+    async def op_wake(self, payload, emit) -> dict:
+        controller = self.pool.controller(payload["name"])
+        woke = await controller.wake()
+        return {**self._entry(controller), "woke": woke}
+
     async def op_reload_settings(self, payload, emit) -> dict:
         diff = await self.pool.reload()
         for listener in self.reload_listeners:

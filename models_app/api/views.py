@@ -112,6 +112,11 @@ class AdminModelEntrySerializer(serializers.Serializer):
         allow_null=True, help_text="While loading: {stage, fraction} (fraction 0..1 or null where the stage has "
         "no measure); null otherwise or before the first report.",
     )
+    # Additive: the warm tier (docs/api.md "Reconfigure and sleep").
+    residency = serializers.ChoiceField(
+        ["active", "sleeping"], help_text="sleeping: loaded, its inference state (KV cache) freed, its weights kept; "
+        "a request wakes it. active otherwise.",
+    )
 
 
 class AdminApi(APIView):

@@ -31,6 +31,10 @@ ENTRY_KEYS = {
     "stats",
     # additive (docs/api.md): memory-aware placement
     "placement", "memory",
+    # additive (docs/observability.md): load progress
+    "load_progress",
+    # additive (docs/api.md): the warm tier (runtime.residency)
+    "residency",
 }
 # The keys of each item of "models" in the GET /v1/admin/gpu-memory example.
 GPU_MODEL_KEYS = {
@@ -210,7 +214,13 @@ def test_definition_carries_the_configured_values(entries):
 
 
 def test_llama_cpp_constraints_and_recommendations_equal_the_spec_example(entries):
-    assert entries["gemma-gguf"]["load_constraints"] == LOAD_CONSTRAINTS["llama_cpp"]
+    constraints = entries["gemma-gguf"]["load_constraints"]
+    # Additive (docs/api.md): the fields POST .../reconfigure changes while the model is loaded.
+    assert {key for key, entry in constraints.items() if entry.get("reconfigurable") is True} == {
+        "gguf_n_ctx", "gguf_type_k", "gguf_type_v", "gguf_flash_attn"
+    }
+    contract = {key: {f: v for f, v in entry.items() if f != "reconfigurable"} for key, entry in constraints.items()}
+    assert contract == LOAD_CONSTRAINTS["llama_cpp"]
     assert entries["gemma-gguf"]["load_recommendations"] == LLAMA_CPP_RECOMMENDATIONS
 
 

@@ -133,12 +133,12 @@ async def test_a_child_answers_an_unknown_op_with_an_error_and_goes_on(state_dir
     theirs.close()
     reader, writer = await asyncio.open_unix_connection(sock=ours)
     try:
-        writer.write(p.encode({"op": "reconfigure", "id": 5, "n_ctx": 4096}))
+        writer.write(p.encode({"op": "load_mmproj", "id": 5, "path": "x"}))
         writer.write(p.HEADER.pack(2) + b"\xc1\xc1")
         writer.write(p.encode({"op": "stats"}))
         unknown, undecodable, stats = [await asyncio.wait_for(p.read_frame(reader), 30) for _ in range(3)]
-        assert unknown == {"op": "error", "id": 5, "reply_to": "reconfigure", "code": "unknown_operation",
-                           "message": "unknown engine process operation 'reconfigure'", "param": None,
+        assert unknown == {"op": "error", "id": 5, "reply_to": "load_mmproj", "code": "unknown_operation",
+                           "message": "unknown engine process operation 'load_mmproj'", "param": None,
                            "details": None}
         assert (undecodable["op"], undecodable["code"]) == ("error", "internal_error")
         assert stats["op"] == "stats" and 10 * 2**20 < stats["rss_bytes"] < 2 * 2**30
