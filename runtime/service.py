@@ -88,10 +88,10 @@ class RuntimeService:
 
     # ---- admin -----------------------------------------------------------------------
     async def op_list_models(self, payload, emit) -> dict:
-        return {"models": [self._entry(c) for c in self.pool.controllers.values()]}
+        return {"models": [self.entry(c) for c in self.pool.controllers.values()]}
 
     async def op_get_model(self, payload, emit) -> dict:
-        return self._entry(self.pool.controller(payload["name"]))
+        return self.entry(self.pool.controller(payload["name"]))
 
     async def op_load(self, payload, emit) -> dict:
         body = parse_load_body(payload.get("body"))  # the only check of the schema: 422 before 404
@@ -100,14 +100,14 @@ class RuntimeService:
         if payload.get("dry_run"):  # ?dry_run=true: the memory plan, nothing acted on (docs/api.md)
             return await controller.plan(body, replicas)
         await controller.load(body, replicas)
-        return self._entry(controller)
+        return self.entry(controller)
 
     async def op_unload(self, payload, emit) -> dict:
         controller = self.pool.controller(payload["name"])
         produced = await controller.unload()
         # The entry as now, but in the state the unload produced: a load that another call
         # started since is that call's answer.
-        return {**self._entry(controller), "runtime_state": produced.value, "is_loaded": produced is RuntimeState.LOADED}
+        return {**self.entry(controller), "runtime_state": produced.value, "is_loaded": produced is RuntimeState.LOADED}
 
     async def op_reconfigure(self, payload, emit) -> dict:
         """POST .../reconfigure (runtime.residency): the body checked as a load body (422), then
@@ -115,17 +115,17 @@ class RuntimeService:
         body = parse_load_body(payload.get("body"))  # replicas, if named, is not reconfigurable (400)
         controller = self.pool.controller(payload["name"])
         done = await controller.reconfigure(body)
-        return {**self._entry(controller), "reconfigured": done}
+        return {**self.entry(controller), "reconfigured": done}
 
     async def op_sleep(self, payload, emit) -> dict:
         controller = self.pool.controller(payload["name"])
         slept = await controller.sleep()
-        return {**self._entry(controller), "slept": slept}
+        return {**self.entry(controller), "slept": slept}
 
     async def op_wake(self, payload, emit) -> dict:
         controller = self.pool.controller(payload["name"])
         woke = await controller.wake()
-        return {**self._entry(controller), "woke": woke}
+        return {**self.entry(controller), "woke": woke}
 
     async def op_reload_settings(self, payload, emit) -> dict:
         diff = await self.pool.reload()
@@ -154,7 +154,7 @@ class RuntimeService:
             "service": self.pool.settings.service.model_dump(),
         }
 
-    def _entry(self, controller) -> dict:
+    def entry(self, controller) -> dict:
         """The admin entry with its rolling ``stats`` (additive; runtime.activity)."""
         return {**model_entry(controller), "stats": self.observer.ring.stats(controller.name)}
 

@@ -60,13 +60,18 @@ class RuntimeEventPublisher:
         self.layer = layer
         self.counter_interval = counter_interval
         self.pool = None
+        self.entry = model_entry  # how a model's entry is read (the service's, with its stats, once attached)
         self._outbox: asyncio.Queue = asyncio.Queue(maxsize=OUTBOX_LIMIT)
         self._counters: dict[str, dict] = {}
         self._progress: dict[str, dict | None] = {}  # the load_progress last sent per model
         self._tasks: list[asyncio.Task] = []
 
-    def attach(self, pool) -> None:
+    def attach(self, pool, entry=None) -> None:
+        """Watch ``pool``; ``entry(controller)`` reads the AdminModelEntry the events carry (the
+        runtime service's, so an event's entry is the one the admin API answers)."""
         self.pool = pool
+        if entry is not None:
+            self.entry = entry
 
     def start(self) -> None:
         self._tasks = [
@@ -89,7 +94,7 @@ class RuntimeEventPublisher:
 
     def _publish_model_event(self, event: ModelEvent) -> None:
         controller = self.pool.controllers.get(event.model) if self.pool is not None else None
-        entry = model_entry(controller) if controller is not None else None
+        entry = self.entry(controller) if controller is not None else None
         self._enqueue({"kind": event.kind, "model": event.model, "at": _iso(event.at), **event.details, "entry": entry})
 
     def _publish_transition(self, event: TransitionEvent) -> None:
@@ -97,7 +102,7 @@ class RuntimeEventPublisher:
         entry = None
         if controller is not None:
             try:
-                entry = model_entry(controller)
+                entry = self.entry(controller)
             except Exception:
                 logger.exception("cannot build the entry of %s for its transition event", event.model)
         if entry is not None:

@@ -43,7 +43,7 @@ async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
             service = RuntimeService(
                 settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync]
             )
-            publisher.attach(service.pool)
+            publisher.attach(service.pool, service.entry)
             publisher.start()
             try:
                 await service.start(load_enabled=load_enabled)
