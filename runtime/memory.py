@@ -321,6 +321,9 @@ class MemoryManager:
             reserved = sum(c.mib.get(name, 0) for c in self.charges.values() if c.kind == "reserved")
             entry = device.to_dict(used, reserved)
             entry["models"] = {m: c.mib[name] for m, c in self.charges.items() if c.mib.get(name)}
+            entry["charges"] = [  # each model's share, measured or reserved (the workbench's bars)
+                {"name": m, "mib": c.mib[name], "kind": c.kind} for m, c in self.charges.items() if c.mib.get(name)
+            ]
             report.append(entry)
         return report
 

@@ -136,7 +136,8 @@ class RuntimeService:
     async def op_gpu_memory(self, payload, emit) -> dict:
         gpus, error = await asyncio.to_thread(probe_gpus)
         models = [gpu_model_entry(c) for c in self.pool.controllers.values()]
-        return {"gpus": gpus, "models": models, "error": error}
+        devices = self.pool.memory.device_report() if self.pool.memory is not None else []
+        return {"gpus": gpus, "models": models, "error": error, "devices": devices}
 
     async def op_catalog(self, payload, emit) -> dict:
         """What the Django catalog mirror stores."""

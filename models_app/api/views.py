@@ -266,6 +266,8 @@ class GpuMemoryApi(AdminApi):
         gpus = serializers.ListField(child=serializers.DictField())
         models = serializers.ListField(child=serializers.DictField())
         error = serializers.CharField(allow_null=True)
+        # Additive: each device's budget and charges (docs/api.md "GET /v1/admin/gpu-memory").
+        devices = serializers.ListField(child=serializers.DictField(), required=False)
 
     @extend_schema(
         summary="GPU memory and per-model VRAM estimates",

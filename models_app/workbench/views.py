@@ -193,6 +193,8 @@ async def model_load(request: HttpRequest, name: str) -> HttpResponse:
     except LLMPoolError as exc:
         return _action_error(request, name, exc)
     form = LoadForm(entry, request.POST)
+    if request.POST.get("dry_run") == "true" or request.GET.get("dry_run") == "true":
+        return await _load_plan(request, entry, form)
     status, message, ok = 422, "Please correct the errors below.", False
     if form.is_valid():
         try:
@@ -213,6 +215,47 @@ async def model_load(request: HttpRequest, name: str) -> HttpResponse:
         messages.add_message(request, messages.SUCCESS if ok else messages.ERROR, message)
         return redirect("llmpool_admin:model", name=name)
     return await _model_response(request, entry, form, status)
+
+
+async def _load_plan(request: HttpRequest, entry: dict, form: LoadForm) -> HttpResponse:
+    """The memory plan of this load (POST .../load?dry_run=true), shown before the operator confirms."""
+    name, plan, status = entry["name"], None, 422
+    if form.is_valid():
+        try:
+            plan, memory = await asyncio.gather(
+                services.model_load(name, form.load_body(), dry_run=True), selectors.gpu_memory()
+            )
+        except LLMPoolError as exc:
+            form.add_runtime_error(exc)
+            status = exc.http_status
+        else:
+            status = 200
+    context = {"entry": entry, "form": form, "plan": plan}
+    if plan is not None:
+        context.update(load_plan_context(plan, memory.get("devices") or []))
+    plan_html = await sync_to_async(render_to_string)("llmpool_admin/_load_plan.html", context, request)
+    if wants_json(request):
+        form_html = await sync_to_async(render_to_string)("llmpool_admin/_load_form.html", {"form": form}, request)
+        return JsonResponse({"ok": plan is not None, "plan": plan, "plan_html": plan_html, "form_html": form_html},
+                            status=status)
+    mirror_response = await _model_response(request, entry, form, status)
+    mirror_response.context_data["plan_html"] = plan_html
+    return mirror_response
+
+
+def load_plan_context(plan: dict, devices: list[dict]) -> dict:
+    """What the plan template shows: the verdict and the bars of the devices the load would use."""
+    needed = plan.get("needed") or ({plan["device"]: plan["needed_mib"]} if plan.get("device") else {})
+    placement = plan.get("placement") or list(needed)
+    bars = [bar for bar in device_bars(devices, needed) if bar["device"] in placement]
+    action = plan.get("action")
+    if action == "none":
+        verdict = "already"
+    elif action == "refuse" and any(b.get("name") for b in plan.get("blocking") or []):
+        verdict = "blocked"
+    else:
+        verdict = {"load": "fits", "evict": "evict", "wait": "wait"}.get(action, "no_fit")
+    return {"verdict": verdict, "plan_bars": bars}
 
 
 @staff_view
@@ -248,7 +291,8 @@ async def gpu_page(request: HttpRequest) -> HttpResponse:
         memory, runtime_error = await selectors.gpu_memory(), None
     except LLMPoolError as exc:
         memory, runtime_error = {"gpus": [], "models": [], "error": None}, error_of(exc)
-    context = {"memory": memory, "gpus": gpu_bars(memory["gpus"]), "runtime_error": runtime_error}
+    context = {"memory": memory, "gpus": gpu_bars(memory["gpus"]), "runtime_error": runtime_error,
+               "devices": device_bars(memory.get("devices") or [])}
     if request.GET.get("fragment") == "gpu":
         return TemplateResponse(request, "llmpool_admin/_gpu.html", context)
     return await render_page(request, "llmpool_admin/gpu.html", {**context, "title": "GPU memory"})
@@ -260,6 +304,30 @@ def gpu_bars(gpus: list[dict]) -> list[dict]:
         {**gpu, "percent": round(100 * gpu["used_mib"] / gpu["total_mib"], 1) if gpu["total_mib"] else 0.0}
         for gpu in gpus
     ]
+
+
+def device_bars(devices: list[dict], needed: dict[str, int] | None = None) -> list[dict]:
+    """Each device of the pool's memory report as a bar: one segment per model's charge
+    (measured, else reserved while it loads), then free; widths in percent of the budget (of
+    the charges when they exceed it).  ``needed`` (a dry run's MiB per device) marks how much of
+    the bar the load would take."""
+    bars = []
+    for device in devices:
+        budget = device["budget_mib"] or 0
+        charged = sum(charge["mib"] for charge in device.get("charges", []))
+        scale = max(budget, charged) or 1
+        segments = [
+            {**charge, "percent": round(100 * charge["mib"] / scale, 1)}
+            for charge in sorted(device.get("charges", []), key=lambda c: (c["kind"] != "measured", c["name"]))
+        ]
+        free = max(0, device["free_mib"])
+        bar = {**device, "segments": segments, "free_percent": round(100 * free / scale, 1)}
+        if needed is not None and device["device"] in needed:
+            bar["needed_mib"] = needed[device["device"]]
+            bar["needed_percent"] = round(min(100.0, 100 * bar["needed_mib"] / scale), 1)
+            bar["fits"] = bar["needed_mib"] <= device["free_mib"]
+        bars.append(bar)
+    return bars
 
 
 # ---- settings ----------------------------------------------------------------------------------
