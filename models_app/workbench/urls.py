@@ -2,7 +2,7 @@
 from django.shortcuts import redirect
 from django.urls import path
 
-from models_app.workbench import views
+from models_app.workbench import playground, views
 from models_app.workbench.consumers import AdminEventsConsumer
 
 app_name = "llmpool_admin"
@@ -13,6 +13,7 @@ urlpatterns = [
     path("models/<str:name>/", views.model_page, name="model"),
     path("models/<str:name>/load", views.model_load, name="model-load"),
     path("models/<str:name>/unload", views.model_unload, name="model-unload"),
+    path("models/<str:name>/logs", views.staff_view(playground.model_logs), name="model-logs"),
     path("gpu/", views.gpu_page, name="gpu"),
     path("activity/", views.activity_page, name="activity"),
     path("settings/", views.settings_page, name="settings"),
