@@ -136,6 +136,7 @@ def test_a_load_through_the_form_is_watched_live_then_unloaded(new_page, workben
     expect(state_of(live)).to_have_text("unloaded")
     page.fill("#id_replicas", "2")
     page.click("[data-load-submit]")
+    page.click("[data-plan-confirm]")  # Load shows the memory plan first (a dry run); Confirm loads
 
     expect(state_of(live)).to_have_text("loading", timeout=LIVE)
     expect(state_of(listing.locator("tr[data-model='stub-slow']"))).to_have_text("loading", timeout=LIVE)
@@ -153,7 +154,8 @@ def test_a_load_through_the_form_is_watched_live_then_unloaded(new_page, workben
 
     page.click("[data-unload-submit]")
     expect(state_of(live)).to_have_text("unloading", timeout=LIVE)
-    page.click("[data-load-submit]")  # loading while unloading: 409, shown on the form
+    page.click("[data-load-submit]")  # loading while unloading: the plan, then the load's 409, shown on the form
+    page.click("[data-plan-confirm]")
     expect(page.locator("[data-load-form] .errorlist.nonfield")).to_contain_text("model_state_conflict")
     expect(page.locator("[data-load-form] .errornote")).to_be_visible()
     expect(state_of(live)).to_have_text("unloaded", timeout=LIVE)
@@ -208,7 +210,8 @@ def test_the_llama_cpp_form_follows_its_constraints_and_keeps_input_on_errors(ne
     shot(page, screenshot_dir, "model_form_errors")
 
     form.get_by_role("button", name="q4_0/q4_0").click()
-    page.click("[data-load-submit]")  # valid: the load starts and fails on the missing file
+    page.click("[data-load-submit]")  # valid: the plan, then the load starts and fails on the missing file
+    page.click("[data-plan-confirm]")
     live = page.locator("[data-live]")
     expect(state_of(live)).to_have_text("failed", timeout=LIVE)
     expect(live.locator(".last-error-note")).to_contain_text("/nonexistent/model.gguf")
