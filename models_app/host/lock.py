@@ -1,7 +1,10 @@
 """One runtime per node: a Redis lock with a heartbeat and an expiry.
 
 The owner renews the key every ``ttl/3``; a crashed owner stops renewing and
-the key expires, so a new worker can start after at most ``ttl`` seconds.
+the key expires, so a new worker can start after at most ``ttl`` seconds.  A renewal that
+finds the key gone (Redis restarted empty, or the key expired while this owner's loop or
+Redis stalled and nobody else took it) takes it again: the lock is lost only when another
+worker holds it.
 """
 from __future__ import annotations
 
@@ -16,9 +19,15 @@ from redis import asyncio as aioredis
 logger = logging.getLogger("llmpool.runtime")
 
 _RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+local holder = redis.call('get', KEYS[1])
+if holder == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+if not holder then
+  redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 2
+end
 return 0
 """
+RETAKEN = 2  # _RENEW's answer when the key was gone and this owner took it again
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
@@ -57,8 +66,13 @@ class RuntimeOwnerLock:
             except Exception:  # Redis away for a moment: keep trying until the key would expire
                 logger.exception("renewing the runtime owner lock failed")
                 continue
-            if not renewed:
-                logger.critical("lost the runtime owner lock of node %s", self.node_id)
+            if renewed == RETAKEN:
+                logger.warning("the runtime owner lock of node %s was gone (Redis restarted, or it expired "
+                               "while this worker stalled); taken again", self.node_id)
+            elif not renewed:
+                holder = await self.redis.get(self.key)
+                logger.critical("lost the runtime owner lock of node %s to %s", self.node_id,
+                                holder.decode() if holder else "nobody")
                 self.lost.set()
                 return
 
