@@ -288,6 +288,17 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             except Exception:
                 logger.exception("model %s: settling after %s failed", self.name, command)
 
+    def checked_load_body(self, overrides: dict, replicas: int | None) -> tuple[int, dict]:
+        """A load's replica count and accepted overrides (400 invalid_load_request otherwise)."""
+        definition = self.entry.definition
+        count = definition.replicas if replicas is None else replicas
+        if count > definition.replica_max:
+            raise InvalidLoadRequest(
+                f"replicas={count} exceeds replica_max={definition.replica_max} of model {self.name}",
+                param="replicas",
+            )
+        return count, self.entry.spec.validate_overrides(definition, overrides)
+
     def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None, reason: str) -> None:
         if self._reload_held:
             self._held_loads.append((overrides, replicas, reason, future))
@@ -303,14 +314,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             return
         if state is S.UNLOADING:
             raise ModelStateConflict(f"model {self.name} is unloading; load it again once it is unloaded")
-        definition = self.entry.definition
-        count = definition.replicas if replicas is None else replicas
-        if count > definition.replica_max:
-            raise InvalidLoadRequest(
-                f"replicas={count} exceeds replica_max={definition.replica_max} of model {self.name}",
-                param="replicas",
-            )
-        accepted = self.entry.spec.validate_overrides(definition, overrides)
+        count, accepted = self.checked_load_body(overrides, replicas)
         plan = self.checked_plan(accepted, count, reason)  # insufficient_memory: nothing changes
         if reason == REASON_ADMIN:
             self._swapped_out = False  # the operator decides again what it is loaded for

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from runtime.errors import InsufficientMemory, InvalidLoadRequest
+from runtime.errors import InsufficientMemory
 from runtime.memory import Plan, measure_process_memory
 from runtime.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, RuntimeState
 
@@ -65,14 +65,7 @@ class MemoryWriter:
     def _on_plan(self, future, overrides: dict, replicas: int | None) -> None:
         """The dry run of an admin load: what it would do, checked as the load would be, acting on nothing."""
         state = self.state
-        definition = self.entry.definition
-        count = definition.replicas if replicas is None else replicas
-        if count > definition.replica_max:
-            raise InvalidLoadRequest(
-                f"replicas={count} exceeds replica_max={definition.replica_max} of model {self.name}",
-                param="replicas",
-            )
-        accepted = self.entry.spec.validate_overrides(definition, overrides)
+        count, accepted = self.checked_load_body(overrides, replicas)
         answer = {"model": self.name, "runtime_state": state.value}
         if state in (S.LOADED, S.LOADING, S.UNLOADING) or self.memory is None:
             charge = self.memory.charges.get(self.name) if self.memory is not None else None

@@ -19,8 +19,6 @@ from models_app.api.inference import DONE, sse_data
 from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL
 
 
-
-
 class ChatCompletionBuilder:
     """Builds the answer of one chat completions request."""
 
