@@ -296,7 +296,8 @@ def test_gpu_memory_reports_gpus_or_why_not_and_every_model(service, entries):
         answer = http.get("/v1/admin/gpu-memory")
     assert answer.status_code == 200
     body = answer.json()
-    assert set(body) == {"gpus", "models", "error"}
+    assert set(body) == {"gpus", "models", "error", "devices"}  # devices: additive (the memory budgets)
+    assert "cpu" in [device["device"] for device in body["devices"]]
     if body["gpus"]:
         assert body["error"] is None
         for gpu in body["gpus"]:

@@ -102,13 +102,18 @@ def test_llama_servers_refusals_are_our_400(smol):
 @pytest.mark.parametrize("stream", [True, False])
 def test_a_client_that_leaves_frees_llama_servers_slot_at_once(smol, stream):
     service, server = smol
-    body = {"model": "smol", "messages": STORY, "max_tokens": 2000, "temperature": 0, "stream": stream}
+    # ignore_eos (llama-server's own field, passed through): the answer runs its 2,000 tokens.
+    body = {"model": "smol", "messages": STORY, "max_tokens": 2000, "temperature": 0, "stream": stream,
+            "ignore_eos": True}
     # Streamed, the client leaves after the first chunk; not streamed, it gives up after 2 s (read
     # timeout) and closes its connection: llama-server is generating by then.
     with service.client(timeout=httpx.Timeout(120, read=None if stream else 2.0)) as leaving:
         if stream:
             with leaving.stream("POST", "/v1/chat/completions", json=body) as answer:
-                assert next(line for line in answer.iter_lines() if line.startswith("data: "))
+                # The line iterator stays referenced: a throwaway one is closed (and with it the
+                # connection) as soon as next() returns, so the client would leave before the check.
+                lines = answer.iter_lines()
+                assert next(line for line in lines if line.startswith("data: "))
                 wait_until(lambda: busy(server), timeout=5, message="llama-server generating")
         else:
             with pytest.raises(httpx.ReadTimeout):
