@@ -91,12 +91,8 @@ class OpenaiRemoteEngine:
             )
             async for event in chat_completion(self._client, "chat/completions", body, self.label, UpstreamError):
                 yield event
-        except httpx.TimeoutException:
-            raise UpstreamError(
-                f"{self.label} did not answer within {self.config['remote_timeout_seconds']:g} s"
-            ) from None
-        except httpx.TransportError as exc:
-            raise UpstreamError(f"cannot reach {self.label}: {exc!r}") from None
+        except httpx.TransportError as exc:  # timeouts included
+            raise self._upstream_error(exc) from None
         finally:
             for file_id in uploads.values():
                 with contextlib.suppress(httpx.HTTPError):
@@ -110,12 +106,14 @@ class OpenaiRemoteEngine:
             return await create_embeddings(
                 self._client, "embeddings", self.config["remote_model"], inputs, dimensions, self.label, UpstreamError
             )
-        except httpx.TimeoutException:
-            raise UpstreamError(
-                f"{self.label} did not answer within {self.config['remote_timeout_seconds']:g} s"
-            ) from None
-        except httpx.TransportError as exc:
-            raise UpstreamError(f"cannot reach {self.label}: {exc!r}") from None
+        except httpx.TransportError as exc:  # timeouts included
+            raise self._upstream_error(exc) from None
+
+    def _upstream_error(self, exc: httpx.TransportError) -> UpstreamError:
+        """A timeout or a transport failure of the remote, as upstream_error."""
+        if isinstance(exc, httpx.TimeoutException):
+            return UpstreamError(f"{self.label} did not answer within {self.config['remote_timeout_seconds']:g} s")
+        return UpstreamError(f"cannot reach {self.label}: {exc!r}")
 
     async def _upload_files(self, request: GenerationRequest, uploads: dict[int, str]) -> None:
         for message in request.messages:
