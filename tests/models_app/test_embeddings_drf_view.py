@@ -4,44 +4,22 @@ answers what the plain-ASGI front answers (both call ``api.embeddings.endpoint.c
 and describes the endpoint in the OpenAPI schema."""
 from __future__ import annotations
 
-import asyncio
-import json
 
 import pytest
-from channels.layers import get_channel_layer
-from channels.routing import ChannelNameRouter
-from channels.worker import Worker
 from django.test import AsyncClient
 from drf_spectacular.generators import SchemaGenerator
 from openai.types import CreateEmbeddingResponse
 
-from models_app.conf import service_settings
-from models_app.host import runtime_host
-from models_app.host.consumer import RuntimeConsumer
-from models_app.transport.messages import OP_LOAD, RUNTIME_CHANNEL
 from runtime.backends.stub import stub_embedding
+from tests.models_app.drf_runtime import serving_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 async def runtime(tmp_path, settings):
-    path = tmp_path / "settings.json"
-    path.write_text(json.dumps({"models": {"vectors": {"backend": "stub", "embeddings": True}}}))
-    settings.LLMPOOL_SETTINGS = str(path)
-    service_settings.cache_clear()
-    service = await runtime_host.ensure_runtime()
-    worker = Worker(ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}), [RUNTIME_CHANNEL], get_channel_layer())
-    serving = asyncio.create_task(worker.handle())
-    try:
-        loaded = await service.handle(OP_LOAD, {"name": "vectors", "body": {}}, None)
-        assert loaded["runtime_state"] == "loaded"
+    async with serving_runtime(tmp_path, settings, {"vectors": {"backend": "stub", "embeddings": True}}):
         yield
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
-        await runtime_host.shutdown_runtime()
-        service_settings.cache_clear()
 
 
 async def test_an_answer(runtime):

@@ -3,43 +3,22 @@ ASGI router of llmpool.asgi is not in front, as here through Django's own test c
 what the plain-ASGI front answers, because both call ``api.responses.endpoint.create_response``."""
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 
 import pytest
-from channels.layers import get_channel_layer
-from channels.routing import ChannelNameRouter
-from channels.worker import Worker
 from django.test import AsyncClient
 
 from models_app.conf import service_settings
-from models_app.host import runtime_host
-from models_app.host.consumer import RuntimeConsumer
-from models_app.transport.messages import OP_LOAD, RUNTIME_CHANNEL
+from tests.models_app.drf_runtime import serving_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 async def runtime(tmp_path, settings):
-    path = tmp_path / "settings.json"
-    models = {"echo": {"backend": "stub", "stub_reply": "one two three"}}
-    path.write_text(json.dumps({"models": models}))
-    settings.LLMPOOL_SETTINGS = str(path)
-    service_settings.cache_clear()
-    service = await runtime_host.ensure_runtime()
-    worker = Worker(ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}), [RUNTIME_CHANNEL], get_channel_layer())
-    serving = asyncio.create_task(worker.handle())
-    try:
-        loaded = await service.handle(OP_LOAD, {"name": "echo", "body": {}}, None)
-        assert loaded["runtime_state"] == "loaded"
+    async with serving_runtime(tmp_path, settings, {"echo": {"backend": "stub", "stub_reply": "one two three"}}):
         yield
-    finally:
-        serving.cancel()
-        await asyncio.gather(serving, return_exceptions=True)
-        await runtime_host.shutdown_runtime()
-        service_settings.cache_clear()
 
 
 async def test_a_non_streamed_answer(runtime):
