@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import httpx
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("LLMPOOL_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -26,28 +27,68 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def manage(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "manage.py"), *args]
+
+
 @contextlib.contextmanager
-def running_service(settings: dict, mode: str = "embedded"):
-    """Yield the base URL of a service running ``settings`` once its models are loaded."""
+def running_service(settings: dict, mode: str = "embedded", server: str = "uvicorn"):
+    """Yield the base URL of a service running ``settings`` once its models are loaded, on ``server``
+    (``manage.py serve`` / ``api --server``: uvicorn or daphne)."""
+    with _processes(settings, mode == "split") as (port, env, start):
+        if mode == "split":
+            start(manage("runtime"), {"LLMPOOL_NODE_ID": f"bench-{port}"})
+            start(manage("api", "--port", str(port), "--server", server), {"LLMPOOL_NODE_ID": f"bench-{port}"})
+        else:
+            start(manage("serve", "--port", str(port), "--server", server), {})
+        yield _loaded(port, settings)
+
+
+@contextlib.contextmanager
+def running_nodes(settings: dict, nodes: tuple[str, ...], server: str = "uvicorn"):
+    """Yield the base URL of a split pool over Redis with one runtime worker per name in ``nodes``
+    (``LLMPOOL_NODE_ID``) and one API process (on the first node's id), once every enabled model
+    is loaded."""
+    with _processes(settings, True) as (port, env, start):
+        for node in nodes:
+            start(manage("runtime"), {"LLMPOOL_NODE_ID": node})  # their migrations take turns (models_app.conf)
+        start(manage("api", "--port", str(port), "--server", server), {"LLMPOOL_NODE_ID": nodes[0]})
+        _announced(env["LLMPOOL_CHANNEL_PREFIX"], nodes)
+        yield _loaded(port, settings)
+
+
+def _announced(prefix: str, nodes: tuple[str, ...], timeout: float = 60) -> None:
+    """Wait until every node's alive key is in the registry (models_app.transport.nodes)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    deadline = time.monotonic() + timeout
+    try:
+        while not all(client.exists(f"{prefix}:node-alive:{node}") for node in nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nodes {nodes} did not all announce themselves")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def _processes(settings: dict, split: bool):
+    """A folder with ``settings``, a free port, the environment, and ``start(command, env)``;
+    every process started is stopped (SIGTERM) when the block ends."""
     with tempfile.TemporaryDirectory() as folder:
         settings_path = Path(folder) / "settings.json"
         settings_path.write_text(json.dumps(settings))
-        port = free_port()
         env = {**os.environ, "LLMPOOL_SETTINGS": str(settings_path), "LLMPOOL_DB_PATH": str(Path(folder) / "db.sqlite3"),
                "LLMPOOL_LOG_LEVEL": "WARNING"}
-        if mode == "split":
-            env.update({"LLMPOOL_REDIS_URL": REDIS_URL, "LLMPOOL_CHANNEL_PREFIX": f"llmpoolbench-{uuid.uuid4().hex[:8]}:",
-                        "LLMPOOL_NODE_ID": f"bench-{port}"})
-            commands = [[sys.executable, str(ROOT / "manage.py"), "runtime"],
-                        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmpool.asgi:application"]]
-        else:
-            commands = [[sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(port)]]
-        processes = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                     for command in commands]
-        url = f"http://127.0.0.1:{port}"
+        if split:
+            env.update({"LLMPOOL_REDIS_URL": REDIS_URL, "LLMPOOL_CHANNEL_PREFIX": f"llmpoolbench-{uuid.uuid4().hex[:8]}:"})
+        processes: list[subprocess.Popen] = []
+
+        def start(command: list[str], extra: dict) -> None:
+            processes.append(subprocess.Popen(command, cwd=ROOT, env={**env, **extra},
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
         try:
-            wait_until_loaded(url, [name for name, d in settings["models"].items() if d.get("enabled")])
-            yield url
+            yield free_port(), env, start
         finally:
             for process in processes:
                 process.send_signal(signal.SIGTERM)
@@ -55,11 +96,17 @@ def running_service(settings: dict, mode: str = "embedded"):
                 process.wait(timeout=30)
 
 
+def _loaded(port: int, settings: dict) -> str:
+    url = f"http://127.0.0.1:{port}"
+    wait_until_loaded(url, [name for name, d in settings["models"].items() if d.get("enabled")])
+    return url
+
+
 def serving_process():
     """The ``manage.py serve`` process that ``running_service`` started from this process."""
     import psutil
 
-    return next(p for p in psutil.Process().children(recursive=True) if "serve" in " ".join(p.cmdline()))
+    return next(p for p in psutil.Process().children(recursive=True) if " serve " in " ".join(p.cmdline()) + " ")
 
 
 def wait_until_loaded(url: str, names: list[str], timeout: float = 120) -> None:

@@ -1,8 +1,13 @@
 """Overhead of the process model: p50/p99 latency of a non-streamed POST /v1/responses on the stub
 backend at zero delay, 1 and 32 concurrent clients, embedded vs split vs the runtime's Python entry
-point called directly.  Prints one JSON object.  Needs Redis on 127.0.0.1:6379 for the split run.
+point called directly, each shape on uvicorn (``embedded``, ``split``: the default server) and on
+daphne (``embedded_daphne``, ``split_daphne``) in the same run; and a split pool of two runtime
+workers (two nodes, one API process) where one model is on the API process's own node and one on
+the other, taking turns (``split_two_nodes``: the second node's added p50, target <= 0.5 ms).
+Prints one JSON object.  Needs
+Redis on 127.0.0.1:6379 for the split runs.
 
-Run: .venv/bin/python bench/overhead.py [--requests 400]
+Run: .venv/bin/python bench/overhead.py [--requests 400] [--servers uvicorn,daphne]
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import http_latencies, percentiles, running_service  # noqa: E402
+from bench.common import http_latencies, percentiles, running_nodes, running_service  # noqa: E402
 from runtime.service import RuntimeService  # noqa: E402
 
 SETTINGS = {
@@ -56,6 +61,35 @@ async def direct(clients: int, per_client: int) -> tuple[list[float], float]:
         return latencies, elapsed
 
 
+NODES = ("bench-a", "bench-b")
+TWO_NODES = {
+    **SETTINGS,
+    "models": {"near": {"backend": "stub", "enabled": True, "node": NODES[0]},
+               "far": {"backend": "stub", "enabled": True, "node": NODES[1]}},
+}
+
+
+async def second_node(url: str, requests: int) -> dict:
+    """One client, the two models taking turns every request: ``near`` on the node of the API
+    process's own LLMPOOL_NODE_ID, ``far`` on the other node; p50/p99 of each and the difference."""
+    import httpx
+
+    samples: dict[str, list[float]] = {"near": [], "far": []}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        for model in samples:
+            for _ in range(20):  # warm up
+                (await http.post("/v1/responses", json={**BODY, "model": model})).raise_for_status()
+        for _ in range(requests):
+            for model, values in samples.items():
+                began = time.perf_counter()
+                answer = await http.post("/v1/responses", json={**BODY, "model": model})
+                values.append(time.perf_counter() - began)
+                answer.raise_for_status()
+    stats = {f"{model}_node": percentiles(values) for model, values in samples.items()}
+    return {**stats, "second_node_minus_same_node_p50_ms": round(stats["far_node"]["p50_ms"] - stats["near_node"]["p50_ms"], 3),
+            "target_second_node_minus_same_node_p50_ms": 0.5}
+
+
 def figures(latencies: list[float], elapsed: float) -> dict:
     return {**percentiles(latencies), "requests_per_s": round(len(latencies) / elapsed, 1)}
 
@@ -63,17 +97,28 @@ def figures(latencies: list[float], elapsed: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=400, help="requests per client count and mode")
+    parser.add_argument("--servers", default="uvicorn,daphne", help="HTTP servers to run each shape on, in turn")
     args = parser.parse_args()
-    result: dict = {"direct": {}, "embedded": {}, "split": {}}
+    result: dict = {"direct": {}}
     for clients in (1, 32):
         per_client = max(1, args.requests // clients)
         result["direct"][f"{clients}_clients"] = figures(*asyncio.run(direct(clients, per_client)))
-    for mode in ("embedded", "split"):
-        with running_service(SETTINGS, mode) as url:
-            for clients in (1, 32):
-                per_client = max(1, args.requests // clients)
-                result[mode][f"{clients}_clients"] = figures(*asyncio.run(http_latencies(url, BODY, clients, per_client)))
+    for server in args.servers.split(","):
+        for mode in ("embedded", "split"):
+            key = mode if server == "uvicorn" else f"{mode}_{server}"
+            result[key] = {}
+            with running_service(SETTINGS, mode, server=server) as url:
+                for clients in (1, 32):
+                    per_client = max(1, args.requests // clients)
+                    result[key][f"{clients}_clients"] = figures(*asyncio.run(http_latencies(url, BODY, clients, per_client)))
+    with running_nodes(TWO_NODES, NODES) as url:
+        result["split_two_nodes"] = asyncio.run(second_node(url, args.requests))
     one = "1_clients"
+    for server in args.servers.split(","):
+        if server != "uvicorn" and "embedded" in result:
+            for mode in ("embedded", "split"):
+                result[f"{mode}_{server}_minus_uvicorn_p50_ms"] = round(
+                    result[f"{mode}_{server}"][one]["p50_ms"] - result[mode][one]["p50_ms"], 3)
     result["split_minus_embedded_p50_ms"] = round(result["split"][one]["p50_ms"] - result["embedded"][one]["p50_ms"], 3)
     result["embedded_minus_direct_p50_ms"] = round(result["embedded"][one]["p50_ms"] - result["direct"][one]["p50_ms"], 3)
     result["targets"] = {"split_minus_embedded_p50_ms": 2.0, "embedded_minus_direct_p50_ms": 1.0}

@@ -12,13 +12,15 @@ both see the same load:
   is the managed-server engine's own client code (``chat_completion``, with the body
   the engine sends: llama-server gets every call streamed) called in this process,
   which separates what the engine adds from what the service around it (HTTP, the
-  channel layer, the runtime's scheduling) adds; the ``tcp_relay`` path
-  goes through a bare asyncio TCP relay process (bench/tcp_relay.py), the floor of
-  what one more Python process on the path costs on this machine; the ``daphne_relay``
-  path goes through a minimal proxy on llm-pool's own stack (bench/daphne_relay.py:
-  daphne in front, the engines' httpx client behind, nothing between), the floor of
-  any proxy built on them; the ``aiohttp_relay`` path is the same proxy with aiohttp's
-  HTTP server in front (bench/aiohttp_relay.py), what that floor would be without daphne;
+  channel layer, the runtime's scheduling) adds; the relay paths (``RELAYS``) are the floors:
+  ``tcp_relay`` a bare asyncio TCP relay process (bench/tcp_relay.py), what one more Python
+  process on the path costs on this machine; the others a minimal proxy (bench/asgi_relay.py,
+  nothing between its server and its client) on an HTTP server and an upstream client:
+  ``daphne_httpx_relay`` (llm-pool's stack before the hot-path issue), ``uvicorn_httpx_relay``,
+  ``uvicorn_upstream_relay`` (llm-pool's stack now: uvicorn and the engines' aiohttp-based
+  client) and, with ``--granian``, ``granian_upstream_relay`` (granian's Rust server in front); the
+  ``llm_pool_chat`` path is a chat completion passed through llm-pool (the client's body sent
+  on to llama-server as it is), in the same turns;
 - ``after_idle``: llm-pool's p50 and its CPU time per request on the stub model, back
   to back and after 20 ms idle: on this machine the same work takes several times the
   CPU time after idling, and a proxied request always idles while the upstream computes;
@@ -36,7 +38,7 @@ both see the same load:
 llama-server decodes on ``--server-threads`` threads (default 1: on a two-core
 machine a server on both cores slows down whenever anything else runs, the
 benchmark's own client included).  Prints one JSON object.
-Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 128] [--server-threads 1] [--only chat]
+Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 128] [--server-threads 1] [--server uvicorn|daphne] [--only chat]
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, free_port, percentiles, running_service, serving_process  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
 from runtime.backends.llama_server import LLAMA_SERVER  # noqa: E402
+from runtime.backends.managed import server_client  # noqa: E402
 from runtime.backends.openai_chat import chat_completion, chat_request  # noqa: E402
 from runtime.errors import BackendError  # noqa: E402
 
@@ -85,18 +88,36 @@ def server_port(state_dir: Path) -> int:
     return int(argv[argv.index("--port") + 1])
 
 
+# The relay floors: each a process between the client and llama-server with nothing of llm-pool's
+# own between its server and its client (bench/tcp_relay.py, bench/asgi_relay.py).
+RELAYS = {
+    "tcp_relay": ["tcp_relay.py"],
+    "daphne_httpx_relay": ["asgi_relay.py", "daphne", "httpx"],  # llm-pool's stack before the hot-path issue
+    "uvicorn_httpx_relay": ["asgi_relay.py", "uvicorn", "httpx"],
+    "uvicorn_upstream_relay": ["asgi_relay.py", "uvicorn", "upstream"],  # llm-pool's stack now
+}
+# granian's Rust server in front (``--granian``): as fast as uvicorn here in the runs that
+# finished, but one of three runs hung on a request through it (docs/performance.md).
+GRANIAN_RELAY = {"granian_upstream_relay": ["asgi_relay.py", "granian", "upstream"]}
+
+
 @contextlib.contextmanager
-def relay_process(script: str, target_port: int):
-    """The base URL of a relay process in front of ``target_port`` (a script in bench/: LISTEN_PORT TARGET_PORT)."""
+def relay_process(arguments: list[str], target_port: int):
+    """The base URL of a relay process in front of ``target_port`` (a script in bench/ and its
+    arguments before LISTEN_PORT TARGET_PORT)."""
     port = free_port()
-    relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / script), str(port), str(target_port)],
-                             stdout=subprocess.PIPE, text=True)
+    relay = subprocess.Popen([sys.executable, str(ROOT / "bench" / arguments[0]), *arguments[1:], str(port),
+                              str(target_port)], stdout=subprocess.PIPE, text=True)
     try:
         assert relay.stdout.readline().strip() == "ready"
         yield f"http://127.0.0.1:{port}"
     finally:
         relay.terminate()
-        relay.wait(timeout=10)
+        try:
+            relay.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # granian's worker may not stop on SIGTERM
+            relay.kill()
+            relay.wait(timeout=10)
 
 
 # ---- one request per path -------------------------------------------------------------------
@@ -127,11 +148,17 @@ async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: in
     return used
 
 
+ENGINE_CLIENTS: dict[str, object] = {}
+
+
 async def engine_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
-    """The engine's client code (the upstream call, translated to deltas) in this process."""
+    """The engine's client code (its upstream client, ``managed.server_client``, the upstream call
+    translated to deltas) in this process; its retries count the kept-alive connections that
+    llama-server had closed under it."""
     used = 0
     body = chat_body(prompt, tokens, stream, upstream=True)
-    async for event in chat_completion(http, url + "/v1/chat/completions", body, "bench", BackendError):
+    client = ENGINE_CLIENTS.get(url) or ENGINE_CLIENTS.setdefault(url, server_client(url))
+    async for event in chat_completion(client, "/v1/chat/completions", body, "bench", BackendError):
         used = event.output_tokens if isinstance(event, Finished) else used
     return used
 
@@ -194,10 +221,9 @@ async def added_latency(http: httpx.AsyncClient, direct: str, relays: dict[str, 
     paths = (
         ("direct", retried_once("direct", direct_once), direct),
         ("engine", retried_once("engine", engine_once), direct),
-        ("tcp_relay", retried_once("tcp_relay", direct_once), relays["tcp_relay"]),
-        ("daphne_relay", retried_once("daphne_relay", direct_once), relays["daphne_relay"]),
-        ("aiohttp_relay", retried_once("aiohttp_relay", direct_once), relays["aiohttp_relay"]),
+        *((name, retried_once(name, direct_once), url) for name, url in relays.items()),
         ("llm_pool", retried_once("llm_pool", pool_once), pool),
+        ("llm_pool_chat", retried_once("llm_pool_chat", pool_chat_once), pool),
     )
     samples: dict[str, list[float]] = {name: [] for name, _, _ in paths}
     for _, call, url in paths:
@@ -216,11 +242,12 @@ async def added_latency(http: httpx.AsyncClient, direct: str, relays: dict[str, 
         **stats,
         "added_p50_ms": round(stats["llm_pool"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
         "added_p99_ms": round(stats["llm_pool"]["p99_ms"] - stats["direct"]["p99_ms"], 3),
-        "engine_added_p50_ms": round(stats["engine"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
-        "tcp_relay_added_p50_ms": round(stats["tcp_relay"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
-        "daphne_relay_added_p50_ms": round(stats["daphne_relay"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
-        "aiohttp_relay_added_p50_ms": round(stats["aiohttp_relay"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
-        "target_added_p50_ms": 1.0,
+        "chat_added_p50_ms": round(stats["llm_pool_chat"]["p50_ms"] - stats["direct"]["p50_ms"], 3),
+        "chat_added_p99_ms": round(stats["llm_pool_chat"]["p99_ms"] - stats["direct"]["p99_ms"], 3),
+        **{f"{name}_added_p50_ms": round(stats[name]["p50_ms"] - stats["direct"]["p50_ms"], 3)
+           for name in ("engine", *relays)},
+        "target_chat_added_p50_ms": 1.0,
+        "target_chat_added_p99_ms": 3.0,
     }
 
 
@@ -321,7 +348,7 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
 
 async def measure(direct: str, relays: dict[str, str], pool: str, args) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
-    async with httpx.AsyncClient(timeout=600, limits=limits, trust_env=False) as http:
+    async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as http:
         results = {}
         if args.only in (None, "responses"):
             results.update({
@@ -349,6 +376,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per stream count")
     parser.add_argument("--server-threads", type=int, default=1,
                         help="llama-server decode threads (-t); 0 leaves llama-server's own default")
+    parser.add_argument("--server", choices=("uvicorn", "daphne"), default="uvicorn", help="llm-pool's HTTP server")
+    parser.add_argument("--granian", action="store_true", help="also the granian relay floor")
     parser.add_argument("--only", choices=("responses", "chat"), default=None,
                         help="measure only /v1/responses or only chat completions passed through (default: both)")
     args = parser.parse_args()
@@ -362,14 +391,14 @@ def main() -> None:
         if args.server_threads:
             definition["llama_server_extra_args"] = ["--threads", str(args.server_threads)]
         models = {"smol": definition, "stub": {"backend": "stub", "enabled": True}}
-        with running_service({"models": models}) as pool:
+        with running_service({"models": models}, server=args.server) as pool:
             port = server_port(Path(state))
             direct = f"http://127.0.0.1:{port}"
             with contextlib.ExitStack() as stack:
-                relays = {name: stack.enter_context(relay_process(f"{name}.py", port))
-                          for name in ("tcp_relay", "daphne_relay", "aiohttp_relay")}
+                chosen = {**RELAYS, **(GRANIAN_RELAY if args.granian else {})}
+                relays = {name: stack.enter_context(relay_process(arguments, port)) for name, arguments in chosen.items()}
                 results = asyncio.run(measure(direct, relays, pool, args))
-    summary = {"model": Path(model).name, "llama_server": binary, "cpus": os.cpu_count(),
+    summary = {"model": Path(model).name, "llama_server": binary, "cpus": os.cpu_count(), "server": args.server,
                "server_threads": args.server_threads or "llama-server default",
                "load_average_1m": round(os.getloadavg()[0], 2)}
     print(json.dumps({**summary, **results}, indent=2))

@@ -1,6 +1,9 @@
 """Scheduler benchmark: decision cost, token fairness, and end-to-end requests/s.
 
-Prints one JSON object.  Run: .venv/bin/python bench/scheduler.py [--requests 1280] [--clients 64]
+``--nodes`` adds the fairness figures measured for real across two nodes (a split pool over the
+local Redis, one model with a replica on each node, stub requests of equal size).
+
+Prints one JSON object.  Run: .venv/bin/python bench/scheduler.py [--requests 1280] [--clients 64] [--nodes]
 """
 from __future__ import annotations
 
@@ -12,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import http_latencies, percentiles, running_service  # noqa: E402
+from bench.common import http_latencies, percentiles, running_nodes, running_service  # noqa: E402
 from runtime.config import FairnessSettings  # noqa: E402
 from runtime.scheduler import Scheduler, Ticket  # noqa: E402
 
@@ -101,6 +106,62 @@ def fairness() -> dict:
     }
 
 
+def across_nodes() -> dict:
+    """The fairness figures with the model's two replicas on two nodes (real processes).
+
+    A blocker request holds each node's replica (3 s) while every request of the burst is sent,
+    in shuffled order, so all of them are queued before any is served (``queued_before_service``
+    says how many were); the API spreads them over the nodes and each node's scheduler orders its
+    queue.  A key's share is its completed requests (all of one size) while every key still had
+    requests left: the window ends when the first key's last one ends.
+    """
+    weights = {"w3": 3.0}
+    settings = {
+        "engine": {"fairness": {"per_key_queue_limit": 1000, "executor_queue_limit": 2000, "weights": weights}},
+        "service": {"runtime_reply_timeout_seconds": 120},
+        # No stub_reply: the answer echoes the input, one word a token, 30 ms each.
+        "models": {"fair": {"backend": "stub", "device": "cpu", "node": ["alpha", "beta"], "stub_token_delay_ms": 30}},
+    }
+    with running_nodes(settings, ("alpha", "beta")) as url:
+        answer = httpx.post(url + "/v1/admin/models/fair/load", json={"replicas": 2}, timeout=60)
+        answer.raise_for_status()
+        time.sleep(1.5)  # the API has read both nodes' heartbeats with the model loaded
+        equal = asyncio.run(_node_shares(url, {"heavy": 300, "light": 30}))
+        weighted = asyncio.run(_node_shares(url, {"w1": 150, "w3": 150}))
+    return {
+        "equal_weights_10x_requests": {**equal, "target": "0.5 ± 0.05 each"},
+        "weights_1_to_3": {**weighted, "target": "0.25 / 0.75 ± 0.05"},
+    }
+
+
+async def _node_shares(url: str, requests_per_key: dict[str, int]) -> dict:
+    order = [key for key, count in requests_per_key.items() for _ in range(count)]
+    random.Random(1).shuffle(order)
+    done: list[tuple[float, str]] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        async def one(key: str, text: str = "a b c") -> None:
+            answer = await http.post("/v1/responses", json={"model": "fair", "input": text, "user": key})
+            if answer.status_code != 200:
+                raise RuntimeError(f"{answer.status_code}: {answer.text}")
+            done.append((time.perf_counter(), key))
+
+        blockers = [asyncio.create_task(one("blocker", " ".join(["w"] * 100))) for _ in range(2)]
+        await asyncio.sleep(0.3)  # both blockers run, one on each node
+        burst = asyncio.gather(*(one(key) for key in order))
+        await asyncio.sleep(2.4)
+        listed = (await http.get("/v1/admin/models")).json()["models"]
+        queued = sum(m["queue_depth"] for m in listed if m["name"] == "fair")
+        await asyncio.gather(burst, *blockers)
+    done = sorted(item for item in done if item[1] != "blocker")
+    last = {key: max(t for t, k in done if k == key) for key in requests_per_key}
+    window_end = min(last.values())
+    served = {key: sum(1 for t, k in done if k == key and t <= window_end) for key in requests_per_key}
+    total = sum(served.values())
+    return {"shares": {key: round(count / total, 4) for key, count in served.items()}, "window_requests": total,
+            "queued_before_service": f"{queued} of {len(order)}"}
+
+
 def end_to_end(clients: int, requests: int) -> dict:
     """Requests/s through POST /v1/responses with ``clients`` concurrent clients, embedded default."""
     settings = {
@@ -119,8 +180,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=1280, help="end-to-end requests in all")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--nodes", action="store_true", help="also measure fairness across two nodes (needs Redis)")
     args = parser.parse_args()
     result = {"decision_cost": decision_cost(), "fairness": fairness()}
+    if args.nodes:
+        result["fairness_across_two_nodes"] = across_nodes()
     if not args.skip_e2e:
         result["end_to_end_stub_zero_delay"] = end_to_end(args.clients, args.requests)
     print(json.dumps(result, indent=2))

@@ -1,9 +1,11 @@
-"""CPU time per call of the managed engines' httpx client and of aiohttp's client, against a local server.
+"""CPU time per call of the upstream HTTP clients a managed engine could use, against a local server.
 
-One process, one event loop: a minimal HTTP/1.1 server answering a chat completion, and two
-clients calling it over a kept-alive connection in turn: the managed engines' httpx client
-(``managed.server_client``: httpcore over anyio) and aiohttp's client.  Each figure includes
-the test server's share (the same for both).  Prints one JSON object.
+One process, one event loop: a minimal HTTP/1.1 server answering a chat completion, and the
+clients calling it over a kept-alive connection in turn: ``httpx`` (httpcore over anyio, the
+managed engines' client), ``httpcore`` alone (httpx's transport, without httpx's client layer),
+``aiohttp`` (its client, bare) and ``upstream`` (``runtime.backends.upstream.UpstreamClient``:
+aiohttp's behind httpx's interface, the candidate that is not wired in yet).  Each figure includes the test server's share (the same for
+all).  Prints one JSON object.
 Run: .venv/bin/python bench/upstream_client.py [--calls 3000]
 """
 from __future__ import annotations
@@ -16,10 +18,12 @@ import time
 from pathlib import Path
 
 import aiohttp
+import httpcore
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.backends.managed import server_client  # noqa: E402
+from runtime.backends.upstream import UpstreamClient  # noqa: E402
 
 ANSWER = json.dumps({
     "id": "chatcmpl-1", "object": "chat.completion", "model": "smol",
@@ -46,17 +50,28 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 async def measure(calls: int) -> dict:
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    client = server_client(url)
+    client = UpstreamClient(url)
+    plain = httpx.AsyncClient(base_url=url, trust_env=False, timeout=httpx.Timeout(None, connect=10.0))
+    pool = httpcore.AsyncConnectionPool()
     session = aiohttp.ClientSession()
+    encoded = json.dumps(BODY).encode()
 
     async def with_httpx() -> None:
+        (await plain.post("/v1/chat/completions", json=BODY)).json()
+
+    async def with_httpcore() -> None:
+        response = await pool.request("POST", url + "/v1/chat/completions", content=encoded,
+                                      headers={"content-type": "application/json"})
+        json.loads(response.content)
+
+    async def with_upstream() -> None:
         (await client.post("/v1/chat/completions", json=BODY)).json()
 
     async def with_aiohttp() -> None:
         async with session.post(url + "/v1/chat/completions", json=BODY) as response:
             json.loads(await response.read())
 
-    clients = {"httpx": with_httpx, "aiohttp": with_aiohttp}
+    clients = {"httpx": with_httpx, "httpcore": with_httpcore, "aiohttp": with_aiohttp, "upstream": with_upstream}
     cpu_us: dict[str, list[float]] = {name: [] for name in clients}
     for _ in range(2):  # two rounds in turn, so a drift of the machine shows
         for name, call in clients.items():
@@ -67,6 +82,8 @@ async def measure(calls: int) -> dict:
                 await call()
             cpu_us[name].append(round((time.process_time() - began) / calls * 1e6, 1))
     await client.aclose()
+    await plain.aclose()
+    await pool.aclose()
     await session.close()
     server.close()
     return {"calls": calls, "cpu_us_per_call": cpu_us}

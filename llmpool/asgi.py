@@ -1,5 +1,5 @@
 """ASGI wiring: HTTP goes to Django, the admin WebSocket to its consumer; the ``llmpool-runtime``
-channel goes to the runtime consumer.
+channel (embedded) and this node's ``llmpool-runtime.<node>`` (split) go to the runtime consumer.
 
 POST /v1/responses, /v1/chat/completions, /v1/completions and /v1/embeddings, the hot paths, are
 served by plain ASGI apps (``models_app.api.inference.inference_app``): Django's request handling costs several thread hops
@@ -24,6 +24,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from models_app.api.chat.endpoint import chat_completions_app  # noqa: E402
+from models_app.api.client_timeouts import with_client_timeouts  # noqa: E402
 from models_app.api.completions.endpoint import completions_app  # noqa: E402
 from models_app.api.cors import with_cors  # noqa: E402
 from models_app.api.embeddings.endpoint import embeddings_app  # noqa: E402
@@ -31,6 +32,7 @@ from models_app.api.handler import ApiHandler  # noqa: E402
 from models_app.api.responses.endpoint import responses_app  # noqa: E402
 from models_app.host.consumer import RuntimeConsumer  # noqa: E402
 from models_app.transport.messages import RUNTIME_CHANNEL  # noqa: E402
+from models_app.transport.nodes import own_channel  # noqa: E402
 from models_app.workbench.urls import websocket_urlpatterns  # noqa: E402
 
 
@@ -58,11 +60,12 @@ browser_http = ASGIStaticFilesHandler(django_http)
 application = ProtocolTypeRouter(
     {
         # CORS (service.cors_allowed_origins) in front of every HTTP path, inference apps included.
-        "http": with_cors(http_router),
+        # The body read timeout (service.request_body_timeout_seconds) bounds every HTTP request.
+        "http": with_cors(with_client_timeouts(http_router)),
         # The admin pages' live feed: session login (staff only) and same-origin browsers only.
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
-        "channel": ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi()}),
+        "channel": ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi(), own_channel(): RuntimeConsumer.as_asgi()}),
     }
 )

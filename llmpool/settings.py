@@ -67,6 +67,9 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get("LLMPOOL_DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    if "postgresql" in DATABASES["default"]["ENGINE"]:
+        # libpq waits forever for a host that drops packets; ?connect_timeout= in the URL overrides.
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 10)
 else:
     DATABASES = {
         "default": {
@@ -93,7 +96,8 @@ if REDIS_URL:
                 "expiry": 30,
                 # Streams: a reply channel holds at most this many chunks before the runtime waits.
                 "capacity": 100,
-                "channel_capacity": {RUNTIME_CHANNEL: 1000},
+                # Every node's runtime channel (llmpool-runtime.<node>, a glob) holds as many requests.
+                "channel_capacity": {RUNTIME_CHANNEL: 1000, RUNTIME_CHANNEL + ".*": 1000},
             },
         }
     }

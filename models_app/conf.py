@@ -1,6 +1,8 @@
 """The service settings the API side needs (read once per process; changes need a restart)."""
+import fcntl
 import logging
 import sys
+from contextlib import contextmanager
 from functools import lru_cache
 
 from django.conf import settings
@@ -26,6 +28,64 @@ def startup_service_settings(stderr) -> ServiceSettings:
         sys.exit(2)
     logging.getLogger("llmpool").setLevel(service.log_level.upper())
     return service
+
+
+def startup_migrate(stderr) -> None:
+    """For the commands that start llm-pool: apply migrations, or exit 2 with
+    ``database_unavailable`` when the database cannot be reached (no traceback)."""
+    from django.core.management import call_command
+    from django.db import OperationalError
+
+    try:
+        with _one_migrate_at_a_time():
+            call_command("migrate", interactive=False, verbosity=0)
+    except OperationalError as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        stderr.write(f"database_unavailable: cannot reach the database {database_label()}: {reason}")
+        sys.exit(2)
+
+
+# A PostgreSQL advisory lock every llm-pool process takes around its start-up migrate ("llmp").
+MIGRATE_LOCK_KEY = 0x6C6C6D70
+
+
+@contextmanager
+def _one_migrate_at_a_time():
+    """Hold a lock while migrating: the runtime workers of several nodes (and API processes)
+    started together on a fresh database would otherwise all create the same tables, and all but
+    one fail.  The others wait, then find nothing left to apply.  On PostgreSQL the advisory lock
+    ``MIGRATE_LOCK_KEY``; on SQLite (processes of one host sharing its file, as the benchmarks'
+    split does) an exclusive lock on ``<database>.migrate-lock`` beside it."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        name = str(connection.settings_dict["NAME"])
+        if name == ":memory:" or name.startswith("file:"):
+            yield
+            return
+        with open(f"{name}.migrate-lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield  # the lock goes with the file's close
+        return
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATE_LOCK_KEY])
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATE_LOCK_KEY])
+
+
+def database_label() -> str:
+    """The default database as a message names it: host, port and name, never the password."""
+    database = settings.DATABASES["default"]
+    if "sqlite" in database["ENGINE"]:
+        return f"{database['NAME']} (SQLite, LLMPOOL_DB_PATH)"
+    return f"{database.get('HOST') or 'localhost'}:{database.get('PORT') or 'default port'}/{database['NAME']} " \
+           "(LLMPOOL_DATABASE_URL)"
 
 
 @lru_cache(maxsize=1)

@@ -16,7 +16,12 @@ def catalog_get(name: str) -> CatalogModel | None:
 
 async def models_list() -> list[dict]:
     """Every configured model's AdminModelEntry (GET /v1/admin/models)."""
-    return (await RuntimeClient().call(OP_LIST_MODELS))["models"]
+    return (await models_answer())["models"]
+
+
+async def models_answer() -> dict:
+    """GET /v1/admin/models's answer: ``models``, and with several nodes ``nodes`` (additive)."""
+    return await RuntimeClient().call(OP_LIST_MODELS)
 
 
 async def model_get(name: str) -> dict:

@@ -9,7 +9,7 @@ import asyncio
 import logging
 
 from channels.layers import get_channel_layer
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from models_app.conf import service_settings
 from models_app.models import CatalogModel
@@ -25,16 +25,27 @@ from models_app.transport.messages import (
     OP_WAKE,
     admin_event_message,
 )
+from models_app.transport import nodes
 from models_app.transport.runtime_client import RuntimeClient
 
 logger = logging.getLogger("llmpool.api")
 
 
+def catalog_sync(models: list[dict], configured: list[str] | None = None) -> None:
+    """Make the catalog mirror equal to the runtime's catalog (one row per configured model).
+
+    ``configured``: every model of the settings file, other nodes' too (a node's catalog holds its
+    own): their rows stay.  Two nodes syncing the same model at once: the second tries again."""
+    try:
+        _catalog_sync(models, configured)
+    except IntegrityError:
+        _catalog_sync(models, configured)
+
+
 @transaction.atomic
-def catalog_sync(models: list[dict]) -> None:
-    """Make the catalog mirror equal to the runtime's catalog (one row per configured model)."""
+def _catalog_sync(models: list[dict], configured: list[str] | None) -> None:
     names = [model["name"] for model in models]
-    CatalogModel.objects.exclude(name__in=names).delete()
+    CatalogModel.objects.exclude(name__in=[*names, *(configured or ())]).delete()
     for model in models:
         row = CatalogModel.objects.filter(name=model["name"]).first()
         values = {key: model[key] for key in ("backend", "enabled", "definition", "sources")}
@@ -87,7 +98,8 @@ async def settings_reload() -> dict:
 
     Raises InvalidSettings (400) or SettingsReloadConflict (409) with the catalog unchanged.
     """
-    diff = await RuntimeClient().call(OP_RELOAD_SETTINGS)
+    diff = await RuntimeClient().call(OP_RELOAD_SETTINGS)  # every node, two-phase (transport.pool_calls)
+    nodes.REGISTRY.forget_cache()  # the nodes announced their new catalogs before answering
     await _publish_catalog_changed(diff)
     return diff
 
@@ -96,8 +108,7 @@ async def _publish_catalog_changed(diff: dict) -> None:
     """Tell live admin pages that a settings reload changed the catalog (never raises)."""
     message = admin_event_message({"kind": EVENT_CATALOG, **diff})
     try:
-        await asyncio.wait_for(
-            get_channel_layer().group_send(ADMIN_EVENTS_GROUP, message), ADMIN_EVENT_SEND_TIMEOUT_SECONDS
-        )
+        async with asyncio.timeout(ADMIN_EVENT_SEND_TIMEOUT_SECONDS):
+            await get_channel_layer().group_send(ADMIN_EVENTS_GROUP, message)
     except Exception:
         logger.warning("could not publish the catalog change", exc_info=True)

@@ -419,6 +419,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self.reason = reason
         self.machine.transition(S.LOADED, S.UNLOADING, reason)
         self.scheduler.close(ModelUnloading(f"model {self.name} is unloading"))
+        self._operate_when_idle()  # a wake waiting for memory (runtime.residency) does not happen
         self._release_when_idle()
 
     def _release_when_idle(self) -> None:
@@ -470,6 +471,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self.reason = REASON_ENGINE_FAILURE
         self.machine.transition(S.LOADED, S.FAILED, REASON_ENGINE_FAILURE)
         self.waiters.fail(_not_serving(self.name, S.FAILED, message))
+        self._operate_when_idle()  # a wake waiting for memory (runtime.residency) does not happen
         self._work = asyncio.get_running_loop().create_task(self._release_failed(engines))
         future.set_result(None)
 

@@ -21,7 +21,10 @@ class LLMPoolError(Exception):
         self.details = details
 
     def envelope(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message, "param": self.param}}
+        envelope = {"error": {"code": self.code, "message": self.message, "param": self.param}}
+        if _public_details(self.details):
+            envelope["error"]["details"] = self.details
+        return envelope
 
     def to_dict(self) -> dict:
         return {
@@ -32,6 +35,14 @@ class LLMPoolError(Exception):
             "retry_after": self.retry_after,
             "details": self.details,
         }
+
+
+def _public_details(details) -> bool:
+    """Details the envelope carries (additive): settings problems with a machine-readable ``code``
+    each (a model's ``node``), and a reload that nodes refused (``refused_by``, docs/api.md)."""
+    if isinstance(details, dict):
+        return "refused_by" in details
+    return isinstance(details, list) and any(isinstance(p, dict) and "code" in p for p in details)
 
 
 def _error(name: str, code: str, http_status: int, retry_after: int | None = None):
@@ -76,6 +87,8 @@ ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retr
 BackendError = _error("BackendError", "backend_error", 502)
 # The model's request_timeout_seconds ran out while the engine held the request (slot freed).
 RequestTimeout = _error("RequestTimeout", "request_timeout", 504)
+# The client did not send its whole body within service.request_body_timeout_seconds.
+RequestBodyTimeout = _error("RequestBodyTimeout", "request_body_timeout", 408)
 ContextLengthExceeded = _error("ContextLengthExceeded", "context_length_exceeded", 400)
 # A remote OpenAI-compatible API (openai_remote) failed or timed out.
 UpstreamError = _error("UpstreamError", "upstream_error", 502)
@@ -85,6 +98,8 @@ InvalidLoadRequest = _error("InvalidLoadRequest", "invalid_load_request", 400)
 LoadBodyInvalid = _error("LoadBodyInvalid", "invalid_load_body", 422)
 ModelStateConflict = _error("ModelStateConflict", "model_state_conflict", 409)
 SettingsReloadConflict = _error("SettingsReloadConflict", "settings_reload_conflict", 409)
+# A reload over several nodes that another node refused (or whose decision never came): nothing changed.
+SettingsReloadAborted = _error("SettingsReloadAborted", "settings_reload_aborted", 409)
 InvalidSettings = _error("InvalidSettings", "invalid_settings", 400)
 Unauthorized = _error("Unauthorized", "unauthorized", 401)
 UnknownOperation = _error("UnknownOperation", "unknown_operation", 400)

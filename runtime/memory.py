@@ -12,6 +12,11 @@ docs/settings.md ("Memory and devices") states the rules; docs/architecture.md t
   device, least recently used first, are unloaded first (reason ``memory_eviction``); a busy
   model is never evicted (a request-triggered load waits for it, an admin load is refused), and
   a load that cannot fit is refused with ``insufficient_memory`` and the plan, changing nothing.
+- Relief before eviction (``idle_lru``, runtime.residency): an idle model that can give memory
+  back while it stays loaded is asked first, least recently used first: its context shrunk to
+  its definition's ``gguf_n_ctx_min`` (it still answers at once), then put to sleep where its
+  backend can sleep; only what that cannot free is evicted.  Once the relieved models have their new charges, the loader
+  plans again (a relief that freed less than expected leads to an eviction then, not an overrun).
 
 Everything here is synchronous and runs on the event loop, called from a model's writer
 (``ModelController``): nothing interleaves inside one decision.  The manager never changes
@@ -25,7 +30,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -152,6 +157,12 @@ class Plan:
     blocking: list[dict]
     evict: list[str] = field(default_factory=list)
     estimate_source: str = "unavailable"
+    # Models that give memory back while they stay loaded, before any eviction (additive):
+    # [{name, action: "sleep" | "shrink", frees_mib, (shrink) to: {field: value}}].
+    relieve: list[dict] = field(default_factory=list)
+    # MiB on ``device`` that the loader's swap group gives back before its engines start (the
+    # holder swapped out for it: ``slot_credit``), counted as free on top of ``free_mib``.
+    slot_mib: int = 0
 
     @property
     def fits(self) -> bool:
@@ -167,7 +178,8 @@ class Plan:
     def to_dict(self) -> dict:
         return {
             "fits": self.fits, "action": self.action, "placement": self.placement, **self.details(),
-            "evict": self.evict, "estimate_source": self.estimate_source,
+            "evict": self.evict, "relieve": self.relieve, "estimate_source": self.estimate_source,
+            "slot_mib": self.slot_mib,
         }
 
 
@@ -178,9 +190,9 @@ def config_key(config: dict) -> str:
 class MemoryManager:
     """The pool's devices, every model's charge, and the admission decisions.
 
-    ``controllers()`` gives every model's controller (the candidates for eviction)."""
+    ``controllers()`` gives every model's controller by name (the candidates for eviction)."""
 
-    def __init__(self, settings: MemorySettings, controllers: Callable[[], Iterable[Any]],
+    def __init__(self, settings: MemorySettings, controllers: Callable[[], Mapping[str, Any]],
                  found: dict[str, int] | None = None):
         self._controllers = controllers
         self.found = found if found is not None else found_devices()
@@ -190,6 +202,10 @@ class MemoryManager:
         self._claimed: dict[str, Charge] = {}  # an evicted model's charge, until it is released
         self.victims: dict[str, set[str]] = {}  # loader -> models it waits to see released
         self.waiting: set[str] = set()  # loaders waiting for busy or unloading models
+        self.relieving: dict[str, dict] = {}  # model asked to sleep or shrink -> its plan item
+        self._relief_loaders: set[str] = set()  # loaders that plan again once their victims are done
+        self.unrelievable: set[str] = set()  # a relief failed: not asked again until it is released
+        self.shrunk: set[str] = set()  # shrunk under pressure: grows back once memory frees (``memory_grow``)
         self.learned: dict[tuple[str, str], tuple[int, str]] = {}  # (model, config) -> (MiB/replica, source)
         self._estimates: dict[tuple, tuple[int | None, str]] = {}
 
@@ -263,9 +279,10 @@ class MemoryManager:
         )
         return device
 
-    def place(self, requested, needed_mib: int, exclude: str | None = None) -> list[str]:
+    def place(self, requested, needed_mib: int, exclude: str | None = None, credit=None) -> list[str]:
         """The devices a load goes on: "auto" is the GPU with the most free budget that fits (the
-        one with the most free budget when none does), or cpu when there is no GPU."""
+        one with the most free budget when none does), or cpu when there is no GPU.  ``credit(device)``:
+        MiB that count as free there besides (the loader's swap-group slot, ``slot_credit``)."""
         if isinstance(requested, list):
             return list(requested)
         if requested != "auto":
@@ -273,7 +290,7 @@ class MemoryManager:
         gpus = [name for name in self.devices if name != "cpu" and self.devices[name].total_mib is not None]
         if not gpus:
             return ["cpu"]
-        free = {name: self.free(name, exclude) for name in gpus}
+        free = {name: self.free(name, exclude) + (credit(name) if credit is not None else 0) for name in gpus}
         fitting = [name for name in gpus if free[name] >= needed_mib]
         return [max(fitting or gpus, key=lambda name: (free[name], -_device_order(name)[1]))]
 
@@ -304,6 +321,22 @@ class MemoryManager:
         self._claimed.pop(name, None)
         self.waiting.discard(name)
         self.victims.pop(name, None)
+        self._relief_loaders.discard(name)
+        self.relieving.pop(name, None)
+        self.unrelievable.discard(name)
+        self.shrunk.discard(name)
+        self._victim_done(name)
+        self._changed()
+
+    def relieved(self, name: str, ok: bool) -> None:
+        """``name`` slept or shrank for a loader (its new charge is set), or failed to (``ok``
+        false: it is not asked again while loaded); the loader plans again once all are done."""
+        self.relieving.pop(name, None)
+        if not ok:
+            self.unrelievable.add(name)
+        self._victim_done(name)
+
+    def _victim_done(self, name: str) -> None:
         loader = self.leaving.pop(name, None)
         if loader is not None:
             pending = self.victims.get(loader)
@@ -311,8 +344,11 @@ class MemoryManager:
                 pending.discard(name)
                 if not pending:
                     del self.victims[loader]
-                    self._tell(loader, "memory_ready")
-        self._changed()
+                    if loader in self._relief_loaders:
+                        self._relief_loaders.discard(loader)
+                        self._tell(loader, "memory_replan")
+                    else:
+                        self._tell(loader, "memory_ready")
 
     def device_report(self) -> list[dict]:
         report = []
@@ -331,46 +367,117 @@ class MemoryManager:
     def decide(self, loader, needed_mib: int, requested, *, operator: bool, source: str = "estimate") -> Plan:
         """The plan for ``loader`` to take ``needed_mib`` on the devices ``requested`` names."""
         name = loader.name
-        placement = self.place(requested, needed_mib, exclude=name)
+        placement = self.place(requested, needed_mib, exclude=name,
+                               credit=lambda device: self.slot_credit(loader, device)[0])
         needed = self.split(needed_mib, placement)
-        plans = [self._device_plan(name, device, mib, operator) for device, mib in needed.items()]
+        plans = [self._device_plan(name, device, mib, operator, self.slot_credit(loader, device))
+                 for device, mib in needed.items()]
         worst = next((plan for plan in plans if plan[0] != "load"), plans[0])
         order = ("refuse", "wait", "evict", "load")
         action = min((plan[0] for plan in plans), key=order.index)
         evict = [victim for plan in plans for victim in plan[5]] if action == "evict" else []
-        _, device, mib, free, (evictable, blocking), _ = worst
+        relieve = [item for plan in plans for item in plan[6]] if action == "evict" else []
+        _, device, mib, free, (evictable, blocking), _, _, slot = worst
         return Plan(action, placement, needed, device, mib, free, evictable, blocking, list(dict.fromkeys(evict)),
-                    source)
+                    source, _unique(relieve), slot)
 
-    def _device_plan(self, loader: str, device: str, needed: int, operator: bool):
+    def slot_credit(self, loader, device: str) -> tuple[int, set[str]]:
+        """(MiB, holders): what ``loader``'s swap group gives back on ``device`` before the
+        loader's engines start.  When every slot of its group is held and no other member waits
+        ahead of it, the group swaps a holder out for it (one that is not pinned and is loaded or
+        unloading): the smallest such charge counts as free.  Those holders are left out of this
+        plan's eviction candidates: evicting one would free the slot instead of a swap, and its
+        memory would be counted twice.  (0, {}) outside a group or with a slot free anyway."""
+        from runtime.state import RuntimeState as S
+
+        group = getattr(loader, "group", None)
+        if group is None or loader.name in group.holders or len(group.holders) < group.settings.max_loaded:
+            return 0, set()
+        if any(name != loader.name for name in group.waiting):
+            return 0, set()  # the next free slot is another member's
+        controllers = self._controllers()
+        holders = {
+            name for name in group.holders
+            if (controller := controllers.get(name)) is not None and not controller.entry.definition.pinned
+            and controller.state in (S.LOADED, S.UNLOADING)
+        }
+        if not holders:
+            return 0, set()
+        charges = [self.charges[name].mib.get(device, 0) if name in self.charges else 0 for name in holders]
+        return min(charges), holders
+
+    def _device_plan(self, loader: str, device: str, needed: int, operator: bool,
+                     slot: tuple[int, set[str]] = (0, set())):
+        credit, holders = slot
         free = self.free(device, exclude=loader)
-        evictable, blocking, busy_mib = self._candidates(loader, device)
+        evictable, blocking, busy_mib = self._candidates(loader, device, skip=holders if credit else ())
         if device not in self.devices:
             blocking = [{"name": None, "charge_mib": 0, "why": f"device {device} is not on this machine"}]
-            return "refuse", device, needed, free, ([], blocking), []
-        if needed <= free:
-            return "load", device, needed, free, (evictable, blocking), []
-        deficit = needed - free
+            return "refuse", device, needed, free, ([], blocking), [], [], 0
+        if needed <= free + credit:
+            return "load", device, needed, free, (evictable, blocking), [], [], credit
+        deficit = needed - free - credit
         if self.settings.eviction == "idle_lru":
-            chosen = fewest_lru(evictable, deficit)
+            relieve, chosen = self._make_room(device, evictable, deficit)
             if chosen is not None:
-                return "evict", device, needed, free, (evictable, blocking), chosen
+                return "evict", device, needed, free, (evictable, blocking), chosen, relieve, credit
         movable = busy_mib + (sum(c["charge_mib"] for c in evictable) if self.settings.eviction == "idle_lru" else 0)
         if not operator and movable >= deficit:
-            return "wait", device, needed, free, (evictable, blocking), []
-        return "refuse", device, needed, free, (evictable, blocking), []
+            return "wait", device, needed, free, (evictable, blocking), [], [], credit
+        return "refuse", device, needed, free, (evictable, blocking), [], [], credit
 
-    def _candidates(self, loader: str, device: str) -> tuple[list[dict], list[dict], int]:
+    def _make_room(self, device: str, evictable: list[dict], deficit: int):
+        """(relieve, evict) freeing ``deficit`` MiB on ``device``.  The idle models that can give
+        memory back while loaded go first, in two rounds, least recently used first in each:
+        shrinks (the model still answers at once), then sleeps (a sleep of a model chosen to
+        shrink takes the shrink's place); the rest by eviction (``fewest_lru`` of the others).
+        evict None: not enough either way."""
+        chosen: dict[str, dict] = {}
+        freed = 0
+        for item in self._reliefs(device, evictable):
+            if freed >= deficit:
+                break
+            earlier = chosen.get(item["name"])
+            gain = item["frees_mib"] - (earlier["frees_mib"] if earlier is not None else 0)
+            if gain <= 0:
+                continue
+            chosen[item["name"]] = item
+            freed += gain
+        relieve = list(chosen.values())
+        if freed >= deficit:
+            return relieve, []
+        rest = fewest_lru([item for item in evictable if item["name"] not in chosen], deficit - freed)
+        if rest is not None:
+            return relieve, rest
+        return [], fewest_lru(evictable, deficit)
+
+    def _reliefs(self, device: str, evictable: list[dict]) -> list[dict]:
+        """What the idle, evictable models could give back on ``device`` while staying loaded
+        (each writer's ``memory_relief``): every shrink, then every sleep, each in LRU order."""
+        controllers = self._controllers()
+        options = []
+        for item in evictable:  # least recently used first
+            controller = controllers.get(item["name"])
+            if controller is None or item["name"] in self.unrelievable or item["name"] in self.relieving:
+                continue
+            relief = getattr(controller, "memory_relief", None)
+            for option in relief(device) if relief is not None else ():
+                if option["frees_mib"] > 0:
+                    options.append({"name": item["name"], **option})
+        return [o for o in options if o["action"] == "shrink"] + [o for o in options if o["action"] == "sleep"]
+
+    def _candidates(self, loader: str, device: str, skip=()) -> tuple[list[dict], list[dict], int]:
         """(evictable [{name, charge_mib, last_used}] least recently used first, blocking [{name,
-        charge_mib, why}], MiB that busy unpinned or unloading models will give back later)."""
+        charge_mib, why}], MiB that busy unpinned or unloading models will give back later);
+        the models of ``skip`` (counted through the swap group's slot) are in neither."""
         from runtime.state import RuntimeState as S
 
         evictable, blocking, later = [], [], 0
-        for controller in self._controllers():
-            name = controller.name
-            charge = self.charges.get(name)
-            mib = charge.mib.get(device, 0) if charge is not None else 0
-            if name == loader or not mib:
+        controllers = self._controllers()
+        for name, charge in self.charges.items():  # a model without a charge holds nothing to free
+            mib = charge.mib.get(device, 0)
+            controller = controllers.get(name)
+            if controller is None or name == loader or not mib or name in skip:
                 continue
             pinned = controller.entry.definition.pinned
             state = controller.state
@@ -390,17 +497,31 @@ class MemoryManager:
         evictable.sort(key=lambda item: (item["last_used"], item["name"]))
         for item in evictable:
             del item["last_used"]
+        if len(blocking) > 1:  # in the catalog's order, as the plan has always listed them
+            position = {name: index for index, name in enumerate(controllers)}
+            blocking.sort(key=lambda item: position[item["name"]])
         return evictable, blocking, later
 
-    def claim(self, loader: str, victims: list[str]) -> None:
+    def claim(self, loader: str, victims: list[str], relieve: list[dict] = ()) -> None:
         """``loader`` makes room by evicting ``victims``: their charges are its now (it reserved
-        its whole need), and it starts once every one of them is released."""
+        its whole need), and it starts once every one of them is released.  The models of
+        ``relieve`` are asked to sleep or shrink first (their charges stay theirs, then shrink):
+        with any of them, the loader plans again once all are done instead of starting."""
         for victim in victims:
             charge = self.charges.pop(victim, None)
             if charge is not None:
                 self._claimed[victim] = charge
             self.leaving[victim] = loader
-        self.victims[loader] = set(victims)
+        for item in relieve:
+            self.relieving[item["name"]] = item
+            self.leaving[item["name"]] = loader
+        self.victims[loader] = set(victims) | {item["name"] for item in relieve}
+        if relieve:
+            self._relief_loaders.add(loader)
+        for item in relieve:
+            logger.info("model %s: asking %s to %s (frees about %d MiB)", loader, item["name"], item["action"],
+                        item["frees_mib"])
+            self._tell(item["name"], "memory_relieve")
         for victim in victims:
             self._tell(victim, "memory_evict")
 
@@ -408,30 +529,53 @@ class MemoryManager:
         """``victim`` refused to be evicted (it became busy or pinned meanwhile): its charge comes
         back and its loader plans again."""
         loader = self.leaving.pop(victim, None)
+        self.relieving.pop(victim, None)
         charge = self._claimed.pop(victim, None)
         if charge is not None:
             self.charges[victim] = charge
         if loader is not None:
             self.victims.pop(loader, None)
+            self._relief_loaders.discard(loader)
             self._tell(loader, "memory_replan")
 
     def wait(self, loader: str) -> None:
         self.waiting.add(loader)
 
     def _changed(self) -> None:
-        """Memory was given back or a model became idle: loaders that wait plan again."""
+        """Memory was given back or a model became idle: loaders that wait plan again; with none
+        waiting or making room, the models shrunk under pressure try to grow back."""
         for loader in sorted(self.waiting):
             self._tell(loader, "memory_replan")
+        self._grow_back()
 
     def model_idle(self) -> None:
         if self.waiting:
             self._changed()
+        else:
+            self._grow_back()
+
+    def _grow_back(self) -> None:
+        """Each shrunk model checks, idle, whether its configured context fits again (its writer's
+        ``memory_grow``: a reconfigure with reason ``memory_freed`` where it does)."""
+        if self.waiting or self.victims:
+            return
+        for name in sorted(self.shrunk):
+            self._tell(name, "memory_grow")
 
     def _tell(self, name: str, command: str) -> None:
-        for controller in self._controllers():
-            if controller.name == name:
-                controller.memory_command(command)
-                return
+        controller = self._controllers().get(name)
+        if controller is not None:
+            controller.memory_command(command)
+
+
+def _unique(items: list[dict]) -> list[dict]:
+    """Each model once (a model placed on two devices is relieved once)."""
+    seen, unique = set(), []
+    for item in items:
+        if item["name"] not in seen:
+            seen.add(item["name"])
+            unique.append(item)
+    return unique
 
 
 def fewest_lru(evictable: list[dict], deficit: int) -> list[str] | None:

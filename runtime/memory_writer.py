@@ -19,7 +19,9 @@ from runtime.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, 
 logger = logging.getLogger("llmpool.runtime")
 
 S = RuntimeState
-MEMORY_COMMANDS = frozenset({"memory_evict", "memory_ready", "memory_replan"})
+# memory_relieve: sleep or shrink to make room; memory_grow: grow back once memory frees
+# (runtime.residency, ``_on_memory_relieve`` / ``_on_memory_grow``).
+MEMORY_COMMANDS = frozenset({"memory_evict", "memory_ready", "memory_replan", "memory_relieve", "memory_grow"})
 MIB = 1024 * 1024
 
 
@@ -39,8 +41,9 @@ class MemoryWriter:
             self._post(command)
 
     def memory_idle(self) -> bool:
-        """Whether this model could be evicted now (read by the manager between commands)."""
-        return self._is_drained() and not self.waiters
+        """Whether this model could be evicted now (read by the manager between commands); a
+        model about to wake is wanted (runtime.residency)."""
+        return self._is_drained() and not self.waiters and not self.waking()
 
     # ---- planning ----------------------------------------------------------------------
     def plan_load(self, overrides: dict, count: int, reason: str) -> Plan | None:
@@ -89,8 +92,9 @@ class MemoryWriter:
         self.memory.reserve(self.name, plan.needed)
         if plan.action == "evict":
             self._awaiting_memory = True
-            logger.info("model %s: evicting %s to fit on %s", self.name, ", ".join(plan.evict), plan.device)
-            self.memory.claim(self.name, plan.evict)
+            if plan.evict:
+                logger.info("model %s: evicting %s to fit on %s", self.name, ", ".join(plan.evict), plan.device)
+            self.memory.claim(self.name, plan.evict, plan.relieve)
             return False
         return True
 
@@ -109,15 +113,20 @@ class MemoryWriter:
             self.memory.declined(self.name)
 
     def _on_memory_ready(self, future) -> None:
-        """The models evicted for this load are released: its engines start."""
+        """The models evicted for this load are released: its engines start (a wake: it runs)."""
         future.set_result(None)
-        if self.state is S.LOADING and self._awaiting_memory:
+        if self.state is S.LOADED:
+            self._wake_memory("memory_ready")
+        elif self.state is S.LOADING and self._awaiting_memory:
             self._awaiting_memory = False
             self._after_memory()
 
     def _on_memory_replan(self, future) -> None:
         """Memory was given back, a model became idle, or a model refused eviction: plan again."""
         future.set_result(None)
+        if self.state is S.LOADED and self.memory is not None:
+            self._wake_memory("memory_replan")
+            return
         if self.state is not S.LOADING or not self._awaiting_memory or self.memory is None:
             return
         self.memory.release(self.name)  # the old reservation, if any, does not count against itself

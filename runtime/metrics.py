@@ -17,7 +17,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -93,6 +93,7 @@ class RuntimeMetrics:
 
     def __init__(self, pool: Callable[[], ModelPool]):
         self.pool = pool
+        self._served: dict[tuple, Any] = {}  # labelled children of the request instruments (observe_request)
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ["model", "endpoint"]
@@ -149,21 +150,39 @@ class RuntimeMetrics:
     def observe_request(self, record: RequestRecord) -> None:
         """Count one request that ended (answered, refused or failed; a cancelled one is 499)."""
         model, endpoint = record.model or "", record.endpoint
-        self.requests.labels(model, endpoint, str(record.status)).inc()
         if record.code is not None:
+            self.requests.labels(model, endpoint, str(record.status)).inc()
             self.rejections.labels(model, record.code).inc()
             if record.status == 429:
                 self.keys.add(record.fairness_key, rejections=1)
             return
-        self.duration.labels(model, endpoint).observe(record.duration)
-        self.input_tokens.labels(model, endpoint).inc(record.input_tokens)
-        self.output_tokens.labels(model, endpoint).inc(record.output_tokens)
+        # A served request: its labelled children, looked up once per (model, endpoint, status)
+        # (prometheus-client's labels() costs a few microseconds a call, six calls a request).
+        children = self._served.get((model, endpoint, record.status))
+        if children is None:
+            children = self._served[(model, endpoint, record.status)] = (
+                self.requests.labels(model, endpoint, str(record.status)), self.duration.labels(model, endpoint),
+                self.input_tokens.labels(model, endpoint), self.output_tokens.labels(model, endpoint),
+            )
+        requests, duration, input_tokens, output_tokens = children
+        requests.inc()
+        duration.observe(record.duration)
+        input_tokens.inc(record.input_tokens)
+        output_tokens.inc(record.output_tokens)
         self.keys.add(record.fairness_key, tokens=record.input_tokens + record.output_tokens)
         if record.ttft is not None:
-            self.ttft.labels(model, endpoint).observe(record.ttft)
+            self._child(self.ttft, model, endpoint).observe(record.ttft)
             if record.output_tokens > 1:
                 per_token = (record.duration - record.ttft) / (record.output_tokens - 1)
-                self.tpot.labels(model, endpoint).observe(max(0.0, per_token))
+                self._child(self.tpot, model, endpoint).observe(max(0.0, per_token))
+
+    def _child(self, metric, model: str, endpoint: str):
+        """``metric.labels(model, endpoint)``, made on its first observation and kept."""
+        key = (id(metric), model, endpoint)
+        child = self._served.get(key)
+        if child is None:
+            child = self._served[key] = metric.labels(model, endpoint)
+        return child
 
     # ---- scrape ----------------------------------------------------------------------
     async def exposition(self) -> str:
@@ -190,9 +209,8 @@ async def _engine_stats(pool: ModelPool) -> dict[tuple[str, int], dict]:
             else:
                 found[(controller.name, replica)] = {"rss_bytes": _rss_of(process.pid), "gpu_memory_bytes": None}
     if asks:
-        answers = await asyncio.gather(
-            *(asyncio.wait_for(ask, ENGINE_STATS_TIMEOUT_SECONDS) for _, ask in asks), return_exceptions=True
-        )
+        answers = await asyncio.gather(*(_within(ask, ENGINE_STATS_TIMEOUT_SECONDS) for _, ask in asks),
+                                       return_exceptions=True)
         for (where, _), answer in zip(asks, answers):
             if isinstance(answer, dict):
                 found[where] = answer
@@ -303,3 +321,8 @@ class _PoolCollector(Collector):
             rejected.add_metric([key], refused)
         yield tokens
         yield rejected
+
+
+async def _within(awaitable, seconds: float):
+    async with asyncio.timeout(seconds):  # not wait_for, which can drop a cancel on Python 3.11
+        return await awaitable

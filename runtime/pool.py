@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from runtime.catalog import CatalogEntry, build_catalog
 from runtime.config import (
@@ -26,15 +26,17 @@ from runtime.controller import ModelController
 from runtime.groups import SwapGroup
 from runtime.memory import MemoryManager
 from runtime.engine_process.spares import SPARES
-from runtime.errors import SettingsReloadConflict, UnknownModel
+from runtime.errors import SettingsReloadAborted, SettingsReloadConflict, UnknownModel
 from runtime.paths import state_dir
 from runtime.state import TransitionEvent
 
 logger = logging.getLogger("llmpool.runtime")
 
 class ModelPool:
-    def __init__(self, settings_path: str, listeners: list[Callable[[TransitionEvent], None]] | None = None):
+    def __init__(self, settings_path: str, listeners: list[Callable[[TransitionEvent], None]] | None = None,
+                 node: str | None = None):
         self.settings_path = settings_path
+        self.node = node  # the node this pool serves: only the models whose ``node`` includes it
         self.listeners = listeners if listeners is not None else []
         self.current: LoadedSettings | None = None  # the settings files as last read and applied
         self.startup_service = None
@@ -51,11 +53,11 @@ class ModelPool:
 
     async def start(self, *, load_enabled: bool = True) -> None:
         """Read the settings (raises InvalidSettings) and start loading enabled models in the background."""
-        self.current = load_settings(self.settings_path)
+        self.current = load_settings(self.settings_path, self.node)
         self.startup_service = self.current.settings.service.model_dump()
         # API keys' bucket weights are service settings: read once, like the API process reads the keys.
         self.key_weights = key_weights(self.current.settings.service)
-        self.memory = MemoryManager(self.current.settings.memory, lambda: self.controllers.values())
+        self.memory = MemoryManager(self.current.settings.memory, lambda: self.controllers)
         self.groups = self._build_groups(self.current.settings, {})
         for name, entry in build_catalog(self.current).items():
             self._add(entry)
@@ -121,15 +123,18 @@ class ModelPool:
         controller.launch()
         self.controllers[entry.name] = controller
 
-    async def reload(self) -> dict:
+    async def reload(self, decide: Callable[[dict], Awaitable[bool]] | None = None) -> dict:
         """Reread the files and apply them atomically, or change nothing (400 / 409).
 
         Each model's writer votes on the change (and holds its loads meanwhile), so no
         decision rests on a state read from outside the writer; the swap happens only
         when every vote is free of conflict.  One reload runs at a time.
+
+        ``decide`` (a reload over several nodes, two-phase): awaited with the checked diff while
+        everything is still held; False changes nothing and raises SettingsReloadAborted.
         """
         async with self._reload_lock:
-            loaded = await asyncio.to_thread(load_settings, self.settings_path)
+            loaded = await asyncio.to_thread(load_settings, self.settings_path, self.node)
             new_catalog = build_catalog(loaded)
             held = dict(self.controllers)
             answers = await asyncio.gather(
@@ -141,6 +146,9 @@ class ModelPool:
                     if isinstance(answer, BaseException):
                         raise answer
                 diff = self._plan_reload(loaded, new_catalog, dict(zip(held, answers)))
+                if decide is not None and not await decide(dict(diff)):
+                    raise SettingsReloadAborted("settings reload aborted: another node refused it, or the "
+                                                "decision did not come in time; nothing changed")
             except BaseException:
                 await asyncio.gather(
                     *(controller.release_reload() for controller in held.values()), return_exceptions=True

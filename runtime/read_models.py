@@ -57,6 +57,8 @@ def model_entry(controller: ModelController) -> dict:
         "load_progress": controller.load_progress if state is RuntimeState.LOADING else None,
         # The warm tier (additive; docs/api.md, runtime.residency): "active" or "sleeping".
         "residency": controller.residency,
+        # Whether its backend can sleep (additive; docs/api.md): POST .../sleep is not 400 not_sleepable.
+        "sleepable": spec.can_sleep(definition),
     }
 
 

@@ -117,17 +117,24 @@ class GenerationRequest:
         )
 
     def to_wire(self) -> dict[str, Any]:
-        """The request as a plain dict (msgpack- and JSON-safe) for the channel layer."""
-        return dataclasses.asdict(self)
+        """The request as a plain dict (msgpack- and JSON-safe) for the channel layer.
+
+        Shallow: its values are the request's own lists and dicts (every field is a plain value),
+        which the channel layer packs anyway; ``dataclasses.asdict`` deep-copied them first, which
+        cost more than the rest of building the message for a long conversation."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> GenerationRequest:
         """Rebuild a request from ``to_wire``'s dict; keys this version does not know are dropped."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        return cls(**{key: value for key, value in data.items() if key in _KNOWN_FIELDS})
 
     def last_user_text(self) -> str:
         for message in reversed(self.messages):
             if message.get("role") == "user":
                 return "".join(p.get("text", "") for p in message["content"] if p.get("type") == "input_text")
         return ""
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(GenerationRequest))
+_KNOWN_FIELDS = frozenset(_FIELD_NAMES)

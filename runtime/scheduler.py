@@ -49,11 +49,13 @@ class SchedulerEffects(Protocol):
     def reject(self, ticket: Ticket, error: LLMPoolError) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class KeyState:
     weight: float
     counter: float = 0.0
-    queue: deque[Ticket] = field(default_factory=deque)
+    # An idle record's queue is the empty tuple, not a deque of its own: a deque is 760 bytes,
+    # two thirds of what an idle key cost (the soak's RSS grew 1.1 KiB per fairness key seen).
+    queue: deque[Ticket] | tuple = field(default_factory=deque)
     active: int = 0
     rejected: int = 0
 
@@ -87,9 +89,15 @@ class Scheduler:
     def close(self, error: LLMPoolError) -> None:
         """Stop dispatching; every queued request is rejected with ``error``."""
         self.replicas = 0
-        for state in self.keys.values():
+        self.reject_queued(error)
+
+    def reject_queued(self, error: LLMPoolError) -> None:
+        """Every queued request is rejected with ``error`` (the active ones go on)."""
+        for key, state in list(self.keys.items()):
             while state.queue:
                 self.effects.reject(state.queue.popleft(), error)
+            if self.replicas:
+                self._settle(key, state)
         self.queue_depth = 0
         self._heap.clear()
 
@@ -205,6 +213,8 @@ class Scheduler:
             state = self.keys[key] = KeyState(weight=weight)
         else:
             self._idle.pop(key, None)
+            if not isinstance(state.queue, deque):
+                state.queue = deque()
         return state
 
     def _settle(self, key: str | None, state: KeyState) -> None:
@@ -214,6 +224,7 @@ class Scheduler:
         if state.counter <= self._floor and not state.rejected:
             del self.keys[key]
             return
+        state.queue = ()
         self._idle[key] = None
         self._idle.move_to_end(key)
         while len(self._idle) > IDLE_KEYS_RETAINED:

@@ -19,7 +19,7 @@ from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk
 from runtime.config import parse_load_body
 from runtime.controller import Lease
 from runtime.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
-from runtime.errors import BackendError, RequestTimeout, UnknownOperation
+from runtime.errors import BackendError, RequestTimeout, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.metrics import RuntimeMetrics
 from runtime.model_logs import model_logs
@@ -43,6 +43,10 @@ from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
 
+# A reload prepared for several nodes (op_reload_prepare) waits this long at most for its commit
+# or abort, holding its models' loads meanwhile; then it aborts by itself.
+RELOAD_HOLD_SECONDS = 30.0
+
 Emit = Callable[[dict], Awaitable[None]]
 ReloadListener = Callable[["RuntimeService"], Awaitable[None]]
 
@@ -53,6 +57,7 @@ class RuntimeService:
         settings_path: str,
         listeners: list[Callable[[TransitionEvent], None]] | None = None,
         reload_listeners: list[ReloadListener] | None = None,
+        node: str | None = None,
     ):
         """``listeners`` get every lifecycle transition of every model (see ``runtime.state``).
 
@@ -60,7 +65,9 @@ class RuntimeService:
         before its diff is answered, so the caller of a reload sees their effects; a listener
         that raises fails the reload's answer (the reload itself stays applied).
         """
-        self.pool = ModelPool(settings_path, listeners)
+        self.node = node  # the node name this runtime serves (None: every model of the file)
+        self.pool = ModelPool(settings_path, listeners, node=node)
+        self._prepared: dict[str, tuple[asyncio.Future, asyncio.Task]] = {}  # reload_id -> decision, reload
         self.metrics = RuntimeMetrics(lambda: self.pool)  # runtime.metrics: GET /metrics's figures
         self.pool.listeners.append(self.metrics.on_transition)
         self.observer = RequestObserver(self.metrics)  # runtime.activity: each request's record
@@ -133,6 +140,59 @@ class RuntimeService:
             await listener(self)
         return diff
 
+    # A reload over several nodes, two-phase (models_app.transport.pool_calls): every node checks and
+    # holds (prepare), then every node swaps (commit), or every prepared node lets go (abort).
+    async def op_reload_prepare(self, payload, emit) -> dict:
+        """Check the files as a reload would, hold every model's loads and answer the diff; the
+        reload waits for op_reload_commit / op_reload_abort (at most ``hold_seconds``)."""
+        reload_id = str(payload["reload_id"])
+        loop = asyncio.get_running_loop()
+        checked, decision = loop.create_future(), loop.create_future()
+        hold = float(payload.get("hold_seconds") or RELOAD_HOLD_SECONDS)
+
+        async def decide(diff: dict) -> bool:
+            checked.set_result(diff)
+            try:
+                async with asyncio.timeout(hold):
+                    return await asyncio.shield(decision)
+            except TimeoutError:
+                logger.warning("prepared reload %s: no commit within %g s; aborted", reload_id, hold)
+                return False
+
+        task = asyncio.create_task(self.pool.reload(decide), name=f"reload:{reload_id}")
+        self._prepared[reload_id] = (decision, task)
+        task.add_done_callback(lambda _t: self._prepared.pop(reload_id, None))
+        await asyncio.wait((checked, task), return_when=asyncio.FIRST_COMPLETED)
+        if checked.done():
+            return {**checked.result(), "reload_id": reload_id}
+        return task.result()  # the refusal (InvalidSettings, SettingsReloadConflict) raises here
+
+    async def op_reload_commit(self, payload, emit) -> dict:
+        """Swap to the prepared reload's catalog; answers its diff."""
+        decision, task = self._prepared_reload(payload)
+        if not decision.done():
+            decision.set_result(True)
+        diff = await asyncio.shield(task)
+        for listener in self.reload_listeners:
+            await listener(self)
+        return diff
+
+    async def op_reload_abort(self, payload, emit) -> dict:
+        """Let go of a prepared reload: nothing changes (an unknown or finished one is fine)."""
+        prepared = self._prepared.get(str(payload.get("reload_id")))
+        if prepared is not None:
+            decision, task = prepared
+            if not decision.done():
+                decision.set_result(False)
+            await asyncio.gather(task, return_exceptions=True)
+        return {"aborted": True}
+
+    def _prepared_reload(self, payload) -> tuple[asyncio.Future, asyncio.Task]:
+        prepared = self._prepared.get(str(payload.get("reload_id")))
+        if prepared is None:
+            raise SettingsReloadAborted("no such prepared reload (it was aborted, or its hold ran out); nothing changed")
+        return prepared
+
     async def op_gpu_memory(self, payload, emit) -> dict:
         gpus, error = await asyncio.to_thread(probe_gpus)
         models = [gpu_model_entry(c) for c in self.pool.controllers.values()]
@@ -153,6 +213,8 @@ class RuntimeService:
                 for c in self.pool.controllers.values()
             ],
             "service": self.pool.settings.service.model_dump(),
+            # Every model of the settings file, other nodes' too (the mirror keeps their rows).
+            "configured_models": sorted(self.pool.current.model_nodes or self.pool.controllers),
         }
 
     def entry(self, controller) -> dict:

@@ -19,7 +19,7 @@ PYTHON="${PYTHON:-python3}"  # on the GPU machine, python3 is the one with PyTor
 
 # What `manage.py serve` imports for stub models; the GPU image already has torch, numpy, httpx,
 # Jinja2, prometheus-client, nvidia-ml-py and the other shared dependencies.
-SERVE_PACKAGES='Django|channels|daphne|djangorestframework|adrf|drf-spectacular|drf-spectacular-sidecar|pydantic|channels-redis|dj-database-url|psycopg\[binary\]|gguf'
+SERVE_PACKAGES='Django|channels|daphne|uvicorn|uvloop|httptools|websockets|aiohttp|orjson|djangorestframework|adrf|drf-spectacular|drf-spectacular-sidecar|pydantic|channels-redis|dj-database-url|psycopg\[binary\]|gguf'
 ON_THE_IMAGE='numpy|pyyaml|tqdm|msgpack|idna|certifi|attrs|packaging|requests|urllib3|charset_normalizer|typing_extensions'
 
 prepare() {

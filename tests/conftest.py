@@ -63,16 +63,29 @@ DEFAULT_MODE = {"mode": "embedded"}
 POSTGRES_URL = os.environ.get("LLMPOOL_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
+# The HTTP server the tests' services run: uvicorn (the default), or daphne with
+# LLMPOOL_TEST_SERVER=daphne, so the whole suite can run on either.
+TEST_SERVER = os.environ.get("LLMPOOL_TEST_SERVER", "uvicorn")
+
+
+def api_command(port: int, server: str | None = None) -> list[str]:
+    """The command of a split API process on ``port`` (``server``: the suite's by default)."""
+    return [sys.executable, str(ROOT / "manage.py"), "api", "--host", "127.0.0.1", "--port", str(port),
+            "--server", server or TEST_SERVER]
+
+
 class LiveService:
     """A real llm-pool on a free port; ``stop`` ends it and checks it exited.
 
     ``mode="embedded"``: one ``manage.py serve`` process (in-memory layer, SQLite).
-    ``mode="split"``: ``manage.py runtime`` plus ``daphne llmpool.asgi:application`` talking over
+    ``mode="split"``: ``manage.py runtime`` plus ``manage.py api`` (see ``api_command``) talking over
     Redis (a channel prefix of their own), with a PostgreSQL database of their own.
     """
 
-    def __init__(self, settings_path: Path, db_path: Path, env: dict | None = None, mode: str | None = None):
+    def __init__(self, settings_path: Path, db_path: Path, env: dict | None = None, mode: str | None = None,
+                 server: str | None = None):
         self.mode = mode = mode or DEFAULT_MODE["mode"]
+        self.server = server or TEST_SERVER  # the HTTP server: uvicorn or daphne
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.settings_path = settings_path
@@ -95,6 +108,7 @@ class LiveService:
                 "LLMPOOL_NODE_ID": f"test-{self.port}",
                 "LLMPOOL_DATABASE_URL": f"{POSTGRES_URL.rsplit('/', 1)[0]}/{self.database}",
             })
+            self.env.update(env or {})  # a test's own Redis or database URL wins over these
 
     def _spawn(self, *args: str) -> subprocess.Popen:
         log = open(self.log_path, "ab")
@@ -104,11 +118,10 @@ class LiveService:
         if self.mode == "split":
             _postgres_admin(f'CREATE DATABASE "{self.database}"')
             self.runtime_process = self.start_runtime()
-            self.process = self._spawn(
-                sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "llmpool.asgi:application"
-            )
+            self.process = self._spawn(*api_command(self.port, self.server))
         else:
-            self.process = self._spawn(sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port))
+            self.process = self._spawn(sys.executable, str(ROOT / "manage.py"), "serve", "--port", str(self.port),
+                                       "--server", self.server)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for process in (self.process, self.runtime_process):

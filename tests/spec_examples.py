@@ -190,6 +190,20 @@ LOAD_CONSTRAINTS = {
     "stub": {},
 }
 
+# Not the spec's: llm-pool's additive load_constraints (docs/api.md), which ``contract_view``
+# takes away so what is left compares with the contract: the reconfigure keys of an entry, and
+# the overrides llm-pool adds to a backend (llama_server's restart-mode reconfigurable flags).
+ADDITIVE_CONSTRAINT_KEYS = ("reconfigurable", "reconfigure_mode")
+ADDITIVE_OVERRIDES = {"llama_server": ("llama_server_type_k", "llama_server_type_v", "llama_server_flash_attn")}
+
+
+def contract_view(backend: str, constraints: dict) -> dict:
+    """``constraints`` without llm-pool's additive keys and overrides (key order kept)."""
+    return {
+        key: {field: value for field, value in entry.items() if field not in ADDITIVE_CONSTRAINT_KEYS}
+        for key, entry in constraints.items() if key not in ADDITIVE_OVERRIDES.get(backend, ())
+    }
+
 # ---- load_recommendations -----------------------------------------------------------------
 
 # "GGUF recommended presets".

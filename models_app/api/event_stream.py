@@ -39,8 +39,9 @@ async def transition_stream(keepalive: float = SSE_KEEPALIVE_SECONDS, progress: 
         yield b": subscribed to llm-pool transitions\n\n"
         while True:
             try:
-                message = await asyncio.wait_for(layer.receive(channel), keepalive)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(keepalive):  # not wait_for: it can drop a cancel on 3.11
+                    message = await layer.receive(channel)
+            except TimeoutError:
                 yield b": keepalive\n\n"
                 continue
             event = message.get("event") or {}

@@ -19,19 +19,23 @@ stream's error event.
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
+from models_app.api.client_timeouts import StreamWriteTimeout, stream_write
 from models_app.api.errors import error_headers, internal_error
 from models_app.api.keys import Caller, key_ring
 from models_app.api.limits import parse_json
+from models_app.conf import service_settings
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import LLMPoolError, RequestTooLarge
+from runtime.json_codec import dumps
 from runtime.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
 
+logger = logging.getLogger("llmpool.api")
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 STREAM_HEADERS = [
@@ -134,7 +138,7 @@ async def _stream(exchange, admission: asyncio.Task | None = None) -> AsyncItera
 
 def json_bytes(data) -> bytes:
     """JSON as DRF's JSONRenderer writes it (compact, UTF-8)."""
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return dumps(data)
 
 
 DONE = b"data: [DONE]\n\n"  # the end of an OpenAI-style stream
@@ -213,8 +217,13 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         if early.admission is not None:
             await _send_loading_notices(send, early)
         async for event in answer:
-            await send({"type": "http.response.body", "body": event, "more_body": True})
+            await stream_write(send, {"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+    except StreamWriteTimeout:
+        # The client read nothing for stream_write_timeout_seconds: closing the answer cancels the
+        # request in the runtime (its slot is freed); the server closes the unfinished response.
+        logger.warning("POST %s: the client read nothing for %g s; its stream was ended", path,
+                       service_settings().stream_write_timeout_seconds)
     finally:
         await answer.aclose()
         await early.close()
@@ -225,7 +234,7 @@ async def _send_loading_notices(send, early: _EarlyStream) -> None:
     ``LOADING_NOTICE_SECONDS`` until the wait is over (how it ended, the stream then tells)."""
     notice = f": loading {early.model}\n\n".encode()
     while True:
-        await send({"type": "http.response.body", "body": notice, "more_body": True})
+        await stream_write(send, {"type": "http.response.body", "body": notice, "more_body": True})
         done, _ = await asyncio.wait((early.admission,), timeout=LOADING_NOTICE_SECONDS)
         if done:
             return

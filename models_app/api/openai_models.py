@@ -5,7 +5,8 @@ The OpenAI keys (``id``, ``object``, ``created``, ``owned_by``) come first; llm-
 OpenAI clients ignore.  llm-pool keeps no creation time per model: ``created`` is when this API
 process started, the same for every model.  A model's aliases (``aliases`` in its definition)
 are listed as models of their own, each with ``alias_of`` naming the model it resolves to; the
-object of a model that has aliases lists them (``aliases``).
+object of a model that has aliases lists them (``aliases``).  ``node`` (additive) names the node
+that serves it; a model several nodes serve is listed once, from a node where it is loaded if any.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def model_object(entry: dict, model_id: str | None = None) -> dict:
         "backend": entry["resolved_backend"],
         "capabilities": entry["capabilities"],
         **names,
+        **({"node": entry["node"]} if "node" in entry else {}),
     }
 
 
@@ -43,10 +45,20 @@ def _aliases(entry: dict) -> list[str]:
     return list(entry["definition"].get("aliases") or [])
 
 
+def once_per_model(entries: list[dict]) -> list[dict]:
+    """One entry per model: a model that several nodes serve by its loaded node's entry, else the first."""
+    chosen: dict[str, dict] = {}
+    for entry in entries:
+        kept = chosen.get(entry["name"])
+        if kept is None or (kept["runtime_state"] != "loaded" and entry["runtime_state"] == "loaded"):
+            chosen[entry["name"]] = entry
+    return list(chosen.values())
+
+
 async def model_list(caller: Caller) -> dict:
     """The models ``service.list_models`` says to list (every configured one, "all", or the loaded)
     that the caller's key may use."""
-    entries = await selectors.models_list()
+    entries = once_per_model(await selectors.models_list())
     if service_settings().list_models == "loaded":
         entries = [entry for entry in entries if entry["runtime_state"] == "loaded"]
     data = [

@@ -117,6 +117,13 @@ class AdminModelEntrySerializer(serializers.Serializer):
         ["active", "sleeping"], help_text="sleeping: loaded, its inference state (KV cache) freed, its weights kept; "
         "a request wakes it. active otherwise.",
     )
+    sleepable = serializers.BooleanField(
+        required=False, help_text="Whether its backend can sleep (POST .../sleep is not 400 not_sleepable)."
+    )
+    # Additive: several nodes, one pool (docs/api.md "Several nodes").
+    node = serializers.CharField(
+        help_text="The node whose runtime answered this entry (LLMPOOL_NODE_ID, default the host name)."
+    )
 
 
 class AdminApi(APIView):
@@ -148,7 +155,7 @@ class ModelListApi(AdminApi):
         responses={200: OutputSerializer, 401: ERROR, 503: ERROR},
     )
     async def get(self, request):
-        return Response({"models": await selectors.models_list()})
+        return Response(await selectors.models_answer())
 
 
 def load_body_schema() -> dict:
@@ -246,7 +253,8 @@ class ModelSleepApi(AdminApi):
             "sleep: once its active requests finish, the model frees its inference state (llama_cpp: the context "
             "and KV cache) and keeps its weights; it stays loaded with residency \"sleeping\", and a request "
             "wakes it (and waits). wake: builds the inference state again (residency \"active\"). 400 "
-            "not_sleepable for a backend without a warm tier; 409 model_not_loaded or model_state_conflict."
+            "not_sleepable for a backend without a warm tier; 409 model_not_loaded or model_state_conflict; "
+            "409 insufficient_memory when a wake does not fit (the plan in error.details; it stays asleep)."
         ),
         request=None,
         parameters=[OpenApiParameter("model_name", str, OpenApiParameter.PATH)],

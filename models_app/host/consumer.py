@@ -14,6 +14,7 @@ from channels.consumer import AsyncConsumer, get_handler_name
 from channels.exceptions import ChannelFull
 
 from models_app.host import runtime_host
+from models_app.transport.channel_layer import ChannelLayerUnavailable
 from models_app.transport.messages import (
     OP_GENERATE,
     REPLY_ACK,
@@ -86,15 +87,18 @@ async def _serve(message: dict) -> None:
         await send(REPLY_RESULT, result)
     except asyncio.CancelledError:
         logger.info("request %s (%s) cancelled by its caller", request_id, op)
+    except ChannelLayerUnavailable as exc:  # Redis went away: the caller has its 503 (transport.channel_layer)
+        logger.warning("request %s (%s) abandoned: %s", request_id, op, exc.message)
     except LLMPoolError as exc:
         await beat.stop()
         await _send_quietly(send, REPLY_ERROR, exc.to_dict())
     except ChannelFull:
         logger.warning("request %s (%s): reply channel full, caller is gone", request_id, op)
-    except Exception as exc:
+    except Exception:
+        # The answer names the request id the log is searched by, never the exception's text.
         logger.exception("request %s (%s) failed", request_id, op)
         await beat.stop()
-        await _send_quietly(send, REPLY_ERROR, LLMPoolError(f"internal error: {exc}").to_dict())
+        await _send_quietly(send, REPLY_ERROR, LLMPoolError(f"internal error (request id {request_id})").to_dict())
     finally:
         beat.abandon()
 
@@ -148,3 +152,5 @@ async def _send_quietly(send, kind, data) -> None:
         await send(kind, data)
     except ChannelFull:
         logger.warning("could not deliver %s: reply channel full", kind)
+    except ChannelLayerUnavailable as exc:
+        logger.warning("could not deliver %s: %s", kind, exc.message)

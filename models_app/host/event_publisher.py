@@ -29,6 +29,7 @@ import logging
 import time
 from datetime import datetime, timezone
 
+from models_app.host.tasks import cancel_and_wait
 from models_app.transport.messages import (
     ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
     ADMIN_EVENTS_GROUP,
@@ -80,10 +81,8 @@ class RuntimeEventPublisher:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        tasks, self._tasks = self._tasks, []
+        await cancel_and_wait(tasks)
 
     def on_transition(self, event: TransitionEvent) -> None:
         # Publish after the writer's current step, so the entry read is the one the step left.
@@ -162,10 +161,10 @@ class RuntimeEventPublisher:
         while True:
             event = await self._outbox.get()
             try:
-                await asyncio.wait_for(
-                    self.layer.group_send(ADMIN_EVENTS_GROUP, admin_event_message(event)),
-                    ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
-                )
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancel that comes as
+                # the send completes, and stop() then waited for this loop forever (a CI hang)
+                async with asyncio.timeout(ADMIN_EVENT_SEND_TIMEOUT_SECONDS):
+                    await self.layer.group_send(ADMIN_EVENTS_GROUP, admin_event_message(event))
             except Exception:
                 logger.warning("could not publish a %s event of %s", event["kind"], event.get("model"), exc_info=True)
 

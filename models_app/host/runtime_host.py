@@ -10,6 +10,7 @@ from django.conf import settings
 from models_app.conf import service_settings
 from models_app.host import catalog_mirror
 from models_app.host.event_publisher import RuntimeEventPublisher
+from models_app.transport import nodes
 from runtime.service import RuntimeService
 
 logger = logging.getLogger("llmpool.runtime")
@@ -30,6 +31,13 @@ def heartbeat_interval() -> float:
     return max(0.05, reply_timeout() / 4)
 
 
+def event_entry(service: RuntimeService):
+    """How the event publisher reads a model's entry: the one the admin API answers, ``node``
+    included (``transport.pool_calls`` adds it there)."""
+    name = nodes.this_node()
+    return lambda controller: {**service.entry(controller), "node": name}
+
+
 async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
     """Start the runtime once per process: read settings, mirror the catalog, load enabled models."""
     global _service, _publisher, _lock
@@ -40,10 +48,13 @@ async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
     async with _lock:
         if _service is None:
             publisher = RuntimeEventPublisher(channel_layer())
+            # Split: this node serves the models whose ``node`` includes it; embedded: every model.
+            node = nodes.this_node() if nodes.is_split() else None
             service = RuntimeService(
-                settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync]
+                settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync],
+                node=node,
             )
-            publisher.attach(service.pool, service.entry)
+            publisher.attach(service.pool, event_entry(service))
             publisher.start()
             try:
                 await service.start(load_enabled=load_enabled)

@@ -1,19 +1,36 @@
-"""Run the runtime side: start the runtime, then serve the ``llmpool-runtime`` channel."""
+"""Run the runtime side: start the runtime, then serve this node's runtime channel.
+
+Embedded (``serve``): the plain ``llmpool-runtime`` channel.  Split (``runtime``): the node's own,
+``llmpool-runtime.<node>``, and the node announces itself in the pool's registry while it serves
+(``models_app.host.announcer``).
+"""
 import logging
 
 from channels.layers import get_channel_layer
 from channels.worker import Worker
+from django.conf import settings
 
 from models_app.host import runtime_host
-from models_app.transport.messages import RUNTIME_CHANNEL
+from models_app.host.announcer import NodeAnnouncer
+from models_app.transport import nodes
 
 logger = logging.getLogger("llmpool.runtime")
 
 
 async def run_runtime_worker(application) -> None:
+    announcer = None
     try:
-        await runtime_host.ensure_runtime()
-        await Worker(application=application, channels=[RUNTIME_CHANNEL], channel_layer=get_channel_layer()).arun()
+        service = await runtime_host.ensure_runtime()
+        if nodes.is_split():
+            announcer = NodeAnnouncer(settings.REDIS_URL, nodes.prefix(), nodes.this_node(), service)
+            service.reload_listeners.append(announcer.after_reload)
+            await announcer.start()
+        channel = nodes.own_channel()
+        logger.info("serving channel %s", channel)
+        await Worker(application=application, channels=[channel], channel_layer=get_channel_layer()).arun()
     except Exception:
         logger.exception("the runtime worker stopped")
         raise
+    finally:
+        if announcer is not None:
+            await announcer.stop()

@@ -5,21 +5,57 @@ layer serializes it, instead of Channels' ``deepcopy``: a third of the cost, and
 embedded default then carries exactly what the split can (a message Redis could not
 carry fails in both modes alike).
 
-``RedisChannelLayer`` is channels-redis with a one-round-trip send.  channels-redis
+``RedisChannelLayer`` is channels-redis with a one-round-trip send and receive.  channels-redis
 sends a message with four commands in a row (drop expired messages, count, add, set
 the expiry), four round trips to Redis on the path of every request and every reply.
-One Lua script does the same four steps atomically in one round trip; everything else
-(receive, groups, the message format) is channels-redis's own.
+One Lua script does the same four steps atomically in one round trip.  A receive takes a
+waiting message the same way: channels-redis restores its backup key (messages popped by a
+receive that was cancelled), pops with BZPOPMIN and copies the message into the backup, three
+round trips in a row before the message is handed on; one script does the three atomically when
+a message is waiting (which also closes the window where a cancel between the pop and the copy
+lost the message), and an empty channel waits in the blocking pop and hands the message on at
+once.  Everything else (groups, the backup's clean-up after a receive, the message format) is
+channels-redis's own.
+
+Its connection pool waits for a free connection (``POOL_*``): redis-py 8's default pool holds at
+most 100 connections and raises "Too many connections" past them, and every send holds one while
+it runs, so a burst of a few hundred requests to one API process answered 503 for some of them.
+
+When Redis cannot be reached (restarted, or down), a send fails at once with
+``ChannelLayerUnavailable`` (a 503 ``runtime_unavailable``), and a receive waits and tries again
+(``RECEIVE_RETRY_*``) rather than raising: the runtime worker's channel loop outlives the outage,
+and an API process waiting for a reply gives up after its own reply timeout, as for a silent
+runtime.  Either process carries on by itself once Redis is back.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import msgpack
+import redis.asyncio
+import redis.exceptions
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer as _InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer as _RedisChannelLayer
+
+from runtime.errors import RuntimeUnavailable
+
+logger = logging.getLogger("llmpool.transport")
+
+# What redis-py raises when the server is gone or does not answer.
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ConnectionError)
+RECEIVE_RETRY_FIRST_SECONDS = 0.05
+RECEIVE_RETRY_MAX_SECONDS = 1.0
+# Connections to one Redis per process, and how long a send waits for one of them to be free
+# (then it fails as when Redis cannot be reached: 503 runtime_unavailable).
+POOL_MAX_CONNECTIONS = 256
+POOL_WAIT_SECONDS = 5.0
+
+
+class ChannelLayerUnavailable(RuntimeUnavailable):
+    """Redis, which carries every message between the API and the runtime, cannot be reached."""
 
 
 class InMemoryChannelLayer(_InMemoryChannelLayer):
@@ -47,7 +83,35 @@ return 1
 """
 
 
+# channels-redis's receive clean-up (restore the backup), then a pop that is copied into the
+# backup, in one step; false when the channel is empty.
+RECEIVE_SCRIPT = """
+local backed_up = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = #backed_up, 1, -2 do
+    redis.call('ZADD', KEYS[1], backed_up[i], backed_up[i - 1])
+end
+redis.call('DEL', KEYS[2])
+local popped = redis.call('ZPOPMIN', KEYS[1])
+if popped[1] then
+    redis.call('ZADD', KEYS[2], popped[2], popped[1])
+    return popped[1]
+end
+return false
+"""
+
+
 class RedisChannelLayer(_RedisChannelLayer):
+    def create_pool(self, index):
+        """A pool that waits for a free connection instead of refusing (see the module docstring);
+        a host given by Sentinel keeps channels-redis's own pool."""
+        host = dict(self.hosts[index])
+        if "address" not in host:
+            return super().create_pool(index)
+        address = host.pop("address")
+        host.setdefault("max_connections", POOL_MAX_CONNECTIONS)
+        host.setdefault("timeout", POOL_WAIT_SECONDS)
+        return redis.asyncio.BlockingConnectionPool.from_url(address, **host)
+
     async def send(self, channel, message):
         """Send a message onto a (general or specific) channel; ChannelFull at capacity."""
         assert isinstance(message, dict), "message is not a dict"
@@ -63,9 +127,45 @@ class RedisChannelLayer(_RedisChannelLayer):
         index = self.consistent_hash(channel) if "!" in channel else next(self._send_index_generator)
         connection = self.connection(index)
         now = time.time()
-        sent = await connection.eval(
-            SEND_SCRIPT, 1, channel_key,
-            int(now) - int(self.expiry), self.get_capacity(channel), now, self.serialize(message), int(self.expiry),
-        )
+        try:
+            sent = await connection.eval(
+                SEND_SCRIPT, 1, channel_key,
+                int(now) - int(self.expiry), self.get_capacity(channel), now, self.serialize(message),
+                int(self.expiry),
+            )
+        except REDIS_DOWN as exc:
+            raise ChannelLayerUnavailable(f"the channel layer (Redis) cannot be reached: {exc}") from exc
         if not sent:
             raise ChannelFull()
+
+    async def _brpop_with_clean(self, index, channel, timeout):
+        """channels-redis's, in one round trip when a message is waiting (the module docstring)."""
+        backup = self._backup_channel_name(channel)
+        connection = self.connection(index)
+        member = await connection.eval(RECEIVE_SCRIPT, 2, channel, backup)
+        if member is not None:
+            return member
+        result = await connection.bzpopmin(channel, timeout=timeout)
+        # Not copied into the backup, as channels-redis does next: that copy is one more round trip
+        # before the message is handed on, and a cancel could only come during the copy itself,
+        # which lost the message or not; handed on at once, nothing can cancel it.  The backup
+        # stays empty (the script above emptied it), so the clean-up after the receive pops nothing.
+        return result[1] if result is not None else None
+
+    async def receive(self, channel):
+        """The next message on ``channel``; while Redis cannot be reached, wait and try again."""
+        delay, since = RECEIVE_RETRY_FIRST_SECONDS, None
+        while True:
+            try:
+                message = await super().receive(channel)
+            except REDIS_DOWN as exc:
+                if since is None:
+                    since = time.monotonic()
+                    logger.warning("the channel layer (Redis) cannot be reached (%s); receiving %s again "
+                                   "until it is back", exc, channel)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECEIVE_RETRY_MAX_SECONDS)
+                continue
+            if since is not None:
+                logger.info("the channel layer (Redis) is back after %.1f s", time.monotonic() - since)
+            return message

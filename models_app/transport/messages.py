@@ -1,7 +1,8 @@
 """What travels on the channel layer between the API processes and the runtime: the one place
 that names its channel, its group, its message types and the kinds of their contents.
 
-A request goes to ``RUNTIME_CHANNEL`` as a ``RUNTIME_REQUEST`` naming one ``OP_*`` (one per
+A request goes to a node's channel (``RUNTIME_CHANNEL`` embedded, ``llmpool-runtime.<node>`` in the
+split: ``models_app.transport.nodes``) as a ``RUNTIME_REQUEST`` naming one ``OP_*`` (one per
 ``RuntimeService.op_<name>``); the runtime answers on the request's reply channel with
 ``RUNTIME_REPLY`` messages whose ``kind`` is a ``REPLY_*``.  A ``RUNTIME_CANCEL``
 drops a request its caller gave up on.  The runtime publishes admin events to
@@ -29,6 +30,10 @@ OP_GET_MODEL = "get_model"
 OP_LOAD = "load"
 OP_UNLOAD = "unload"
 OP_RELOAD_SETTINGS = "reload_settings"
+# A reload over several nodes, two-phase (models_app.transport.pool_calls): check and hold, then swap or let go.
+OP_RELOAD_PREPARE = "reload_prepare"
+OP_RELOAD_COMMIT = "reload_commit"
+OP_RELOAD_ABORT = "reload_abort"
 OP_GPU_MEMORY = "gpu_memory"
 OP_CATALOG = "catalog"
 OP_GENERATE = "generate"

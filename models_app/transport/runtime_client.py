@@ -4,6 +4,11 @@ Every exchange gets its own reply channel.  The runtime acknowledges at once
 and sends a heartbeat while it works, so a silent runtime is detected within
 ``service.runtime_reply_timeout_seconds`` and answered as 503
 ``runtime_unavailable``; streamed chunks arrive as messages on the same channel.
+
+A request that names a model (``model`` for inference, ``name`` for admin calls) goes to the node
+that serves it (``models_app.transport.nodes.route``); a call about the whole pool goes to every
+alive node and is merged (``models_app.transport.pool_calls``).  A client made for one ``channel``
+talks to that node only.
 """
 from __future__ import annotations
 
@@ -14,28 +19,66 @@ from collections.abc import AsyncIterator
 
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
+from redis.exceptions import RedisError
 
 from models_app.conf import service_settings
+from models_app.transport import nodes, pool_calls, spread
 from models_app.transport.messages import (
+    OP_GENERATE,
+    OP_EMBED,
     REPLY_ACK,
     REPLY_ERROR,
     REPLY_HEARTBEAT,
     REPLY_RESULT,
     RUNTIME_CANCEL,
-    RUNTIME_CHANNEL,
     RUNTIME_REQUEST,
 )
 from runtime.errors import RuntimeUnavailable, error_from_dict
 
 
+TRACKED_OPS = (OP_GENERATE, OP_EMBED)
+
+
+def model_of(op: str, payload: dict) -> str | None:
+    """The model a request names: ``model`` for inference (and activity), ``name`` for admin calls."""
+    if op in (OP_GENERATE, OP_EMBED):
+        return payload.get("model")
+    return payload.get("name") or payload.get("model")
+
+
 class RuntimeClient:
-    def __init__(self, reply_timeout: float | None = None):
+    def __init__(self, reply_timeout: float | None = None, channel: str | None = None):
         self.layer = get_channel_layer()
         self.reply_timeout = reply_timeout or service_settings().runtime_reply_timeout_seconds
+        self.channel = channel  # one node's channel; None: each request routed to its model's node
+
+    def for_channel(self, channel: str) -> RuntimeClient:
+        client = RuntimeClient(self.reply_timeout, channel)
+        client.layer = self.layer
+        return client
 
     async def call(self, op: str, payload: dict | None = None, *, deadline: float | None = None) -> dict:
-        """One request, one result (heartbeats keep it alive up to ``deadline`` seconds)."""
-        exchange = self.exchange(op, payload or {}, deadline=deadline)
+        """One request, one result (heartbeats keep it alive up to ``deadline`` seconds).
+
+        A pool call (``pool_calls.is_pool_call``) asks every alive node and answers the merge; a
+        model's AdminModelEntry answered by its node says which (``node``, additive)."""
+        payload = payload or {}
+        if self.channel is None and pool_calls.is_pool_call(op, payload):
+            return await pool_calls.call_pool(self.for_channel, op, payload, deadline)
+        if self.channel is None and op in spread.SPREAD_OPS:
+            several = await spread.serving(model_of(op, payload))
+            if len(several) > 1:  # replicas over several nodes (transport.spread)
+                return await spread.call_spread(self.for_channel, op, payload, deadline, several)
+        node = None
+        if self.channel is None:
+            node = await nodes.route(model_of(op, payload), payload.get("fairness_key"))
+        result = await self._call(op, payload, deadline, node)
+        if node is not None and isinstance(result, dict) and "runtime_state" in result and "name" in result:
+            result = {**result, "node": node.name}
+        return result
+
+    async def _call(self, op: str, payload: dict, deadline: float | None, node: nodes.Node | None) -> dict:
+        exchange = self.exchange(op, payload, deadline=deadline, node=node)
         try:
             async for message in exchange:
                 if message["kind"] == REPLY_RESULT:
@@ -45,12 +88,16 @@ class RuntimeClient:
         raise RuntimeUnavailable("the runtime closed the exchange without a result")
 
     async def exchange(
-        self, op: str, payload: dict, *, deadline: float | None = None
+        self, op: str, payload: dict, *, deadline: float | None = None, node: nodes.Node | None = None
     ) -> AsyncIterator[dict]:
         """Yield the runtime's chunk and result messages; raise its errors.
 
-        Closing the iterator early (client gone) tells the runtime to cancel.
+        Closing the iterator early (client gone) tells the runtime to cancel.  ``node``: where
+        ``call`` routed it already (else this client's channel, or routed here).
         """
+        if node is None and self.channel is None:
+            node = await nodes.route(model_of(op, payload), payload.get("fairness_key"))
+        channel = node.channel if node is not None else self.channel
         request_id = payload.get("request_id") or uuid.uuid4().hex
         # The layer's default prefix, as Channels consumers use: over Redis one process's receivers
         # take turns on one list per prefix, so a second prefix would starve behind a WebSocket's wait.
@@ -64,15 +111,27 @@ class RuntimeClient:
             # A runtime that (re)starts later drops what the API has already given up on.
             "expires_at": time.time() + self.reply_timeout,
         }
+        # This process's requests in flight per node and model: routing's least-loaded pick.
+        tracked = (nodes.track(node, model_of(op, payload), payload.get("fairness_key"))
+                   if node is not None and op in TRACKED_OPS else None)
         try:
-            await self.layer.send(RUNTIME_CHANNEL, message)
+            await self.layer.send(channel, message)
         except ChannelFull as exc:
+            nodes.untrack(tracked)
             raise RuntimeUnavailable("the runtime's request queue is full") from exc
+        except (OSError, RedisError) as exc:  # Redis itself away: the same 503 as a silent runtime
+            nodes.untrack(tracked)
+            raise RuntimeUnavailable(f"the channel layer cannot be reached: {exc}") from exc
         give_up_at = time.monotonic() + deadline if deadline else None
         finished = False
         try:
             while True:
-                reply = await self._receive(reply_channel, give_up_at)
+                try:
+                    reply = await self._receive(reply_channel, give_up_at)
+                except RuntimeUnavailable:
+                    if node is not None:
+                        nodes.suspect(node)  # silent: the next requests prefer another node meanwhile
+                    raise
                 kind = reply["kind"]
                 if kind in (REPLY_ACK, REPLY_HEARTBEAT):
                     continue
@@ -85,8 +144,9 @@ class RuntimeClient:
                 if finished:
                     return
         finally:
+            nodes.untrack(tracked)
             if not finished:
-                await self._cancel(request_id)
+                await self._cancel(request_id, channel)
 
     async def _receive(self, channel: str, give_up_at: float | None) -> dict:
         """The next message on ``channel``, or RuntimeUnavailable once the timeout passes.
@@ -114,11 +174,14 @@ class RuntimeClient:
             if give_up_at is not None and time.monotonic() >= give_up_at:
                 raise RuntimeUnavailable("the runtime did not finish within the call's time limit")
             raise RuntimeUnavailable(f"the runtime did not answer within {self.reply_timeout:g} s")
-        return receiving.result()
+        try:
+            return receiving.result()
+        except (OSError, RedisError) as exc:
+            raise RuntimeUnavailable(f"the channel layer cannot be reached: {exc}") from exc
 
-    async def _cancel(self, request_id: str) -> None:
+    async def _cancel(self, request_id: str, channel: str) -> None:
         cancel = {"type": RUNTIME_CANCEL, "request_id": request_id}
         try:
-            await self.layer.send(RUNTIME_CHANNEL, cancel)
-        except ChannelFull:
+            await self.layer.send(channel, cancel)
+        except (ChannelFull, OSError, RedisError):
             pass

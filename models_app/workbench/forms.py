@@ -1,4 +1,5 @@
-"""The admin's Load form, built from a model's live ``load_constraints``.
+"""The admin's Load form, built from a model's live ``load_constraints``, and the Reconfigure
+form of a loaded model (its ``"reconfigurable": true`` entries, prefilled with the effective values).
 
 Fields only convert what the operator typed into the load body; the runtime
 is the one validator, and its 422 / 400 / 409 answers are attached to the
@@ -13,6 +14,7 @@ from typing import Any
 
 from django import forms
 
+from models_app.selectors import effective_values
 from runtime.errors import LLMPoolError
 
 MIB = 1024 * 1024
@@ -167,6 +169,41 @@ class LoadForm(forms.Form):
             placed = True
         if not placed:
             self.add_error(None, f"{exc.code} (HTTP {exc.http_status}): {exc.message}")
+
+
+class ReconfigureForm(LoadForm):
+    """POST .../reconfigure's body from the reconfigurable constraints: each field starts at its
+    effective value, and only the fields the operator changed are sent (the runtime validates)."""
+
+    prefix = "reconfigure"
+
+    def __init__(self, entry: dict, data=None):
+        forms.Form.__init__(self, data)
+        self.entry = entry
+        self.constraints = reconfigurable_constraints(entry)
+        self._choice_values, self._scales = {}, {}
+        effective = {row["key"]: row["effective"] for row in effective_values(entry)}
+        for name, constraint in self.constraints.items():
+            self._add_field(name, constraint)
+            value, field = effective.get(name), self.fields[name]
+            if name in self._choice_values:
+                field.choices = [choice for choice in field.choices if choice[0] != KEEP]
+                field.initial = _option(value)
+            elif value is None and name + NULL_SUFFIX in self.fields:
+                self.fields[name + NULL_SUFFIX].initial = True
+            elif value is not None:
+                field.initial = _plain(_scaled(value, self._scales.get(name, 1)))
+
+    def reconfigure_body(self) -> dict[str, Any]:
+        """The fields the operator changed, converted as a load body's (call after is_valid)."""
+        changed = set(self.changed_data)
+        return {name: value for name, value in self.load_body().items()
+                if name in changed or name + NULL_SUFFIX in changed}
+
+
+def reconfigurable_constraints(entry: dict) -> dict:
+    """The load_constraints entries that say ``"reconfigurable": true``."""
+    return {name: c for name, c in entry["load_constraints"].items() if c.get("reconfigurable")}
 
 
 def _field_of(path: str | None) -> str | None:

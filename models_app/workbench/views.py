@@ -28,7 +28,7 @@ from django.views.decorators.http import require_POST
 
 from models_app import selectors, services
 from models_app.selectors import effective_values
-from models_app.workbench.forms import LoadForm
+from models_app.workbench.forms import LoadForm, ReconfigureForm, reconfigurable_constraints
 from runtime.errors import LLMPoolError, UnknownModel
 
 STATES = ["unloaded", "loading", "loaded", "unloading", "failed"]
@@ -60,15 +60,19 @@ def error_of(exc: LLMPoolError) -> dict:
 async def models_page(request: HttpRequest) -> HttpResponse:
     backend, state = request.GET.get("backend", ""), request.GET.get("state", "")
     try:
-        entries, runtime_error = await selectors.models_list(), None
+        answer, runtime_error = await selectors.models_answer(), None
     except LLMPoolError as exc:
-        entries, runtime_error = [], error_of(exc)
+        answer, runtime_error = {}, error_of(exc)
+    entries = answer.get("models", [])
+    # Several nodes (issue 22): each node known to the pool, and whether it answered.
+    nodes = answer.get("nodes") or []
     shown = [
         entry
         for entry in entries
         if (not backend or entry["resolved_backend"] == backend) and (not state or entry["runtime_state"] == state)
     ]
-    context = {"entries": shown, "runtime_error": runtime_error, "actions": ACTIONS}
+    context = {"entries": shown, "runtime_error": runtime_error, "actions": ACTIONS, "nodes": nodes,
+               "nodes_down": [node for node in nodes if not node.get("alive")]}
     if request.GET.get("fragment") == "rows":
         return TemplateResponse(request, "llmpool_admin/_model_rows.html", context)
     backends = sorted({entry["resolved_backend"] for entry in entries} | ({backend} if backend else set()))
@@ -169,13 +173,17 @@ async def model_page(request: HttpRequest, name: str) -> HttpResponse:
     fragment = request.GET.get("fragment")
     if fragment in ("live", "details"):
         return TemplateResponse(request, f"llmpool_admin/_model_{fragment}.html", live_context(entry))
+    if fragment == "residency":
+        return TemplateResponse(request, "llmpool_admin/_residency.html", residency_context(entry))
     return await _model_response(request, entry, LoadForm(entry))
 
 
-async def _model_response(request: HttpRequest, entry: dict, form: LoadForm, status: int = 200) -> HttpResponse:
+async def _model_response(request: HttpRequest, entry: dict, form: LoadForm, status: int = 200,
+                          reconfigure_form: ReconfigureForm | None = None) -> HttpResponse:
     mirror = await sync_to_async(selectors.catalog_get)(entry["name"])
     context = {
         **live_context(entry),
+        **residency_context(entry, reconfigure_form),
         "title": entry["name"],
         "form": form,
         "mirror": mirror,
@@ -272,6 +280,83 @@ async def model_unload(request: HttpRequest, name: str) -> HttpResponse:
         return JsonResponse({"ok": True, "message": message, "entry": entry})
     messages.success(request, message)
     return redirect("llmpool_admin:model", name=name)
+
+
+# ---- sleep, wake and reconfigure (runtime.residency) ------------------------------------------
+
+
+def residency_context(entry: dict, form: ReconfigureForm | None = None) -> dict:
+    """The residency module: Sleep or Wake (a sleepable backend) and the Reconfigure form (the
+    reconfigurable constraints), both only while the model is loaded."""
+    loaded = entry["runtime_state"] == "loaded"
+    if form is None and loaded and reconfigurable_constraints(entry):
+        form = ReconfigureForm(entry)
+    sleepable = bool(entry.get("sleepable"))
+    return {"entry": entry, "reconfigure_form": form if loaded else None, "sleepable": sleepable,
+            "residency_shown": loaded and (sleepable or form is not None)}
+
+
+async def _residency_html(request: HttpRequest, entry: dict, form: ReconfigureForm | None = None) -> str:
+    return await sync_to_async(render_to_string)("llmpool_admin/_residency.html", residency_context(entry, form),
+                                                 request)
+
+
+@staff_view
+@require_POST
+async def model_residency(request: HttpRequest, name: str, op: str) -> HttpResponse:
+    """The Sleep and Wake buttons: POST .../sleep or .../wake through ``services``."""
+    try:
+        entry = await services.model_residency(name, op)
+    except UnknownModel:
+        raise Http404(f"model {name!r} is not configured") from None
+    except LLMPoolError as exc:
+        return _action_error(request, name, exc)
+    done = entry.get("slept" if op == "sleep" else "woke") or {}
+    message = f"{name} is {entry['residency']} ({op} took {done.get('duration_ms', 0):g} ms)"
+    if wants_json(request):
+        html = await _residency_html(request, entry)
+        return JsonResponse({"ok": True, "message": message, "entry": entry, "residency_html": html})
+    messages.success(request, message)
+    return redirect("llmpool_admin:model", name=name)
+
+
+@staff_view
+@require_POST
+async def model_reconfigure(request: HttpRequest, name: str) -> HttpResponse:
+    """The Reconfigure form: the changed fields to POST .../reconfigure; the runtime's 422 / 400 /
+    409 answers on the form as the Load form shows them."""
+    try:
+        entry = await _entry_or_404(name)
+    except LLMPoolError as exc:
+        return _action_error(request, name, exc)
+    form = ReconfigureForm(entry, request.POST)
+    status, message, ok = 422, "Please correct the errors below.", False
+    if form.is_valid():
+        try:
+            entry = await services.model_reconfigure(name, form.reconfigure_body())
+        except LLMPoolError as exc:
+            form.add_runtime_error(exc)
+            status, message = exc.http_status, f"{exc.code}: {exc.message}"
+        else:
+            ok, status = True, 200
+            message = _reconfigured_message(name, entry.get("reconfigured") or {})
+            form = ReconfigureForm(entry)
+    if wants_json(request):
+        html = await _residency_html(request, entry, form)
+        return JsonResponse({"ok": ok, "message": message, "entry": entry, "residency_html": html}, status=status)
+    if ok:
+        messages.success(request, message)
+        return redirect("llmpool_admin:model", name=name)
+    return await _model_response(request, entry, LoadForm(entry), status, reconfigure_form=form)
+
+
+def _reconfigured_message(name: str, done: dict) -> str:
+    changed = done.get("changed") or {}
+    if not changed:
+        return f"{name}: nothing to change (the values are the effective ones)"
+    parts = ", ".join(f"{key} {json.dumps(v['from'])} → {json.dumps(v['to'])}" for key, v in changed.items())
+    mode = f" ({done['mode']})" if done.get("mode") else ""
+    return f"{name} reconfigured in {done.get('duration_ms', 0):g} ms{mode}: {parts}"
 
 
 def _action_error(request: HttpRequest, name: str, exc: LLMPoolError) -> HttpResponse:

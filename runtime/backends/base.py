@@ -147,10 +147,24 @@ class BackendSpec:
     concurrent: ClassVar[bool] = False
     # Whether a loaded model can sleep (runtime.residency: its engines' ``sleep``/``wake``).
     sleepable: ClassVar[bool] = False
+    # Whether a reconfigure can build the new inference state before it frees the old one
+    # (runtime.residency: its engines' ``reconfigure(config, overlap=True)``), where memory allows.
+    make_before_break: ClassVar[bool] = False
 
     def context_length(self, config: dict[str, Any]) -> int | None:
         """The context size (tokens) an effective config gives a replica, where the backend knows it."""
         return None
+
+    def can_sleep(self, definition: CommonDefinition) -> bool:
+        """Whether a loaded model of ``definition`` can sleep: ``sleepable``, or what the definition
+        says where the server must be started for it (vllm_serve's ``vllm_enable_sleep_mode``)."""
+        return self.sleepable
+
+    def sleeping_mib(self, definition: CommonDefinition, config: dict[str, Any], base_dir: str, awake_mib: int) -> int:
+        """What one replica is expected to hold asleep, MiB, given the ``awake_mib`` it holds
+        awake (runtime.memory's relief before eviction; a measured figure replaces it after the
+        sleep where the engine measures itself).  By default nothing is freed."""
+        return awake_mib
 
     def reconfigurable_fields(self) -> frozenset[str]:
         """The overrides whose load_constraints entry says ``"reconfigurable": true``."""

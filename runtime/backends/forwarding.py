@@ -24,7 +24,6 @@ its message (``openai_chat.upstream_error``); anything else the caller's ``failu
 """
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import httpx
 from runtime.backends.base import Finished
 from runtime.backends.openai_chat import error_text, upstream_error
 from runtime.errors import LLMPoolError
+from runtime.json_codec import loads
 
 # Request fields that are llm-pool's own and that no upstream knows.
 LLM_POOL_FIELDS = ("thinking",)
@@ -156,7 +156,7 @@ def _choice_text(choice: Any) -> str:
 
 def _json_object(data: str | bytes, upstream: str, failure: type[LLMPoolError]) -> dict:
     try:
-        value = json.loads(data)
+        value = loads(data)
     except ValueError:
         text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
         raise failure(f"{upstream} answered with a body that is not JSON: {text[:200]!r}") from None

@@ -13,6 +13,13 @@ through the GGUF's Jinja chat template and parses the model's calls itself (its 
 format, grammar-constrained, for a template that names no tools).  llama-server reads a named
 function as tool_choice as "auto", so such a request gets that function alone with "required"
 (``LLAMA_SERVER.named_tool_choice``).
+
+Restart-mode reconfigure (runtime.residency): ``llama_server_n_ctx``, ``llama_server_type_k``,
+``llama_server_type_v`` and ``llama_server_flash_attn`` carry ``"reconfigurable": true,
+"reconfigure_mode": "restart"``: POST .../reconfigure stops each replica's server and starts it
+with the new arguments (the GGUF is read again, from the page cache), the model ``loaded``
+throughout; a server that does not come up with them is started again with the old ones and
+the call answers 400 invalid_load_request (``LlamaServerEngine``).
 """
 from __future__ import annotations
 
@@ -23,7 +30,9 @@ from pydantic import Field
 
 import runtime.backends.managed as managed
 from runtime.backends.common_fields import FamilyDefinition
+from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint
 from runtime.backends.overrides import LoadOverride, PositiveInt, integer_override
+from runtime.errors import BackendError, InvalidLoadRequest
 from runtime.gguf_info import GgufError, read_gguf_info
 from runtime.model_files import ModelFileError, locate_model_file, resolve_model_file
 
@@ -49,6 +58,10 @@ class LlamaServerDefinition(
     llama_server_reasoning_budget: int | None = Field(None, ge=-1)
     # Shared by all parallel slots: each request gets about n_ctx / target_inflight.
     llama_server_n_ctx: int = Field(4096, ge=1)
+    # --cache-type-k / --cache-type-v: null leaves llama-server's default (f16); a quantized V
+    # cache needs flash attention (llama-server refuses to start otherwise).
+    llama_server_type_k: GgmlCacheType | None = None
+    llama_server_type_v: GgmlCacheType | None = None
     llama_server_image_max_tokens: int | None = Field(None, ge=1)
     llama_server_spec_type: Literal["draft-mtp"] | None = None
     llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=6)
@@ -73,6 +86,8 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
         *(["--jinja"] if config["llama_server_tools"] else []),
         *managed.flag_args(
             ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
+            ("--cache-type-k", config["llama_server_type_k"]),
+            ("--cache-type-v", config["llama_server_type_v"]),
             ("--mmproj", local("llama_server_mmproj")),
             ("--spec-draft-model", local("llama_server_draft_model")),
             ("--reasoning-format", config["llama_server_reasoning_format"]),
@@ -126,12 +141,41 @@ LLAMA_SERVER = managed.ServerProfile(
 )
 
 
+# The constraint keys of a field POST .../reconfigure changes by restarting the server (additive).
+RESTART = {"reconfigurable": True, "reconfigure_mode": "restart"}
+
+
+class LlamaServerEngine(managed.ManagedServerEngine):
+    """A llama-server replica that can be reconfigured by a restart with new arguments."""
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Restart the server with ``config``; when it does not come up, start it again with the
+        old config and raise InvalidLoadRequest (BackendError when even that fails)."""
+        old = self.config
+        try:
+            await self.restart(config)
+        except managed.ServerStartError as exc:
+            reason = str(exc)
+        else:
+            return
+        try:
+            await self.restart(old)
+        except managed.ServerStartError as again:
+            raise BackendError(
+                f"{self.label} did not start with the new arguments ({reason}), nor again with the old ones: {again}"
+            ) from None
+        raise InvalidLoadRequest(
+            f"{self.label} did not start with the new arguments, so it was started again with the old ones: {reason}"
+        )
+
+
 class LlamaServerSpec(managed.ManagedServerSpec):
     profile = LLAMA_SERVER
     definition_model = LlamaServerDefinition
     tools_field = "llama_server_tools"
     overrides = (
-        integer_override("llama_server_n_ctx"),
+        # RESTART: POST .../reconfigure changes it while loaded, by restarting the server.
+        integer_override("llama_server_n_ctx", **RESTART),
         integer_override("llama_server_image_max_tokens"),
         LoadOverride(
             "llama_server_spec_type",
@@ -146,4 +190,20 @@ class LlamaServerSpec(managed.ManagedServerSpec):
         LoadOverride(
             "llama_server_spec_draft_p_min", float, {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0}
         ),
+        # Additive (not in the contract's list): the rest of the reconfigurable server flags.
+        LoadOverride("llama_server_type_k", str, cache_type_constraint(**RESTART)),
+        LoadOverride("llama_server_type_v", str, cache_type_constraint(**RESTART)),
+        LoadOverride(
+            "llama_server_flash_attn",
+            str,
+            {"kind": "enum", "default": "auto", "allowed_values": ["on", "off", "auto"],
+             "examples": ["auto", "on", "off"], **RESTART},
+        ),
     )
+
+    def context_length(self, config):
+        """What one request gets: the slots share ``-c``."""
+        return config["llama_server_n_ctx"] // max(1, config["target_inflight"])
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return LlamaServerEngine(self.profile, model_name, config, replica_index, context)

@@ -27,7 +27,7 @@ import contextlib
 import os
 import re
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -87,6 +87,7 @@ class LaunchSite:
 class ServerLaunch:
     argv: list[str]
     temp_files: tuple[Path, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # set in the server's environment over the definition's
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ async def watch_start(process: ManagedProcess, host: str, port: int, context: di
         lines, after = process.output_since(after, 200)
         if not listening:
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 1.0)
+                async with asyncio.timeout(1.0):
+                    _, writer = await asyncio.open_connection(host, port)
             except (OSError, TimeoutError):
                 pass
             else:
@@ -212,7 +214,7 @@ class ManagedServerEngine:
         command = ServerCommand(
             label=self.label,
             argv=launch.argv,
-            env=server_env(self._placement_env(), self._field("library_path")),
+            env=server_env({**self._placement_env(), **launch.env}, self._field("library_path")),
             log_path=state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log",
             temp_files=launch.temp_files,
         )
@@ -246,6 +248,16 @@ class ManagedServerEngine:
     async def unload(self) -> None:
         self._stopping = True
         await self._release()
+
+    async def restart(self, config: dict) -> None:
+        """Stop the server (its exit is no failure) and start it as ``load`` does with ``config``,
+        which the engine then keeps (a restart-mode reconfigure, runtime.residency); raises
+        ServerStartError as ``load`` does, with nothing left running."""
+        self._loaded = False
+        await self._release()
+        self.config = config
+        self._served_model = self.profile.model_name(config, self.context["base_dir"])
+        await self.load()
 
     async def _release(self) -> None:
         if self._client is not None:
@@ -329,7 +341,11 @@ class ManagedServerEngine:
 
 
 def server_client(base_url: str, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
-    """The pooled client an engine talks to its server with."""
+    """The pooled client an engine talks to its server with.
+
+    httpx, not the faster aiohttp-based ``runtime.backends.upstream.UpstreamClient``: with that one,
+    a non-streamed pass-through request whose client left did not free llama-server's slot within
+    20 s in full runs of tests/managed (docs/performance.md); the cause is not found yet."""
     return httpx.AsyncClient(
         base_url=base_url,
         headers=headers or {},

@@ -26,6 +26,7 @@ import httpx
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.backends.prompts import CHAT_ROLES, TEXT_PARTS, template_variables
 from runtime.errors import ContextLengthExceeded, FileInputUnsupported, InvalidRequest, LLMPoolError
+from runtime.json_codec import loads
 from runtime.tool_calls import ToolCall, chosen_name
 
 # Upstream statuses that mean the request itself was refused (too long, malformed).
@@ -203,7 +204,7 @@ async def stream_chat(
             if data == "[DONE]":
                 done = True
                 break
-            chunk = json.loads(data)
+            chunk = loads(data)
             if chunk.get("error"):
                 raise failure(f"{upstream} failed while generating: {error_text(chunk)}")
             for choice in chunk.get("choices") or ():

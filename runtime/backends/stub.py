@@ -74,6 +74,9 @@ class StubDefinition(CommonDefinition):
     # load measures unless stub_observed_mib says otherwise (runtime.memory).
     stub_vram_mib: int | None = Field(None, ge=0)
     stub_observed_mib: int | None = Field(None, ge=0)
+    # The warm tier (runtime.residency): set, the stub can sleep, and holds this much asleep (its
+    # estimate and what it measures then); null: not sleepable.
+    stub_sleep_mib: int | None = Field(None, ge=0)
     stub_remote: bool = False
     # Allocate this much GPU memory with torch while loaded (scripts/gpu_check.sh checks
     # observed_load_delta against it); needs torch with CUDA.
@@ -126,6 +129,7 @@ class StubEngine:
         self.replica_index = replica_index
         self.context = context or {}
         self.loaded = False
+        self.asleep = False
         self.gpu_block = None
 
     async def load(self) -> None:
@@ -147,8 +151,19 @@ class StubEngine:
 
     def memory_mib(self) -> int | None:
         """What this replica holds, as a load measures it (runtime.memory_writer.measure_engines)."""
+        if self.asleep:
+            return self.config["stub_sleep_mib"]
         observed = self.config["stub_observed_mib"]
         return observed if observed is not None else self.config["stub_vram_mib"]
+
+    async def sleep(self) -> None:
+        """The warm tier (``stub_sleep_mib``): it holds ``stub_sleep_mib`` until ``wake``."""
+        await asyncio.sleep(0)
+        self.asleep = True
+
+    async def wake(self) -> None:
+        await asyncio.sleep(0)
+        self.asleep = False
 
     def _crash_if(self, moment: str) -> None:
         """Die by stub_crash_signal at ``moment`` (settings allow it only in an engine process)."""
@@ -330,6 +345,14 @@ class StubSpec(BackendSpec):
 
     def default_device(self, definition: StubDefinition) -> str:
         return "cpu"
+
+    def can_sleep(self, definition: StubDefinition) -> bool:
+        return definition.stub_sleep_mib is not None
+
+    def sleeping_mib(self, definition: StubDefinition, config, base_dir, awake_mib):
+        if definition.stub_sleep_mib is None:
+            return awake_mib
+        return min(awake_mib, definition.stub_sleep_mib)
 
     def vram_estimate(self, definition: StubDefinition, config, replicas, base_dir):
         if definition.stub_vram_mib is None:

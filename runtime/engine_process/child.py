@@ -146,7 +146,7 @@ class EngineHost:
 
     # ---- inference state (runtime.residency) ------------------------------------------
     async def _on_reconfigure(self, message: dict[str, Any]) -> None:
-        await self._inference_state("reconfigure", p.RECONFIGURED, message["config"])
+        await self._inference_state("reconfigure", p.RECONFIGURED, message["config"], message.get("overlap", False))
 
     async def _on_sleep(self, message: dict[str, Any]) -> None:
         await self._inference_state("sleep", p.SLEPT)
@@ -211,6 +211,8 @@ def warm_up(backend: str) -> None:
         BACKENDS[backend].warm_up()
     except EngineUnavailable as exc:
         logger.info("engine process: nothing to warm up for %s: %s", backend, exc)
+    else:
+        logger.info("engine process: %s warmed up", backend)
 
 
 def main(argv: list[str] | None = None) -> None:

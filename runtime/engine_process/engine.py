@@ -177,7 +177,8 @@ class ProcessEngine:
             return
         if self.process.running and self._failure is None:
             try:
-                await asyncio.wait_for(self._call(p.UNLOAD, {}, p.UNLOADED), UNLOAD_GRACE_SECONDS)
+                async with asyncio.timeout(UNLOAD_GRACE_SECONDS):
+                    await self._call(p.UNLOAD, {}, p.UNLOADED)
             except (LLMPoolError, TimeoutError) as exc:
                 # It is killed below; its memory goes back with the process either way.
                 logger.warning("%s did not unload cleanly: %s", self.label, str(exc) or type(exc).__name__)
@@ -200,10 +201,11 @@ class ProcessEngine:
         return {key: value for key, value in reply.items() if key != "op"}
 
     # ---- inference state (runtime.residency) ------------------------------------------
-    async def reconfigure(self, config: dict[str, Any]) -> None:
-        """Rebuild the child engine's inference state with ``config`` (its weights stay); an
-        ``error`` answer (the old state rebuilt by the child) raises its LLMPoolError."""
-        await self._call(p.RECONFIGURE, {"config": config}, p.RECONFIGURED)
+    async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
+        """Rebuild the child engine's inference state with ``config`` (its weights stay; ``overlap``:
+        the new one built before the old is freed); an ``error`` answer (the old state serving on
+        in the child) raises its LLMPoolError."""
+        await self._call(p.RECONFIGURE, {"config": config, "overlap": overlap}, p.RECONFIGURED)
         self.config = config
 
     async def sleep(self) -> None:
@@ -269,7 +271,8 @@ class ProcessEngine:
         """Tell the child to stop ``generation_id`` and wait (briefly) until it has."""
         try:
             await self._send({"op": p.CANCEL, "id": generation_id})
-            await asyncio.wait_for(stream.cancelled.wait(), CANCEL_WAIT_SECONDS)
+            async with asyncio.timeout(CANCEL_WAIT_SECONDS):
+                await stream.cancelled.wait()
         except (LLMPoolError, TimeoutError):
             pass  # the process is gone or stuck; its death report or unload deals with it
 

@@ -11,9 +11,10 @@ runtime -> engine process
     ``cancel`` {id}              answered by ``cancelled`` once that generate (or embed) has stopped
     ``stats``                    answered by ``stats`` {rss_bytes, gpu_memory_bytes}
     ``unload``                   answered by ``unloaded``; the process then exits 0
-    ``reconfigure`` {config}     answered by ``reconfigured`` once the engine's inference state (a
-        llama_cpp context) is rebuilt over the same weights with ``config``, or ``error`` (the old
-        state rebuilt); ``sleep`` / ``wake``: that state freed / built again (``slept`` / ``woken``)
+    ``reconfigure`` {config, overlap?} answered by ``reconfigured`` once the engine's inference state (a
+        llama_cpp context) is rebuilt over the same weights with ``config`` (``overlap`` true: the
+        new one built before the old is freed), or ``error`` (the old state serving on); ``sleep`` /
+        ``wake``: that state freed / built again (``slept`` / ``woken``)
 
 engine process -> runtime
     ``delta`` {id, text, tokens, logprobs?}: all text of generation ``id`` produced since the

@@ -16,7 +16,7 @@ spare per engine kind (backend) and state folder:
   A spare runs under ``SCHED_IDLE`` from its start, so its warm-up takes only CPU time
   nothing else wants; ``take`` sets every thread it has back to ``SCHED_OTHER`` (a load
   never waits on an idle-priority warm-up, and the engine's threads, which start later,
-  inherit the normal policy).
+  inherit the normal policy); stopping one does the same first, so that its exit is not starved.
 - ``release(owner)``: at shutdown, every spare no other owner asks for is stopped
   and awaited; no spare outlives the runtime (PR_SET_PDEATHSIG covers a kill -9).
 
@@ -51,13 +51,17 @@ class SparePool:
         self._spares: dict[SpareKey, asyncio.Task[EngineProcessHandle]] = {}
         self._stopping: set[asyncio.Task] = set()
 
-    def idle_pids(self) -> list[int]:
-        """Process ids of the spares started and not taken yet."""
+    def idle(self) -> list[EngineProcessHandle]:
+        """The spares started and not taken yet."""
         return [
-            task.result().process.pid
+            task.result()
             for task in self._spares.values()
             if task.done() and not task.cancelled() and task.exception() is None
         ]
+
+    def idle_pids(self) -> list[int]:
+        """Process ids of the spares started and not taken yet."""
+        return [spare.process.pid for spare in self.idle()]
 
     def keep(self, owner: object, backends: Iterable[str], state_dir: Path) -> None:
         """``owner`` wants a spare for each of ``backends``; start what is missing, stop the rest."""
@@ -87,8 +91,7 @@ class SparePool:
         if spare.process.has_exited():
             self._stop(task)
             return None
-        for thread in _threads(spare.process.pid):  # the warm-up may have started some (OpenMP, ggml)
-            _set_policy(thread, os.SCHED_OTHER)
+        _normal_policy(spare.process.pid)  # every thread: the warm-up may have started some (OpenMP, ggml)
         spare.process.rename(label, log_path)
         return spare
 
@@ -142,6 +145,12 @@ def _threads(pid: int) -> list[int]:
         return []
 
 
+def _normal_policy(pid: int) -> None:
+    """Every thread of process ``pid`` back to SCHED_OTHER."""
+    for thread in _threads(pid):
+        _set_policy(thread, os.SCHED_OTHER)
+
+
 def _set_policy(thread: int, policy: int) -> None:
     """The scheduling policy of one thread (a pid names its main thread); a refusal only costs
     speed, so it is logged."""
@@ -154,15 +163,18 @@ def _set_policy(thread: int, policy: int) -> None:
 
 
 async def _stop_spare(task: asyncio.Task[EngineProcessHandle]) -> None:
-    """End a spare (closing its socket ends it; SIGTERM, then SIGKILL, if it does not go)."""
+    """End a spare: SIGTERM at once (it holds nothing to save), SIGKILL if it does not go."""
     if not task.done():
         task.cancel()
     try:
         spare = await task
     except BaseException:
         return  # it never started (a cancelled start kills what it had spawned)
+    # A spare reads its socket only once its warm-up is over, and the warm-up runs under
+    # SCHED_IDLE: on a busy machine a spare still importing its engine library took longer than
+    # the grace to notice a closed socket.  Back to the normal policy, so that it dies promptly.
+    _normal_policy(spare.process.pid)
     spare.sock.close()
-    await spare.process.wait_exit(STOP_GRACE_SECONDS)
     await spare.process.stop(grace=STOP_GRACE_SECONDS)
 
 

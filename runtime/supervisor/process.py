@@ -137,7 +137,8 @@ class ManagedProcess:
     async def wait_exit(self, timeout: float | None = None) -> bool:
         """True once the leader has exited, False after ``timeout`` seconds."""
         try:
-            await asyncio.wait_for(self._exited.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._exited.wait()
         except TimeoutError:
             return False
         return True

@@ -57,3 +57,19 @@ def test_the_activity_page_shows_requests_charts_and_a_load_in_progress(page, em
         finally:
             http.post("/v1/admin/models/stub-slow/unload")
             assert http.post("/v1/admin/models/sse-other/unload").status_code == 200
+
+
+def test_an_empty_window_draws_placeholder_charts_without_a_script_error(page):
+    """No answered request in the window and no device: each chart gets its placeholder series.
+    uPlot was given a series without a data array for it, and threw from its redraw (a page
+    error, seen when a poll came before any request was answered)."""
+    page.route("**/activity/?fragment=json",
+               lambda route: route.fulfill(json={"requests": [], "loading": [], "devices": {}}))
+    page.reload()
+    root = page.locator("#activity-main")
+    expect(root).to_have_attribute("data-updated", "1", timeout=LIVE)
+    page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+    expect(page.locator("[data-chart=tokens] .u-legend")).to_contain_text("(no requests)")
+    expect(page.locator("[data-chart=memory] .u-legend")).to_contain_text("(no devices)")
+    expect(page.locator("[data-activity-status]")).to_contain_text("0 recent requests")
+    # The page fixture fails the test on any page error.

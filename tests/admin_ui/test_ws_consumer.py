@@ -51,7 +51,7 @@ async def runtime(tmp_path, monkeypatch):
     service = RuntimeService(
         str(settings_path), listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync]
     )
-    publisher.attach(service.pool, service.entry)  # as runtime_host wires it
+    publisher.attach(service.pool, runtime_host.event_entry(service))  # as runtime_host wires it
     publisher.start()
     await service.start(load_enabled=False)
     monkeypatch.setattr(runtime_host, "_service", service)

@@ -101,7 +101,7 @@ def bucket(admin, model: str, key: str) -> dict | None:
 @pytest.mark.parametrize(("method", "path", "body"), ENDPOINTS)
 @pytest.mark.parametrize("authorization", [
     None, "Bearer not-a-key", "Bearer", f"Basic {BOB_KEY}", BOB_KEY, f"Bearer {ADMIN_TOKEN}", f"Bearer {BOB_KEY}x",
-])
+], ids=["none", "unknown-key", "bare-bearer", "basic-scheme", "no-scheme", "admin-token", "key-plus-a-letter"])
 def test_every_inference_endpoint_needs_a_valid_key(http, method, path, body, authorization):
     headers = {} if authorization is None else {"Authorization": authorization}
     answer = http.request(method, path, json=body, headers=headers)

@@ -40,7 +40,7 @@ def test_refusal_dry_run_and_placement(http):
     assert dry.json() == {
         "model": "other", "runtime_state": "unloaded", "fits": False, "action": "refuse", "placement": ["cpu"],
         "device": "cpu", "needed_mib": 300, "free_mib": 200, "evictable": [{"name": "big", "charge_mib": 300}],
-        "blocking": [], "evict": [], "estimate_source": "estimate",
+        "blocking": [], "evict": [], "relieve": [], "estimate_source": "estimate", "slot_mib": 0,
     }
     fits = http.post("/v1/admin/models/pinned/load?dry_run=true").json()
     assert (fits["fits"], fits["action"], fits["free_mib"]) == (True, "load", 200)

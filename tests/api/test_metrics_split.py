@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from tests.api.test_metrics_endpoint import FAST, runtime_figures, scrape, value
-from tests.conftest import free_port, wait_until
+from tests.conftest import api_command, free_port, wait_until
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -18,7 +18,7 @@ def api_shape():
 def test_two_api_processes_report_the_same_runtime_figures(live_service):
     service = live_service({"f": dict(FAST, enabled=True)}, mode="split")
     port = free_port()
-    second = service._spawn(sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "llmpool.asgi:application")
+    second = service._spawn(*api_command(port))
     other = f"http://127.0.0.1:{port}"
     try:
         assert wait_until(lambda: _healthy(other), timeout=30), service.log()

@@ -279,6 +279,7 @@ def test_fairness_header_wins_over_the_user_field(http):
     answer = http.post(
         "/v1/responses", json={"model": "echo", "input": "x", "user": "dave"}, headers={FAIRNESS_HEADER: "erin"}
     )
+    assert answer.status_code == 200, answer.text
     assert answer.json()["user"] == "erin"
     header_only = http.post("/v1/responses", json={"model": "echo", "input": "x"}, headers={FAIRNESS_HEADER: "frank"})
     assert header_only.json()["user"] == "frank"

@@ -4,6 +4,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -109,12 +110,22 @@ def test_nothing_is_left_in_redis_after_many_requests(live_service):
         http.post("/v1/admin/models/m/load")
         baseline = sorted(keys(service.channel_prefix))
 
-        def one(index: int) -> int:
-            body = {"model": "m", "input": f"request {index}", "stream": index % 2 == 0}
-            return httpx.post(service.url + "/v1/responses", json=body, timeout=30).status_code
+        local = threading.local()  # one kept-alive client per thread: the requests, not connection set-up, are measured
 
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            codes = list(pool.map(one, range(1000)))
+        def one(index: int) -> int:
+            if not hasattr(local, "http"):
+                local.http = service.client(timeout=30)
+                clients.append(local.http)
+            body = {"model": "m", "input": f"request {index}", "stream": index % 2 == 0}
+            return local.http.post("/v1/responses", json=body).status_code
+
+        clients: list[httpx.Client] = []
+        try:
+            with concurrent.futures.ThreadPoolExecutor(16) as pool:
+                codes = list(pool.map(one, range(1000)))
+        finally:
+            for client in clients:
+                client.close()
     assert codes.count(200) == 1000
     time.sleep(0.5)
     assert sorted(keys(service.channel_prefix)) == baseline

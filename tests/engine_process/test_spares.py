@@ -33,6 +33,10 @@ def dead(pid: int) -> bool:
         return True
 
 
+def spare_log(spare) -> str:
+    return spare.process.command.log_path.read_text(errors="replace")
+
+
 def pidfile_label(state_dir, pid: int) -> str:
     return json.loads((state_dir / "managed" / f"{pid}.json").read_text())["label"]
 
@@ -51,6 +55,22 @@ async def test_the_runtime_keeps_one_spare_per_engine_kind_that_runs_in_engine_p
     await service.shutdown()
     assert engine_processes(spares=True) == []  # no spare outlives the runtime
     assert list((state_dir / "managed").glob("*.json")) == []
+
+
+async def test_a_spare_stopped_while_it_warms_up_goes_at_once(runtime_service):
+    """A spare reads its socket only after its warm-up (importing its engine library, under
+    SCHED_IDLE): stopped by closing the socket and waiting, it went only once the import was over,
+    about a second here, and on a busy CI machine not within the grace (spares outliving tests).
+    It holds nothing worth a clean exit: SIGTERM at once."""
+    service, _ = await runtime_service({"gguf": {"backend": "llama_cpp", "isolation": "process",
+                                                 "model_path": "/nonexistent/m.gguf"}})
+    await spares_ready(1)
+    [spare] = SPARES.idle()
+    assert "warmed up" not in spare_log(spare)
+    await service.shutdown()  # stops the spare and waits until it is gone
+    assert spare.process.has_exited()
+    assert "warmed up" not in spare_log(spare)  # it was not left to finish importing llama_cpp
+    assert engine_processes(spares=True) == []
 
 
 async def test_a_load_takes_the_spare_and_a_new_one_starts_behind_it(runtime_service, state_dir):

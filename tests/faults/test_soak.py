@@ -1,4 +1,4 @@
-"""A bounded soak: 2,000 mixed requests across stub models, each with a fairness key of its own, and
+"""A bounded soak: 5,000 mixed requests across stub models, each with a fairness key of its own, and
 loads/unloads in between; the service's RSS and open file descriptors at the end stay within 5 % of
 what they were after a warm-up (no per-key, per-request or per-load state kept)."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ MODELS = {
 }
 BATCH = 200
 WARM_UP_BATCHES = 3
-SOAK_BATCHES = 10  # 2,000 requests
+SOAK_BATCHES = 25  # 5,000 requests
 
 
 def rss_kib(pid: int) -> int:

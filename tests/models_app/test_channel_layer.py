@@ -1,8 +1,9 @@
 """The channel layers (models_app.transport.channel_layer): the embedded layer copies messages as the Redis
 layer serializes them; the split's layer, against a real Redis, keeps channels-redis's semantics
-(capacity, expiry, process-local channels) with its one-round-trip send."""
+(capacity, expiry, process-local channels) with its one-round-trip send and receive."""
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -87,3 +88,42 @@ async def test_the_channel_key_expires_and_expired_messages_are_dropped(layer):
     assert 0 < await client.ttl(key) <= 30
     assert await client.zcard(key) == 1
     assert (await layer.receive("work"))["number"] == 1
+
+
+# ---- the receive: one script when a message waits; the backup key as channels-redis keeps it ----
+
+
+async def test_a_waiting_message_is_taken_without_the_blocking_pop(layer, monkeypatch):
+    layer, _, _ = layer
+    pops = []
+    blocking_pop = redis.Redis.bzpopmin
+
+    async def counted(self, *args, **kwargs):
+        pops.append(args)
+        return await blocking_pop(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "bzpopmin", counted)
+    for number in range(3):
+        await layer.send("work", {"type": "job", "number": number})
+    assert [(await layer.receive("work"))["number"] for _ in range(3)] == [0, 1, 2]
+    assert pops == []  # one script each, no BZPOPMIN round trip
+
+
+async def test_a_message_left_in_the_backup_is_delivered_by_the_next_receive(layer):
+    layer, client, prefix = layer
+    # What a receive cancelled after its pop leaves behind: the message in the backup key only.
+    message = layer.serialize({"type": "job", "number": 7})
+    await client.zadd(layer._backup_channel_name(f"{prefix}work"), {message: 1.0})
+    assert (await layer.receive("work"))["number"] == 7
+    await asyncio.sleep(0.05)  # the receive's clean-up of the backup runs after it
+    assert await client.zcard(layer._backup_channel_name(f"{prefix}work")) == 0
+
+
+async def test_a_message_taken_by_the_blocking_pop_leaves_the_backup_empty(layer):
+    layer, client, prefix = layer
+    waiting = asyncio.create_task(layer.receive("work"))
+    await asyncio.sleep(0.2)  # the receive waits in BZPOPMIN on the empty channel
+    await layer.send("work", {"type": "job", "number": 1})
+    assert (await asyncio.wait_for(waiting, 5))["number"] == 1
+    await asyncio.sleep(0.05)
+    assert await client.zcard(layer._backup_channel_name(f"{prefix}work")) == 0

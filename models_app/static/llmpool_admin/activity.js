@@ -69,7 +69,8 @@
       const at = Date.parse(r.at) / 1000, i = Math.floor((at - start) / BUCKET), m = models.indexOf(r.model);
       if (m >= 0 && i >= 0 && i < xs.length) ys[m][i] += (r.output_tokens || 0) / BUCKET;
     });
-    draw("tokens", [xs, ...ys], models.length ? models : ["(no requests)"]);
+    // uPlot wants one data array per series: the placeholder series gets an empty one.
+    draw("tokens", [xs, ...(models.length ? ys : [xs.map(() => null)])], models.length ? models : ["(no requests)"]);
   }
 
   function memoryChart(devices, now) {
@@ -78,7 +79,7 @@
     const names = [...new Set(memorySamples.flatMap(([, d]) => Object.keys(d)))].sort();
     const xs = memorySamples.map(([t]) => t);
     const ys = names.map((n) => memorySamples.map(([, d]) => (n in d ? d[n] : null)));
-    draw("memory", [xs, ...ys], names.length ? names : ["(no devices)"]);
+    draw("memory", [xs, ...(names.length ? ys : [xs.map(() => null)])], names.length ? names : ["(no devices)"]);
   }
 
   async function poll() {

@@ -118,8 +118,24 @@
     }
   }
 
-  // One refresh at a time; events that arrive meanwhile ask for one more.
-  function refresher(url, target) {
+  // Whether the operator changed a field of a form inside `scope` since it was drawn.
+  function edited(scope) {
+    return Array.from(scope.querySelectorAll("input, select, textarea")).some(function (field) {
+      if (field.type === "checkbox" || field.type === "radio") return field.checked !== field.defaultChecked;
+      if (field.tagName === "SELECT") {
+        const drawn = Array.from(field.options).findIndex(function (option) {
+          return option.defaultSelected;
+        });
+        return field.selectedIndex !== Math.max(drawn, 0);
+      }
+      return field.type !== "hidden" && field.type !== "submit" && field.value !== field.defaultValue;
+    });
+  }
+
+  // One refresh at a time; events that arrive meanwhile ask for one more. `guard`, when given, is
+  // called as a fetch starts and returns a check made before the answer is shown: false keeps what
+  // the page has (an edit the operator is making, or a fresher answer drawn meanwhile).
+  function refresher(url, target, after, guard) {
     let running = false;
     let again = false;
     let timer = null;
@@ -129,13 +145,18 @@
         return;
       }
       running = true;
+      const stillWanted = guard ? guard() : null;
       try {
         const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "text/html" } });
-        if (response.ok) {
-          target.innerHTML = await response.text();
+        const html = response.ok ? await response.text() : null;
+        if (html !== null && (!stillWanted || stillWanted())) {
+          target.innerHTML = html;
           drawFeed();  // the fragment comes with an empty feed and the server-side countdown text
           tickCountdowns();
+          if (after) after();
         }
+        // Counts the answers dealt with, drawn or kept (the browser tests wait on it).
+        if (html !== null) target.dataset.refreshes = String(Number(target.dataset.refreshes || 0) + 1);
       } catch (error) {
         /* the next event or the reconnect refreshes again */
       } finally {
@@ -297,14 +318,31 @@
     };
     const loadForm = root.querySelector("[data-load-form]");
     const unloadForm = root.querySelector("[data-unload-form]");
+    // Sleep / Wake and Reconfigure (runtime.residency): a fragment shown while the model is loaded.
+    const residency = root.querySelector("[data-residency]");
+    let residencyDrawn = 0;  // counts the fragments an action's answer drew
+    let residencyPosting = false;
+    const refreshResidency = refresher(residency.dataset.residencyUrl, residency, function () {
+      syncResidencyNulls();
+    }, function () {
+      const drawn = residencyDrawn;
+      return function () {
+        return drawn === residencyDrawn && !residencyPosting && !edited(residency);
+      };
+    });
 
     handlers.push(function (event) {
       if (event.kind === "snapshot" && event.models) {
         refreshLive(0);
+        refreshResidency(0);
       } else if (event.model === name && event.kind === "transition") {
         if (event.entry) applyEntry(live, event.entry);
         addToFeed(event);
         refreshLive(0);
+        refreshResidency(0);
+      } else if (event.model === name && ["slept", "woke", "reconfigured"].indexOf(event.kind) >= 0) {
+        refreshResidency(0);
+        refreshDetails(0);
       } else if (event.model === name && event.kind === "counters") {
         applyCounters(live, event);
         refreshLive(250);
@@ -363,6 +401,44 @@
       } else {
         submit.disabled = false;
         submit.value = "Load";
+      }
+      showMessage(answer.body.ok ? "success" : "error", answer.body.message);
+      if (answer.body.entry) applyEntry(live, answer.body.entry);
+      refreshLive(0);
+    });
+
+    function syncResidencyNulls() {
+      residency.querySelectorAll('input[type=checkbox][name$="__null"]').forEach(function (box) {
+        const form = box.form;
+        const input = form && form.elements[box.name.slice(0, -"__null".length)];
+        if (input) input.disabled = box.checked;
+      });
+    }
+    residency.addEventListener("change", function (event) {
+      if (event.target.name && event.target.name.endsWith("__null")) syncResidencyNulls();
+    });
+    syncResidencyNulls();
+
+    residency.addEventListener("submit", async function (event) {
+      const form = event.target;
+      if (!form.matches("[data-residency-action], [data-reconfigure-form]")) return;
+      event.preventDefault();
+      const submit = form.querySelector("input[type=submit]");
+      if (submit) submit.disabled = true;
+      residencyPosting = true;
+      let answer;
+      try {
+        answer = await post(form.getAttribute("action"), new FormData(form));
+      } finally {
+        residencyPosting = false;
+      }
+      clearMessages();
+      if (answer.body.residency_html !== undefined) {
+        residencyDrawn += 1;
+        residency.innerHTML = answer.body.residency_html;
+        syncResidencyNulls();
+      } else if (submit) {
+        submit.disabled = false;
       }
       showMessage(answer.body.ok ? "success" : "error", answer.body.message);
       if (answer.body.entry) applyEntry(live, answer.body.entry);

@@ -171,12 +171,14 @@ class LlamaCppEngine:
         )
 
     # -- inference state (runtime.residency) -----------------------------------------------
-    async def reconfigure(self, config: dict[str, Any]) -> None:
+    async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
         """A new context over the same weights with ``config``'s n_ctx, flash attention and K/V
-        types (break-then-make: the old context is freed first, so the peak stays one context).
-        If llama.cpp rejects the new one, the old is rebuilt and the rejection raises
-        InvalidLoadRequest (InsufficientMemory when it ran out of memory)."""
-        await asyncio.get_running_loop().run_in_executor(self._worker, self._reconfigure, config)
+        types.  ``overlap`` (make-before-break, where memory allows both): the new context is
+        built while the old one still exists, which is freed only once the new one stands; else
+        break-then-make: the old one is freed first, so the peak stays one context.  If llama.cpp
+        rejects the new one, the old one serves on (rebuilt after a break) and the rejection
+        raises InvalidLoadRequest (InsufficientMemory when it ran out of memory)."""
+        await asyncio.get_running_loop().run_in_executor(self._worker, self._reconfigure, config, overlap)
 
     async def sleep(self) -> None:
         """Free the context (KV cache, compute buffers); the weights stay mapped."""
@@ -186,25 +188,31 @@ class LlamaCppEngine:
         """Build the context again with the settings it had before ``sleep``."""
         await asyncio.get_running_loop().run_in_executor(self._worker, self._wake)
 
-    def _reconfigure(self, config: dict[str, Any]) -> None:
+    def _reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
         if self.weights is None:
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
         old = self.context.settings if self.context is not None else self._asleep
         new = dataclasses.replace(ContextSettings.from_config(config), pooling=old.pooling)
-        if self.context is not None:
+        previous = self.context if overlap else None  # make-before-break: kept until the new one stands
+        if self.context is not None and previous is None:
             self.context.close()
             self.context = None
             release_heap()
         try:
             self.context = GgufContext(self.weights, new)
         except EngineLoadError as exc:
-            self.context = GgufContext(self.weights, old)  # the configuration that served before
+            # The configuration that served before: still there, or rebuilt after a break.
+            self.context = previous if previous is not None else GgufContext(self.weights, old)
             if OOM_WORDS.search(str(exc)):
                 raise InsufficientMemory(str(exc)) from None
             raise InvalidLoadRequest(str(exc)) from None
+        if previous is not None:
+            previous.close()
+            release_heap()
         self._asleep = None
         self.config = config
-        logger.info("model %s replica %d reconfigured (%s)", self.model_name, self.replica_index + 1, new.describe())
+        logger.info("model %s replica %d reconfigured (%s, %s)", self.model_name, self.replica_index + 1, new.describe(),
+                    "make-before-break" if overlap else "break-then-make")
 
     def _sleep(self) -> None:
         if self.context is not None:

@@ -43,6 +43,8 @@ class LlamaCppDefinition(CommonDefinition):
     isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     gguf_n_gpu_layers: int = Field(-1, ge=-1)
     gguf_n_ctx: int = Field(4096, ge=1)
+    # The floor memory pressure may shrink the context to (runtime.residency) before evicting the model.
+    gguf_n_ctx_min: int | None = Field(None, ge=1)
     gguf_n_batch: int = Field(512, ge=1)
     gguf_n_threads: int | None = Field(None, ge=1)
     gguf_flash_attn: Literal["on", "off", "auto"] = "auto"
@@ -57,20 +59,28 @@ class LlamaCppDefinition(CommonDefinition):
     tool_call_format: Literal["auto", "hermes", "llama3_json", "mistral", "none"] = "auto"
 
     @model_validator(mode="after")
+    def _context_floor(self):
+        if self.gguf_n_ctx_min is not None and self.gguf_n_ctx_min > self.gguf_n_ctx:
+            raise ValueError(f"gguf_n_ctx_min ({self.gguf_n_ctx_min}) must not exceed gguf_n_ctx ({self.gguf_n_ctx})")
+        return self
+
+    @model_validator(mode="after")
     def _known_prompt_format(self):
         if self.prompt_format is not None and self.prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"prompt_format must be one of {', '.join(PROMPT_FORMATS)}")
         return self
 
 
-def _cache_type_constraint() -> dict:
+def cache_type_constraint(**reconfigure) -> dict:
+    """The load_constraints entry of a KV cache type override (llama_cpp's, llama_server's), with
+    its additive reconfigure keys (default ``"reconfigurable": true``)."""
     return {
         "kind": "string_or_null",
         "format": "ggml_type_name",
         "default": "f16",
         "allowed_values": list(GGML_CACHE_TYPES),
         "examples": ["f16", "q8_0", "q4_0"],
-        "reconfigurable": True,
+        **(reconfigure or {"reconfigurable": True}),
     }
 
 
@@ -92,6 +102,7 @@ class LlamaCppSpec(BackendSpec):
     name = "llama_cpp"
     definition_model = LlamaCppDefinition
     sleepable = True  # POST .../sleep frees the context and KV cache; the weights stay (runtime.residency)
+    make_before_break = True  # a reconfigure builds the new context first where memory holds both
     overrides = (
         # "reconfigurable": POST .../reconfigure changes it while loaded (runtime.residency).
         integer_override("gguf_n_ctx", reconfigurable=True),
@@ -106,12 +117,17 @@ class LlamaCppSpec(BackendSpec):
                 "reconfigurable": True,
             },
         ),
-        LoadOverride("gguf_type_k", str, _cache_type_constraint()),
-        LoadOverride("gguf_type_v", str, _cache_type_constraint()),
+        LoadOverride("gguf_type_k", str, cache_type_constraint()),
+        LoadOverride("gguf_type_v", str, cache_type_constraint()),
     )
 
     def context_length(self, config):
         return config.get("gguf_n_ctx")
+
+    def sleeping_mib(self, definition, config, base_dir, awake_mib):
+        """Asleep, the weights stay mapped (and the process): the estimate's weights and overhead."""
+        parts = self.estimate_parts(definition, config, base_dir)
+        return awake_mib if parts is None else parts["weights_mib"] + parts["overhead_mib"]
 
     def load_recommendations(self, definition):
         return {

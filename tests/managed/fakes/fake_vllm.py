@@ -13,7 +13,7 @@ VALUED = {
 }
 SWITCHES = {
     "--enforce-eager", "--trust-remote-code", "--enable-prefix-caching", "--enable-chunked-prefill",
-    "--enable-auto-tool-choice",
+    "--enable-auto-tool-choice", "--enable-sleep-mode",
 }
 CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "nvfp4")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -57,6 +57,8 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
         # Tool calls only with --enable-auto-tool-choice (without it, unlike vLLM, the fake
         # answers tools with text: the pass-through tests send tools to every fake).
         "tools": "auto" if auto_tools else None,
+        # --enable-sleep-mode: /sleep, /wake_up, /is_sleeping (with VLLM_SERVER_DEV_MODE=1, as vLLM).
+        "sleep_mode": bool(options.get("--enable-sleep-mode")),
     }
     return settings, {}
 

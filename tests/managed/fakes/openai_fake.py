@@ -16,7 +16,14 @@ Knobs, all from the environment (the model definition's ``*_env``):
 - ``FAKE_DROP_REQUESTS``: close the connection of this many first chat requests without answering;
 - ``FAKE_IGNORE_SIGTERM``: ignore SIGTERM (a server that hangs on shutdown);
 - ``FAKE_CHILD``: start a worker process in the same process group (it outlives
-  the leader unless someone kills the group).
+  the leader unless someone kills the group);
+- ``FAKE_CONTROL_LOG``: a file to append every sleep-mode call to (method, path, query).
+
+Sleep mode (vLLM's, ``settings["sleep_mode"]``: ``--enable-sleep-mode``): with
+``VLLM_SERVER_DEV_MODE=1`` in the environment too, ``POST /sleep?level=1|2`` (``mode`` too),
+``POST /wake_up`` (``tags`` repeated, optional) and ``GET /is_sleeping`` (``{"is_sleeping": b}``)
+are served as vLLM's dev endpoints are; any other query parameter or method is refused (400,
+405), and without both they are 404 as in vLLM.  A sleeping fake answers chat completions 503.
 
 The reply to a chat is ``echo: <last user text>``, word by word; a json_schema
 ``response_format`` gets ``{"echo": "<text>"}``.  The user texts
@@ -42,6 +49,7 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 
 class UsageError(Exception):
@@ -173,6 +181,9 @@ def serve(settings: dict) -> None:
         "files": {},
         "drop": int(os.environ.get("FAKE_DROP_REQUESTS", "0")),
         "lock": threading.Lock(),
+        # vLLM registers its sleep endpoints only with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1.
+        "sleep_endpoints": bool(settings.get("sleep_mode")) and os.environ.get("VLLM_SERVER_DEV_MODE") == "1",
+        "sleeping": False,
     }
     handler = type("Handler", (_Handler,), {"state": state})
     server = ThreadingHTTPServer((settings["host"], int(settings["port"])), handler)
@@ -210,8 +221,39 @@ class _Handler(BaseHTTPRequestHandler):
     def _body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
+    # -- sleep mode (vLLM's dev endpoints) --
+    SLEEP_ROUTES = {"/sleep": "POST", "/wake_up": "POST", "/is_sleeping": "GET"}
+    SLEEP_QUERY = {"/sleep": {"level", "mode"}, "/wake_up": {"tags"}, "/is_sleeping": set()}
+
+    def _sleep_route(self, method: str) -> bool:
+        """Serve a sleep-mode call; False when the path is none of them (or they are not served)."""
+        url = urlsplit(self.path)
+        if url.path not in self.SLEEP_ROUTES or not self.state["sleep_endpoints"]:
+            return False
+        query = parse_qs(url.query, keep_blank_values=True)
+        log = os.environ.get("FAKE_CONTROL_LOG")
+        if log:
+            with open(log, "a", encoding="utf-8") as target:
+                target.write(json.dumps({"method": method, "path": url.path, "query": query}) + "\n")
+        if method != self.SLEEP_ROUTES[url.path]:
+            self._error(405, "Method Not Allowed", "MethodNotAllowed")
+        elif set(query) - self.SLEEP_QUERY[url.path]:
+            self._error(400, f"unexpected query parameters {sorted(set(query) - self.SLEEP_QUERY[url.path])}")
+        elif url.path == "/is_sleeping":
+            self._json(200, {"is_sleeping": self.state["sleeping"]})
+        elif url.path == "/sleep" and query.get("level", ["1"]) not in (["1"], ["2"]):
+            self._error(400, f"invalid sleep level {query['level']}")
+        else:
+            self.state["sleeping"] = url.path == "/sleep"
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        return True
+
     # -- routes --
     def do_GET(self):  # noqa: N802
+        if self._sleep_route("GET"):
+            return
         if self.path == "/health":
             if time.monotonic() < self.state["ready_at"]:
                 self._error(503, "Loading model", "unavailable_error")
@@ -237,11 +279,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         body = self._body()
-        if not self._authorized():
+        if not self._authorized() or self._sleep_route("POST"):
             return
         if self.path == "/v1/files":
             self._upload(body)
         elif self.path == "/v1/chat/completions":
+            if self.state["sleeping"]:
+                self._error(503, "The model is sleeping; wake it up first", "ServiceUnavailableError")
+                return
             if self.state["settings"].get("runner") == "pooling":
                 self._error(400, "The model does not support Chat Completions API")
                 return

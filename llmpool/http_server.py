@@ -1,0 +1,151 @@
+"""The HTTP server that serves the ASGI application: uvicorn (the default) or daphne.
+
+uvicorn runs on uvloop with httptools' parser and websockets for the admin's live feed: it adds
+less to a proxied request than daphne (Twisted) does (docs/performance.md, bench/proxy_overhead.py).
+daphne, the server Channels documents, stays selectable (``--server daphne``) for deployments
+that want it.  ``manage.py serve`` runs the runtime worker on the same event loop (``on_start``
+when the server starts, ``on_stop`` after it stopped); ``manage.py api`` serves the API alone
+(the production split).
+
+On SIGTERM or SIGINT, uvicorn stops accepting connections and closes idle ones, lets the
+requests in flight finish for up to ``graceful_seconds`` (the runtime still serves them; a
+stream still running then is cut), then the process stops the runtime (``on_stop``) and exits 0.
+Under daphne the runtime stops at once and requests in flight end with an error.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+
+SERVERS = ("uvicorn", "daphne")
+DEFAULT_SERVER = "uvicorn"
+GRACEFUL_SECONDS = 5.0
+# A request's head (request line and headers) larger than this is a bare 400 and the connection
+# closed (httptools has no limit of its own; Twisted's was the same 16 KiB).
+MAX_HEAD_BYTES = 16 * 1024
+
+Hook = Callable[[], Awaitable[None]] | None
+
+
+def add_arguments(parser) -> None:
+    """The options every serving command takes (``manage.py serve``, ``manage.py api``)."""
+    parser.add_argument("--host", help="bind address (default: service.host)")
+    parser.add_argument("--port", type=int, help="port (default: service.port)")
+    parser.add_argument("--server", choices=SERVERS, default=DEFAULT_SERVER,
+                        help="the HTTP server (default: uvicorn, on uvloop and httptools)")
+    parser.add_argument("--graceful-timeout", type=float, default=GRACEFUL_SECONDS,
+                        help="seconds requests in flight get to finish on SIGTERM (uvicorn; default 5)")
+
+
+def run(application, host: str, port: int, *, server: str = DEFAULT_SERVER, on_start: Hook = None,
+        on_stop: Hook = None, graceful_seconds: float = GRACEFUL_SECONDS,
+        ready: Callable[[], None] | None = None) -> None:
+    """Serve ``application`` on ``host:port`` until SIGTERM/SIGINT (blocks)."""
+    if server == "daphne":
+        _run_daphne(application, host, port, on_start, on_stop, ready)
+    elif server == "uvicorn":
+        _run_uvicorn(application, host, port, on_start, on_stop, graceful_seconds, ready)
+    else:
+        raise ValueError(f"unknown server {server!r}; one of {', '.join(SERVERS)}")
+
+
+def _run_uvicorn(application, host, port, on_start: Hook, on_stop: Hook, graceful_seconds: float, ready) -> None:
+    import uvicorn
+    import uvloop
+
+    async def main() -> None:
+        config = uvicorn.Config(
+            application, host=host, port=port, loop="none", http=bounded_httptools_protocol(), ws="websockets-sansio", lifespan="off",
+            access_log=False, log_config=None, log_level="warning", server_header=False,
+            timeout_graceful_shutdown=graceful_seconds,
+            # The admin's WebSocket carries small JSON frames: compression costs more than it saves.
+            ws_per_message_deflate=False,
+        )
+        http = uvicorn.Server(config)
+        started = asyncio.ensure_future(on_start()) if on_start is not None else None
+        try:
+            serving = asyncio.ensure_future(http.serve())
+            while not http.started and not serving.done():
+                await asyncio.sleep(0.01)
+            if http.started and ready is not None:
+                ready()
+            await serving
+        finally:
+            if started is not None and not started.done():
+                started.cancel()
+                await asyncio.gather(started, return_exceptions=True)
+            if on_stop is not None:
+                await on_stop()
+        if not http.started:
+            raise SystemExit(1)  # uvicorn logged why (the port is taken ...)
+
+    # uvicorn re-raises the signal it caught once it has stopped; these handlers make that a no-op,
+    # so the process gets to stop the runtime and exit 0.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
+    uvloop.run(main())
+
+
+def bounded_httptools_protocol():
+    """uvicorn's httptools protocol with the request head bounded to ``MAX_HEAD_BYTES``."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class BoundedHttpToolsProtocol(HttpToolsProtocol):
+        _reading_head = True
+        _head_bytes = 0  # bytes received while the head is not complete
+        _parsed_head = 0  # the request line's URL and the headers parsed so far
+
+        def data_received(self, data: bytes) -> None:
+            if self._reading_head:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            # Still in the head after this data: every byte counted is head.
+            if self._reading_head and self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self.logger.warning("A request head over %d bytes was refused.", MAX_HEAD_BYTES)
+                self.send_400_response("Request header too large.")
+
+        def on_url(self, url: bytes) -> None:
+            self._parsed_head += len(url)
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._parsed_head += len(name) + len(value) + 4
+            if self._parsed_head > MAX_HEAD_BYTES:
+                # Raised in a parser callback: uvicorn answers it as a malformed request (bare 400).
+                raise ValueError(f"request head over {MAX_HEAD_BYTES} bytes")
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._reading_head = False
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._reading_head, self._head_bytes, self._parsed_head = True, 0, 0
+
+    return BoundedHttpToolsProtocol
+
+
+def _run_daphne(application, host, port, on_start: Hook, on_stop: Hook, ready) -> None:
+    # daphne installs the asyncio Twisted reactor on import; import it only here.
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+    from twisted.internet import defer, reactor
+
+    def started() -> None:
+        if on_start is not None:
+            asyncio.ensure_future(on_start())
+        if ready is not None:
+            ready()
+
+    reactor.callWhenRunning(started)
+    if on_stop is not None:
+        reactor.addSystemEventTrigger("before", "shutdown", lambda: defer.Deferred.fromFuture(asyncio.ensure_future(on_stop())))
+    Server(
+        application=application,
+        endpoints=build_endpoint_description_strings(host=host, port=port),
+        signal_handlers=True,
+        http_timeout=None,
+        verbosity=0,
+    ).run()

@@ -1,0 +1,34 @@
+"""Stopping the host's background tasks so that a stop always returns.
+
+A task cancelled inside a library call does not always end: a cancel that lands as the call
+completes can be dropped on the way out (Python 3.11's ``asyncio.wait_for`` did that; a CI run
+hung on SIGTERM with the admin event sender cancelled yet back on its outbox's ``get``, under
+``asyncio.timeout`` and redis-py's blocking pool).  ``cancel_and_wait`` cancels again while a
+task still runs, so a dropped cancel lands at the task's next await, and gives up (with a
+warning) after ``timeout`` seconds rather than hang the shutdown.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+logger = logging.getLogger("llmpool.runtime")
+
+RECANCEL_SECONDS = 0.5
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task], timeout: float = 10.0) -> None:
+    """Cancel ``tasks`` and wait until they are done, cancelling again every RECANCEL_SECONDS."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            logger.warning("tasks still running after %g s of cancels: %s", timeout,
+                           ", ".join(sorted(task.get_name() for task in pending)))
+            return
+        _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_SECONDS, remaining))

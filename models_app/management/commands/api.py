@@ -1,0 +1,41 @@
+"""``manage.py api``: an API process of the production split (HTTP API, admin pages, the admin
+WebSocket), talking to the runtime workers over Redis.
+
+The same server as ``serve`` (uvicorn on uvloop by default, ``--server daphne``); run one or
+more beside the runtime workers (``manage.py runtime``).  ``daphne llmpool.asgi:application`` and
+``uvicorn llmpool.asgi:application`` serve the same application, without these defaults.
+"""
+import sys
+
+from django.core.management.base import BaseCommand
+
+from llmpool import http_server
+from models_app.conf import startup_service_settings
+
+
+class Command(BaseCommand):
+    help = "Run an llm-pool API process (production split; the runtime runs in `manage.py runtime`)."
+
+    def add_arguments(self, parser):
+        http_server.add_arguments(parser)
+
+    def handle(self, *args, **options):
+        from django.conf import settings
+
+        if not settings.REDIS_URL:
+            self.stderr.write(
+                "runtime_unavailable: an API process alone reaches the runtime only over Redis; set "
+                "LLMPOOL_REDIS_URL (the embedded default runs everything with `manage.py serve`)"
+            )
+            sys.exit(2)
+        service = startup_service_settings(self.stderr)
+        host = options["host"] or service.host
+        port = options["port"] or service.port
+        from llmpool.asgi import application
+
+        def ready() -> None:
+            self.stdout.write(f"llm-pool API listening on http://{host}:{port}/")
+            self.stdout.flush()
+
+        http_server.run(application, host, port, server=options["server"],
+                        graceful_seconds=options["graceful_timeout"], ready=ready)

@@ -1,0 +1,267 @@
+"""The nodes of one pool: their channels, and the registry that says which are alive and what they serve.
+
+Every runtime worker (``manage.py runtime``) is a node: it serves the models whose ``node`` field
+includes its name (``LLMPOOL_NODE_ID``, default the host name, sanitised by ``node_name``) and
+listens on its own channel, ``llmpool-runtime.<node>``.  All nodes of a pool share one channel
+prefix (``LLMPOOL_CHANNEL_PREFIX``) on one Redis.  Each node announces itself every
+``HEARTBEAT_SECONDS`` (``models_app.host.announcer``):
+
+- ``<prefix>:node:<name>``: its record (JSON: node, channel, models with their aliases and state,
+  devices, started_at, at), kept ``RECORD_TTL_SECONDS`` so the API knows a dead node's models;
+- ``<prefix>:node-alive:<name>``: set with an expiry of ``EXPIRY_SECONDS``: the node is alive while
+  it exists;
+- ``<prefix>:node-names``: the set of the names.
+
+The API reads all of it in one round trip, at most every ``CACHE_SECONDS`` per process.  The
+embedded shape (``manage.py serve``, in-memory layer) has one node, in-process: its channel is the
+plain ``llmpool-runtime`` and it serves every model.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from models_app.transport.messages import RUNTIME_CHANNEL
+from runtime.errors import RuntimeUnavailable
+
+HEARTBEAT_SECONDS = 1.0
+EXPIRY_SECONDS = 5.0  # a node whose heartbeat is this late is down
+RECORD_TTL_SECONDS = 7 * 24 * 3600  # a node gone this long is forgotten (its models then answer 404)
+CACHE_SECONDS = 0.5
+REDIS_TIMEOUT_SECONDS = 2.0
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def node_name(raw: str) -> str:
+    """``raw`` (a host name, LLMPOOL_NODE_ID) as a node name a channel name can carry: every
+    character but letters, digits, ``_``, ``.`` and ``-`` becomes ``_``, at most 80 characters."""
+    name = _UNSAFE.sub("_", raw.strip())[:80] or "node"
+    return name if name[0].isalnum() else f"n{name[:79]}"
+
+
+def node_channel(node: str) -> str:
+    """The channel the runtime worker of ``node`` listens on."""
+    return f"{RUNTIME_CHANNEL}.{node_name(node)}"
+
+
+def this_node() -> str:
+    """This process's node name (``LLMPOOL_NODE_ID``, default the host name)."""
+    return node_name(settings.LLMPOOL_NODE_ID)
+
+
+def is_split() -> bool:
+    return bool(settings.REDIS_URL)
+
+
+def prefix() -> str:
+    """The pool's key prefix in Redis: the channel layer's, so one prefix is one pool."""
+    return settings.CHANNEL_LAYERS["default"]["CONFIG"].get("prefix", "llmpool")
+
+
+def own_channel() -> str:
+    """The channel this process's runtime worker listens on (the plain one when embedded)."""
+    return node_channel(this_node()) if is_split() else RUNTIME_CHANNEL
+
+
+def keys(pfx: str) -> dict[str, str]:
+    return {"names": f"{pfx}:node-names", "record": f"{pfx}:node:", "alive": f"{pfx}:node-alive:"}
+
+
+@dataclass
+class Node:
+    name: str
+    channel: str
+    alive: bool
+    record: dict = field(default_factory=dict)
+
+    def model_names(self) -> set[str]:
+        """The names and aliases of the models this node serves."""
+        names = set()
+        for model in self.record.get("models", ()):
+            names.add(model["name"])
+            names.update(model.get("aliases") or ())
+        return names
+
+    def model(self, name: str) -> dict | None:
+        return next((m for m in self.record.get("models", ()) if name == m["name"] or name in (m.get("aliases") or ())),
+                    None)
+
+    def describe(self) -> dict:
+        """What GET /v1/admin/nodes and the merged answers say of this node."""
+        return {
+            "node": self.name,
+            "alive": self.alive,
+            "models": sorted(m["name"] for m in self.record.get("models", ())),
+            "devices": self.record.get("devices", []),
+            "started_at": self.record.get("started_at"),
+            "heartbeat_at": self.record.get("at"),
+        }
+
+
+# KEYS[1]: the names set; ARGV: the record key prefix, the alive key prefix.
+_READ = """
+local names = redis.call('smembers', KEYS[1])
+local out = {}
+for _, name in ipairs(names) do
+  out[#out + 1] = name
+  out[#out + 1] = redis.call('get', ARGV[1] .. name) or ''
+  out[#out + 1] = redis.call('exists', ARGV[2] .. name)
+end
+return out
+"""
+
+
+class Registry:
+    """The API's view of the pool's nodes (cached ``CACHE_SECONDS``)."""
+
+    def __init__(self):
+        self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> Redis client
+        self._cached: list[Node] | None = None
+        self._cached_at = 0.0
+        self._refreshing: asyncio.Future | None = None
+
+    def _redis(self):
+        from redis import asyncio as aioredis
+
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = aioredis.from_url(settings.REDIS_URL, socket_timeout=REDIS_TIMEOUT_SECONDS,
+                                       socket_connect_timeout=REDIS_TIMEOUT_SECONDS)
+            self._clients[loop] = client
+        return client
+
+    async def nodes(self) -> list[Node]:
+        """Every node known to the pool, sorted by name (embedded: the one, alive)."""
+        if not is_split():
+            return [Node(this_node(), RUNTIME_CHANNEL, True)]
+        if self._cached is not None and time.monotonic() - self._cached_at < CACHE_SECONDS:
+            return self._cached
+        try:
+            self._cached = await self._read()
+            self._cached_at = time.monotonic()
+        except Exception as exc:
+            if self._cached is None:
+                raise RuntimeUnavailable(f"the pool's registry in Redis cannot be read: {exc}") from exc
+            # Redis away for a moment: the last view holds until the layer itself fails.
+        return self._cached
+
+    async def _read(self) -> list[Node]:
+        k = keys(prefix())
+        raw = await self._redis().eval(_READ, 1, k["names"], k["record"], k["alive"])
+        nodes = []
+        for index in range(0, len(raw), 3):
+            name = raw[index].decode()
+            record = json.loads(raw[index + 1]) if raw[index + 1] else None
+            if record is None:
+                continue  # forgotten (its record expired); announcer re-adds it when it comes back
+            nodes.append(Node(name, record.get("channel") or node_channel(name), bool(raw[index + 2]), record))
+        return sorted(nodes, key=lambda n: n.name)
+
+    def forget_cache(self) -> None:
+        """The next ``nodes`` reads Redis again (the last view stays for when Redis is away)."""
+        self._cached_at = 0.0
+
+
+REGISTRY = Registry()
+
+
+async def route(model: str | None, fairness_key: str | None = None) -> Node:
+    """The node a request for ``model`` (a name or an alias) goes to.
+
+    Among the alive nodes that serve it: one where it is loaded with the fewest requests of
+    ``fairness_key`` in flight, then the fewest in flight and queued in all, else the first by
+    name.  Served only by nodes that are down: RuntimeUnavailable at once.  Served by no node the
+    registry knows: the first alive node (it answers 404
+    unknown_model), or, with none alive yet, this process's own node's channel (the request
+    waits there for a runtime that starts, as before nodes existed).
+    """
+    nodes = await REGISTRY.nodes()
+    if len(nodes) == 1 and not is_split():
+        return nodes[0]
+    serving = [n for n in nodes if model is not None and model in n.model_names()]
+    if not serving and model is not None:  # perhaps added by a reload since the cached view: read again
+        REGISTRY.forget_cache()
+        nodes = await REGISTRY.nodes()
+        serving = [n for n in nodes if model in n.model_names()]
+    alive = [n for n in serving if n.alive]
+    if alive:
+        return min(alive, key=lambda n: _load_key(n, model, fairness_key))
+    if serving:
+        down = ", ".join(n.name for n in serving)
+        raise RuntimeUnavailable(
+            f"model {model!r} is served by node {down}, which is down (no heartbeat within {EXPIRY_SECONDS:g} s)"
+        )
+    up = [n for n in nodes if n.alive]
+    if up:
+        return up[0]
+    own = this_node()
+    return next((n for n in nodes if n.name == own), Node(own, node_channel(own), False))
+
+
+# (node, model name) -> this process's requests in flight there (RuntimeClient.exchange tracks them);
+# (node, model name, fairness key) -> those of one key.
+_INFLIGHT: dict[tuple, int] = {}
+
+
+def track(node: Node, model: str | None, fairness_key: str | None = None) -> tuple[tuple, tuple]:
+    """Count one request of this process to ``model`` on ``node`` (and of its key); ``untrack`` ends it."""
+    entry = node.model(model) if model is not None else None
+    where = (node.name, entry["name"] if entry else model or "")
+    keys = (where, (*where, fairness_key))
+    for key in keys:
+        _INFLIGHT[key] = _INFLIGHT.get(key, 0) + 1
+    return keys
+
+
+def untrack(keys: tuple[tuple, tuple] | None) -> None:
+    for key in keys or ():
+        if key not in _INFLIGHT:
+            continue
+        if _INFLIGHT[key] <= 1:
+            del _INFLIGHT[key]
+        else:
+            _INFLIGHT[key] -= 1
+
+
+# node name -> until when (monotonic) this process prefers other nodes: it did not answer in time.
+_SUSPECT: dict[str, float] = {}
+
+
+def suspect(node: Node) -> None:
+    """``node`` left a call unanswered (killed, or stalled): for ``EXPIRY_SECONDS``, by when the
+    registry says whether it is down, route elsewhere where another node serves the model."""
+    _SUSPECT[node.name] = time.monotonic() + EXPIRY_SECONDS
+
+
+def _suspected(name: str) -> bool:
+    until = _SUSPECT.get(name)
+    if until is None:
+        return False
+    if until < time.monotonic():
+        del _SUSPECT[name]
+        return False
+    return True
+
+
+def _load_key(node: Node, model: str, fairness_key: str | None = None) -> tuple:
+    """Not suspected (``suspect``) first, then loaded; then the fewest requests per loaded replica:
+    this process's own of the request's fairness key in flight there, then all its own there (both
+    exact, at once), then the node's last heartbeat figure (every API process's, up to about 1.5 s
+    old); then the name.  The key's own count first spreads every key evenly over the nodes, so
+    each node's fair order adds up to a fair order over all of them (docs/scheduling.md)."""
+    entry = node.model(model) or {}
+    loaded = entry.get("runtime_state") == "loaded"
+    replicas = max(1, entry.get("replicas") or 1)
+    where = (node.name, entry.get("name", model))
+    mine_of_key = _INFLIGHT.get((*where, fairness_key), 0)
+    mine = _INFLIGHT.get(where, 0)
+    return (_suspected(node.name), not loaded, mine_of_key / replicas, mine / replicas,
+            entry.get("load", 0) / replicas, node.name)
