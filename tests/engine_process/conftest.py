@@ -50,9 +50,30 @@ def no_engine_process_left():
     while engine_processes(spares=True) and time.monotonic() < deadline:
         time.sleep(0.05)
     leaked = engine_processes(spares=True)
+    described = [describe(process) for process in leaked]
     for process in leaked:
         os.kill(process.pid, signal.SIGKILL)
-    assert not leaked, f"engine processes left behind: {[p.pid for p in leaked]}"
+    assert not leaked, f"engine processes left behind: {described}; {spare_pool_state()}"
+
+
+def spare_pool_state() -> str:
+    """What this process's spare pool holds and who wants what (for a leak's message)."""
+    from runtime.engine_process.spares import SPARES
+
+    wanted = {type(owner).__name__ + hex(id(owner)): sorted(map(str, keys)) for owner, keys in SPARES._wanted.items()}
+    held = {str(key): ("done" if task.done() else "starting") for key, task in SPARES._spares.items()}
+    return f"spares wanted {wanted}, held {held}, stopping {len(SPARES._stopping)}"
+
+
+def describe(process: psutil.Process) -> str:
+    """Which engine process it is and whose: its pid, age, arguments and the state folder it was
+    started with (a test's tmp_path names that test)."""
+    try:
+        folder = process.environ().get("LLMPOOL_STATE_DIR", "(none)")
+        age = time.time() - process.create_time()
+        return f"pid {process.pid}, started {age:.1f} s ago, {' '.join(process.cmdline()[2:])}, state folder {folder}"
+    except psutil.NoSuchProcess:
+        return f"pid {process.pid} (gone meanwhile)"
 
 
 @pytest.fixture(autouse=True)
