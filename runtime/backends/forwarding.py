@@ -15,6 +15,11 @@ the request's tokens for the fair-share scheduler.
   usage-only chunk and the ``usage`` fields left out again when the client did not ask for
   them), then ``Finished``;
 - not streamed: one ``UpstreamAnswer`` with the upstream's JSON answer, then ``Finished``.
+  With ``stream_upstream`` (llama-server) the upstream is asked for a stream all the same and
+  its chunks are put back together into the answer it would have sent (``assemble``): llama-server
+  notices a client that left only between the chunks of a stream, or, not streamed, only after a
+  whole second in which no other task of the server answered anything (another slot's tokens, a
+  ``/slots`` or ``/metrics`` poll), so a busy server would finish an abandoned answer.
 
 ``Finished`` carries the upstream's usage (``prompt_tokens``, ``completion_tokens``); an upstream
 that reports none is charged no prompt and one token per chunk (streamed) or about four
@@ -81,9 +86,23 @@ async def forward(
     upstream: str,
     failure: type[LLMPoolError],
     template_kwargs: dict | None = None,
+    stream_upstream: bool = False,
 ) -> AsyncIterator[UpstreamChunk | UpstreamAnswer | Finished]:
-    """POST the client's body (see ``forwarded_body``) to ``path`` and yield the upstream's answer."""
+    """POST the client's body (see ``forwarded_body``) to ``path`` and yield the upstream's answer;
+    ``stream_upstream``: a request that does not stream is streamed from the upstream all the same
+    and given back whole (see the module docstring)."""
     body = forwarded_body(passthrough_body, model, template_kwargs)
+    if stream_upstream and not body.get("stream"):
+        streamed = forwarded_body({**passthrough_body, "stream": True}, model, template_kwargs)
+        chunks: list[dict] = []
+        async with aclosing(_stream(client, path, streamed, True, upstream, failure)) as events:
+            async for event in events:
+                if isinstance(event, UpstreamChunk):
+                    chunks.append(event.chunk)
+                else:
+                    yield UpstreamAnswer(assemble(chunks))
+                    yield event
+        return
     if body.get("stream"):
         # aclosing: closing this generator closes the stream (and its connection) at once, not when
         # the inner generator is collected.
@@ -132,6 +151,94 @@ async def _stream(
         if not done:
             raise failure(f"{upstream} ended the stream without [DONE]")
     yield _finished(usage, reasons, fallback_output=pieces)
+
+
+def assemble(chunks: list[dict]) -> dict:
+    """The answer an OpenAI-style upstream sends unstreamed, from the chunks of its stream.
+
+    The top-level fields are the chunks' (the first one's ``id``, ``created``, ``model``; later
+    chunks add theirs, such as llama-server's ``timings`` and the usage chunk's ``usage``), the
+    ``object`` the unstreamed one (``chat.completion``; a completion's ``text_completion`` stays).
+    Each choice, by its index: the deltas become the ``message`` (its texts joined, ``role`` as
+    first given, ``tool_calls`` joined by their index with their arguments' fragments in order),
+    a completion's ``text`` joined, ``logprobs`` joined list by list, the last ``finish_reason``.
+    """
+    answer: dict[str, Any] = {}
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for key, value in chunk.items():
+            if key == "choices":
+                continue
+            if key not in answer or key not in ("id", "created", "model"):
+                answer[key] = value
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict):
+                _add_choice(choices.setdefault(choice.get("index", 0), {"index": choice.get("index", 0)}), choice)
+    if answer.get("object") == "chat.completion.chunk":
+        answer["object"] = "chat.completion"
+    answer["choices"] = [_chat_choice(choices[index]) for index in sorted(choices)]
+    return answer
+
+
+def _add_choice(whole: dict[str, Any], piece: dict[str, Any]) -> None:
+    """One chunk's ``piece`` of a choice added to what came before (``assemble``)."""
+    for key, value in piece.items():
+        if key == "delta" and isinstance(value, dict):
+            message = whole.setdefault("message", {})
+            for field, part in value.items():
+                if field == "tool_calls" and isinstance(part, list):
+                    _add_tool_calls(message.setdefault("tool_calls", []), part)
+                elif isinstance(part, str) and field != "role" and isinstance(message.get(field), str):
+                    message[field] += part
+                elif part is not None and (field != "role" or "role" not in message):
+                    message[field] = part
+        elif key == "text" and isinstance(value, str):
+            whole["text"] = whole.get("text", "") + value
+        elif key == "logprobs" and isinstance(value, dict):
+            joined = whole.get("logprobs") if isinstance(whole.get("logprobs"), dict) else {}
+            for field, part in value.items():
+                earlier = joined.get(field)
+                joined[field] = earlier + part if isinstance(part, list) and isinstance(earlier, list) else part
+            whole["logprobs"] = joined
+        elif key == "finish_reason":
+            if value is not None or "finish_reason" not in whole:
+                whole["finish_reason"] = value
+        elif key not in whole or value is not None:
+            whole[key] = value
+
+
+def _add_tool_calls(calls: list[dict], fragments: list) -> None:
+    """Stream fragments of tool calls added to ``calls``: a fragment with a new index starts a
+    call, one with a known index adds its arguments (and any field it names first)."""
+    for fragment in fragments:
+        if not isinstance(fragment, dict):
+            continue
+        index = fragment.get("index", len(calls))
+        call = next((c for c in calls if c["index"] == index), None)
+        if call is None:
+            calls.append({**fragment, "function": dict(fragment.get("function") or {})})
+            continue
+        for field, part in fragment.items():
+            if field == "function" and isinstance(part, dict):
+                function = call["function"]
+                for name, value in part.items():
+                    if name == "arguments" and isinstance(value, str):
+                        function["arguments"] = (function.get("arguments") or "") + value
+                    elif value is not None and not function.get(name):
+                        function[name] = value
+            elif part is not None and not call.get(field):
+                call[field] = part
+
+
+def _chat_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    """A chat choice as an unstreamed answer has it: no ``index`` on its tool calls, and
+    ``content`` null where none came."""
+    message = choice.get("message")
+    if message is not None:
+        message.setdefault("content", None)
+        for call in message.get("tool_calls") or ():
+            call.pop("index", None)
+    return choice
 
 
 def _finished(usage: Any, reasons: set, fallback_output: int) -> Finished:

@@ -134,8 +134,10 @@ LLAMA_SERVER = managed.ServerProfile(
     prefix="llama_server",
     build=_launch,
     served_model=lambda config, base_dir: os.path.basename(config["model_path"]),
-    # llama-server checks for a closed connection only between the chunks of a stream: a
-    # non-streamed completion whose client went away runs to its end, holding its slot.
+    # llama-server checks for a closed connection before each chunk of a stream, but for an answer
+    # it does not stream only after a whole second in which none of its tasks answered anything: a
+    # busy server (other slots streaming, /slots or /metrics polls) finishes an abandoned one,
+    # holding its slot.  So every call is streamed, pass-through ones too (forwarding.forward).
     stream_always=True,
     named_tool_choice=False,
 )

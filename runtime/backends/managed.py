@@ -9,11 +9,13 @@ port, builds the exact command line from the effective config (the profile's
 ``build``), starts the server and polls its health endpoint until it answers
 200.  A request that carries the client's own body (``passthrough``: chat
 completions, completions) is forwarded as it is, model renamed
-(``runtime.backends.forwarding``), and the server's chunks or answer come back
-as they are; a typed request (/v1/responses) goes to the server's
+(``runtime.backends.forwarding``; streamed from a server that notices a client
+that left only while it streams, and given back whole), and the server's chunks
+or answer come back as they are; a typed request (/v1/responses) goes to the server's
 ``/v1/chat/completions`` translated (``runtime.backends.openai_chat``; streamed
 when the client streams, or always where the profile says so) and comes back as
-``TextDelta`` / ``Finished``.  Both go over one pooled ``httpx`` client.
+``TextDelta`` / ``Finished``.  Both go over one pooled client
+(``runtime.backends.upstream``: aiohttp's, raising httpx's transport errors).
 
 A server that exits while loaded reports to ``context["on_engine_failure"]``
 (the model moves to failed, its queue gets backend_error); requests in flight
@@ -55,6 +57,7 @@ from runtime.backends.forwarding import forward
 from runtime.backends.openai_chat import chat_completion, chat_request, required_for_named
 from runtime.backends.openai_embeddings import create_embeddings
 from runtime.backends.prompts import template_variables
+from runtime.backends.upstream import UpstreamClient
 from runtime.errors import BackendError
 from runtime.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.load_progress import report as report_progress
@@ -170,7 +173,7 @@ class ManagedServerEngine:
         self.label = f"{profile.program} for model {model_name}, replica {replica_index + 1}"
         self.process: ManagedProcess | None = None
         self.base_url: str | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: UpstreamClient | None = None
         self._served_model = profile.model_name(config, context["base_dir"])
         self._failure: str | None = None
         self._report: asyncio.Task | None = None  # the death report, kept referenced until it ran
@@ -305,7 +308,7 @@ class ManagedServerEngine:
                 body = required_for_named(body)
             return forward(
                 self._client, path, body, self._served_model, self.label, BackendError,
-                template_variables(request, thinking),
+                template_variables(request, thinking), stream_upstream=self.profile.stream_always,
             )
         body = chat_request(
             request,
@@ -340,20 +343,12 @@ class ManagedServerEngine:
         return BackendError(f"lost the connection to {self.label}: {exc!r}")
 
 
-def server_client(base_url: str, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
-    """The pooled client an engine talks to its server with.
-
-    httpx, not the faster aiohttp-based ``runtime.backends.upstream.UpstreamClient``: with that one,
-    a non-streamed pass-through request whose client left did not free llama-server's slot within
-    20 s in full runs of tests/managed (docs/performance.md); the cause is not found yet."""
-    return httpx.AsyncClient(
-        base_url=base_url,
-        headers=headers or {},
-        timeout=httpx.Timeout(None, connect=10.0),
-        # Idle connections are dropped before llama-server's (cpp-httplib's) 5 s keep-alive ends.
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_SECONDS),
-        trust_env=False,
-    )
+def server_client(base_url: str, headers: dict[str, str] | None = None) -> UpstreamClient:
+    """The pooled client an engine talks to its server with: aiohttp's behind httpx's interface
+    (``runtime.backends.upstream``), about 0.6 ms of CPU a call less than httpx
+    (docs/performance.md).  Idle connections are dropped before llama-server's (cpp-httplib's)
+    5 s keep-alive ends; a stream's connection is never pooled."""
+    return UpstreamClient(base_url, headers, connect_timeout=10.0, keepalive_seconds=KEEPALIVE_SECONDS)
 
 
 def model_target(path: str, base_dir: str) -> str:

@@ -1,10 +1,11 @@
 """A faster HTTP client for the managed engines' calls to their local server: aiohttp's, behind
 the small part of httpx's interface the OpenAI-protocol code uses.
 
-Not wired in yet: ``managed.server_client`` stays httpx, because with this client a non-streamed
-pass-through request whose client left did not free llama-server's slot in time in full runs of
-tests/managed (docs/performance.md).  The benchmarks measure it (bench/asgi_relay.py,
-bench/upstream_client.py) and tests/managed/test_upstream_client.py checks it.
+``managed.server_client`` makes one per loaded server replica.  The benchmarks measure it
+(bench/asgi_relay.py, bench/upstream_client.py) and tests/managed/test_upstream_client.py checks it.
+(It was held back a while because a non-streamed pass-through request whose client left did not
+free llama-server's slot in full test runs; the cause was llama-server's, not this client's: see
+``runtime.backends.forwarding``, which now streams such a request from llama-server.)
 
 Why not httpx: on this hot path (every request to a managed server) httpx costs about 0.57 ms
 of CPU per call, aiohttp's client about 0.13 ms (docs/performance.md, bench/upstream_client.py).
@@ -145,10 +146,10 @@ class UpstreamClient:
 def _resetting_socket(addr_info) -> socket.socket:
     """A socket whose close resets the connection (SO_LINGER 0), as httpx's (anyio's) close does.
 
-    A request cancelled while the server generates (its client left) closes its connection; with
-    a plain close (FIN) llama-server may not notice until it has generated the whole answer, which
-    holds its slot (tests/managed/test_llama_server_passthrough.py); a reset it notices at its next
-    check.  Every close here is of a connection nothing more is read from, so a reset loses nothing."""
+    A request cancelled while the server generates (its client left) closes its connection, and
+    the server learns it at its next look at the socket; a reset is seen as surely as a FIN there,
+    and leaves no connection in TIME_WAIT on either side.  Every close here is of a connection
+    nothing more is read from, so a reset loses nothing."""
     family, kind, proto, _, _ = addr_info
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -1,13 +1,14 @@
 """``forwarding.forward``: the client's body sent on and the upstream's answer given back (httpx MockTransport)."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
 import pytest
 
 from runtime.backends.base import Finished
-from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk, forward, forwarded_body
+from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk, assemble, forward, forwarded_body
 from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest
 
 CHAT = {"model": "mine", "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "n": 2, "grammar": "x"}
@@ -162,3 +163,110 @@ async def test_upstream_errors(answer, error, message, stream):
 async def test_a_stream_that_ends_without_done_failed():
     with pytest.raises(BackendError, match=r"^the upstream ended the stream without \[DONE\]$"):
         await run({**CHAT, "stream": True}, httpx.Response(200, stream=Body(sse(chunk("a")))))
+
+
+# ---- a non-streamed request streamed from the upstream (llama-server) ---------------------
+
+
+async def test_a_request_that_does_not_stream_is_streamed_from_the_upstream_and_given_back_whole():
+    pieces = [
+        chunk(None),
+        {**chunk("Hel"), "choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None,
+                                       "logprobs": {"content": [{"token": "Hel", "logprob": -0.1}]}}]},
+        {**chunk("lo"), "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": None,
+                                      "logprobs": {"content": [{"token": "lo", "logprob": -0.2}]}}]},
+        {**chunk(finish="length"), "timings": {"predicted_n": 2}},
+        {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "up", "choices": [], "usage": USAGE},
+    ]
+    pieces[0]["choices"][0]["delta"] = {"role": "assistant", "content": None}
+    events, sent = await run(CHAT, httpx.Response(200, stream=Body(sse(*pieces, "[DONE]"))), stream_upstream=True)
+    assert sent == [("/v1/chat/completions", {**CHAT, "model": "up", "stream": True,
+                                              "stream_options": {"include_usage": True}})]
+    whole = {
+        "id": "c", "object": "chat.completion", "created": 1, "model": "up", "timings": {"predicted_n": 2},
+        "usage": USAGE,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello"}, "finish_reason": "length",
+                     "logprobs": {"content": [{"token": "Hel", "logprob": -0.1}, {"token": "lo", "logprob": -0.2}]}}],
+    }
+    assert events == [UpstreamAnswer(whole), Finished(input_tokens=7, output_tokens=2, finish_reason="length")]
+
+
+async def test_a_stream_asked_for_is_left_as_it_is_with_stream_upstream():
+    events, sent = await run({**CHAT, "stream": True}, httpx.Response(200, stream=Body(sse(chunk("a"), "[DONE]"))),
+                             stream_upstream=True)
+    assert events[0] == UpstreamChunk(chunk("a")) and sent[0][1]["stream"] is True
+
+
+def test_tool_calls_are_joined_by_their_index_and_their_arguments_in_order():
+    def call(index, **fields):
+        return {"index": 0, "delta": {"tool_calls": [{"index": index, **fields}]}, "finish_reason": None}
+
+    answer = assemble([
+        {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        {"choices": [call(0, id="call_a", type="function", function={"name": "get", "arguments": ""})]},
+        {"choices": [call(0, function={"arguments": '{"ci'})]},
+        {"choices": [call(1, id="call_b", type="function", function={"name": "put", "arguments": "{}"})]},
+        {"choices": [call(0, function={"arguments": 'ty": "Paris"}'})]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ])
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"] == [{
+        "index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_a", "type": "function", "function": {"name": "get", "arguments": '{"city": "Paris"}'}},
+            {"id": "call_b", "type": "function", "function": {"name": "put", "arguments": "{}"}},
+        ]},
+    }]
+
+
+def test_completions_join_their_text_and_logprob_lists_choice_by_choice():
+    def piece(index, text, finish=None):
+        return {"index": index, "text": text, "finish_reason": finish,
+                "logprobs": {"tokens": [text], "token_logprobs": [-1.0]}}
+
+    answer = assemble([
+        {"id": "t", "object": "text_completion", "choices": [piece(0, "a"), piece(1, "x")]},
+        {"id": "t", "object": "text_completion", "choices": [piece(1, "y", "stop"), piece(0, "b", "length")]},
+    ])
+    assert answer["object"] == "text_completion"
+    assert answer["choices"] == [
+        {"index": 0, "text": "ab", "finish_reason": "length", "logprobs": {"tokens": ["a", "b"],
+                                                                          "token_logprobs": [-1.0, -1.0]}},
+        {"index": 1, "text": "xy", "finish_reason": "stop", "logprobs": {"tokens": ["x", "y"],
+                                                                        "token_logprobs": [-1.0, -1.0]}},
+    ]
+
+
+async def test_an_upstream_refusal_of_the_stream_is_the_same_refusal():
+    refusal = httpx.Response(400, json={"error": {"message": "n_probs must be an integer"}})
+    with pytest.raises(InvalidRequest, match="n_probs must be an integer"):
+        await run(CHAT, refusal, stream_upstream=True)
+
+
+async def test_closing_early_closes_the_upstream_stream_of_a_request_that_does_not_stream():
+    body = Body(sse(*(chunk(f"t{i}") for i in range(50)), "[DONE]"))
+    body.pieces = body.pieces[:3]  # the upstream is still generating: no [DONE] yet
+
+    async def never_ending():
+        for piece in body.pieces:
+            yield piece
+        await asyncio.Event().wait()
+
+    class Open(Body):
+        def __aiter__(self):
+            return never_ending()
+
+    stream = Open(b"")
+    stream.pieces = body.pieces
+
+    def handler(request):
+        return httpx.Response(200, stream=stream)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://upstream") as client:
+        task = asyncio.ensure_future(anext(forward(client, "/v1/chat/completions", CHAT, "up", "the upstream",
+                                                   BackendError, stream_upstream=True)))
+        await asyncio.sleep(0.05)
+        assert not task.done() and not stream.closed
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert stream.closed  # how llama-server learns the client left

@@ -1,7 +1,7 @@
 """The aiohttp-based upstream client (runtime/backends/upstream.py) against a raw local server.
 
-Not the managed engines' client yet (managed.server_client is httpx: see its docstring); the
-benchmarks measure it as the candidate.
+The managed engines' client (managed.server_client); the managed tests run it against real
+servers, these against a raw one that does what those may do.
 
 What it must do that a plain aiohttp session did not: never hand a request a kept-alive
 connection that the server closed after a stream (llama-server may close right after one),
