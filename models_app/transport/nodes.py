@@ -178,7 +178,8 @@ async def route(model: str | None, fairness_key: str | None = None) -> Node:
 
     Among the alive nodes that serve it: one where it is loaded with the fewest requests of
     ``fairness_key`` in flight, then the fewest in flight and queued in all, else the first by
-    name.  Served only by nodes that are down: RuntimeUnavailable at once.  Served by no node the
+    name.  Served only by nodes that are down (in the registry as read now, not the cached view):
+    RuntimeUnavailable at once.  Served by no node the
     registry knows: the first alive node (it answers 404
     unknown_model), or, with none alive yet, this process's own node's channel (the request
     waits there for a runtime that starts, as before nodes existed).
@@ -187,7 +188,9 @@ async def route(model: str | None, fairness_key: str | None = None) -> Node:
     if len(nodes) == 1 and not is_split():
         return nodes[0]
     serving = [n for n in nodes if model is not None and model in n.model_names()]
-    if not serving and model is not None:  # perhaps added by a reload since the cached view: read again
+    if model is not None and not any(n.alive for n in serving):
+        # Perhaps added by a reload, or its node back, since the cached view: read again (a
+        # restarted worker answers as soon as it has announced itself, not a cache period later).
         REGISTRY.forget_cache()
         nodes = await REGISTRY.nodes()
         serving = [n for n in nodes if model in n.model_names()]

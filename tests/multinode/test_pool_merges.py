@@ -103,3 +103,25 @@ def test_routing_spreads_each_fairness_key_evenly_over_the_nodes(monkeypatch, se
         for keys in held:
             pool_nodes.untrack(keys)
     assert pool_nodes._INFLIGHT == {}
+
+
+def test_a_node_down_in_the_cached_view_is_looked_up_again_before_a_503(monkeypatch, settings):
+    import asyncio
+
+    settings.REDIS_URL = "redis://unused"
+    registry = pool_nodes.Registry()
+    monkeypatch.setattr(pool_nodes, "REGISTRY", registry)
+    served = {"models": [{"name": "m", "runtime_state": "loaded"}]}
+    # A restarted worker: down in the view the API cached, announced again since.
+    reads = iter([[Node("a", node_channel("a"), False, served)], [Node("a", node_channel("a"), True, served)]])
+
+    async def read():
+        return next(reads)
+
+    monkeypatch.setattr(registry, "_read", read)
+
+    async def scenario():
+        await registry.nodes()  # the cached view: "a" down
+        return (await pool_nodes.route("m")).name
+
+    assert asyncio.run(scenario()) == "a"
