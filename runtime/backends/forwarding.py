@@ -213,10 +213,10 @@ def _add_tool_calls(calls: list[dict], fragments: list) -> None:
     for fragment in fragments:
         if not isinstance(fragment, dict):
             continue
-        index = fragment.get("index", len(calls))
+        index = fragment.get("index", len(calls))  # a server that leaves it out sends each call whole
         call = next((c for c in calls if c["index"] == index), None)
         if call is None:
-            calls.append({**fragment, "function": dict(fragment.get("function") or {})})
+            calls.append({**fragment, "index": index, "function": dict(fragment.get("function") or {})})
             continue
         for field, part in fragment.items():
             if field == "function" and isinstance(part, dict):

@@ -207,6 +207,8 @@ def test_tool_calls_are_joined_by_their_index_and_their_arguments_in_order():
         {"choices": [call(0, function={"arguments": '{"ci'})]},
         {"choices": [call(1, id="call_b", type="function", function={"name": "put", "arguments": "{}"})]},
         {"choices": [call(0, function={"arguments": 'ty": "Paris"}'})]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [{"id": "call_c", "type": "function",
+                                                             "function": {"name": "all", "arguments": "{}"}}]}}]},
         {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
     ])
     assert answer["object"] == "chat.completion"
@@ -215,6 +217,7 @@ def test_tool_calls_are_joined_by_their_index_and_their_arguments_in_order():
         "message": {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_a", "type": "function", "function": {"name": "get", "arguments": '{"city": "Paris"}'}},
             {"id": "call_b", "type": "function", "function": {"name": "put", "arguments": "{}"}},
+            {"id": "call_c", "type": "function", "function": {"name": "all", "arguments": "{}"}},  # no index: whole
         ]},
     }]
 
