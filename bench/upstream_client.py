@@ -1,10 +1,10 @@
 """CPU time per call of the upstream HTTP clients a managed engine could use, against a local server.
 
 One process, one event loop: a minimal HTTP/1.1 server answering a chat completion, and the
-clients calling it over a kept-alive connection in turn: ``httpx`` (httpcore over anyio, the
-managed engines' client), ``httpcore`` alone (httpx's transport, without httpx's client layer),
+clients calling it over a kept-alive connection in turn: ``httpx`` (httpcore over anyio,
+``openai_remote``'s client), ``httpcore`` alone (httpx's transport, without httpx's client layer),
 ``aiohttp`` (its client, bare) and ``upstream`` (``runtime.backends.upstream.UpstreamClient``:
-aiohttp's behind httpx's interface, the candidate that is not wired in yet).  Each figure includes the test server's share (the same for
+aiohttp's behind httpx's interface, the managed engines' client).  Each figure includes the test server's share (the same for
 all).  Prints one JSON object.
 Run: .venv/bin/python bench/upstream_client.py [--calls 3000]
 """
