@@ -91,8 +91,7 @@ async def forward(
     """POST the client's body (see ``forwarded_body``) to ``path`` and yield the upstream's answer;
     ``stream_upstream``: a request that does not stream is streamed from the upstream all the same
     and given back whole (see the module docstring)."""
-    body = forwarded_body(passthrough_body, model, template_kwargs)
-    if stream_upstream and not body.get("stream"):
+    if stream_upstream and not passthrough_body.get("stream"):
         streamed = forwarded_body({**passthrough_body, "stream": True}, model, template_kwargs)
         chunks: list[dict] = []
         async with aclosing(_stream(client, path, streamed, True, upstream, failure)) as events:
@@ -103,6 +102,7 @@ async def forward(
                     yield UpstreamAnswer(assemble(chunks))
                     yield event
         return
+    body = forwarded_body(passthrough_body, model, template_kwargs)
     if body.get("stream"):
         # aclosing: closing this generator closes the stream (and its connection) at once, not when
         # the inner generator is collected.

@@ -247,20 +247,15 @@ async def test_an_upstream_refusal_of_the_stream_is_the_same_refusal():
 
 
 async def test_closing_early_closes_the_upstream_stream_of_a_request_that_does_not_stream():
-    body = Body(sse(*(chunk(f"t{i}") for i in range(50)), "[DONE]"))
-    body.pieces = body.pieces[:3]  # the upstream is still generating: no [DONE] yet
+    class StillGenerating(Body):
+        """Three chunks, then nothing more yet (no [DONE])."""
 
-    async def never_ending():
-        for piece in body.pieces:
-            yield piece
-        await asyncio.Event().wait()
+        async def __aiter__(self):
+            for piece in self.pieces:
+                yield piece
+            await asyncio.Event().wait()
 
-    class Open(Body):
-        def __aiter__(self):
-            return never_ending()
-
-    stream = Open(b"")
-    stream.pieces = body.pieces
+    stream = StillGenerating(sse(chunk("t0"), chunk("t1"), chunk("t2")))
 
     def handler(request):
         return httpx.Response(200, stream=stream)
