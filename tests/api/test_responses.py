@@ -266,6 +266,7 @@ def test_fairness_key_from_the_user_field(http):
         key = wait_until(lambda: (k := fairness_key(http, "slow", "carol")) and k["active"] == 1 and k)
         assert key and (key["active"], key["pending"]) == (1, 0)
     answer = http.post("/v1/responses", json={"model": "echo", "input": "x", "user": "carol"})
+    assert answer.status_code == 200, answer.text  # a split CI run once got another answer here
     assert answer.json()["user"] == "carol"
 
 
