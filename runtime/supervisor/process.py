@@ -105,7 +105,10 @@ class ManagedProcess:
         try:
             self.process, self._pidfd, self._pidfile = await asyncio.shield(asyncio.wrap_future(spawned))
         except asyncio.CancelledError:
-            spawned.add_done_callback(kill_unclaimed)
+            # Whoever cancelled (a spare's stop, a shutdown) must find no process left once this
+            # returns: the spawn may still be queued or forking, so the kill is queued behind it on
+            # the spawner thread and awaited.  Cancelled again meanwhile, the kill still happens.
+            await asyncio.shield(asyncio.wrap_future(SPAWNER.submit(kill_unclaimed, spawned)))
             raise
         except OSError as exc:
             raise ServerStartError(

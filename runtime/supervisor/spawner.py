@@ -83,7 +83,8 @@ def spawn(command: ServerCommand, state_dir: Path) -> tuple[subprocess.Popen, in
 
 
 def kill_unclaimed(future: concurrent.futures.Future) -> None:
-    """A spawn whose caller was cancelled meanwhile: end it (on the spawner thread)."""
+    """A spawn whose caller was cancelled meanwhile: end it and reap it (on the spawner thread,
+    submitted after the spawn, so that the spawn is over)."""
     if future.cancelled() or future.exception() is not None:
         return
     process, pidfd, pidfile = future.result()

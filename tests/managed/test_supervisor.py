@@ -237,3 +237,40 @@ def test_the_sweep_drops_unreadable_and_dead_pidfiles_and_stale_temp_files(state
     assert list(folder.iterdir()) == []
     assert [path.name for path in scratch.iterdir()] == [f"{os.getpid()}-m.r0.def.yaml"]
     assert process_state(999999) is None
+
+
+async def test_a_cancelled_start_returns_only_once_what_it_spawned_is_gone(state_dir, monkeypatch):
+    """A spare stopped while it starts: its start is cancelled while the fork is queued on the
+    spawner thread; the cancellation must not return before that child has been spawned, killed
+    and reaped (a shutdown that returned earlier left an engine process behind)."""
+    import asyncio
+    import threading
+
+    from runtime.supervisor.spawner import SPAWNER
+
+    spawned_pids: list[int] = []
+    real_spawn = supervisor_process.spawn
+
+    def recording_spawn(command, folder):
+        result = real_spawn(command, folder)
+        spawned_pids.append(result[0].pid)
+        return result
+
+    monkeypatch.setattr(supervisor_process, "spawn", recording_spawn)
+    gate = threading.Event()
+    SPAWNER.submit(gate.wait, 10)  # the spawner thread is busy: the start's fork waits behind it
+    command = ServerCommand(
+        label="sleeper",
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+        env=dict(os.environ),
+        log_path=state_dir / "logs" / "sleeper.log",
+    )
+    starting = asyncio.create_task(ManagedProcess(command, state_dir).start())
+    await asyncio.sleep(0.2)
+    starting.cancel()
+    asyncio.get_running_loop().call_later(0.3, gate.set)
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert len(spawned_pids) == 1, "the cancelled start returned before its spawn had run"
+    assert not alive(spawned_pids[0])
+    assert pidfiles(state_dir) == []
