@@ -3,6 +3,7 @@ their own, one API process, one real Redis (a channel prefix of the test's own) 
 database, all reading one settings file."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import httpx
 import redis
 
 from tests import conftest
-from tests.conftest import POSTGRES_URL, REDIS_URL, ROOT, _postgres_admin, _terminate, free_port
+from tests.conftest import POSTGRES_URL, REDIS_URL, ROOT, _postgres_admin, _terminate, free_port, wait_until
 
 
 def api_command(port: int) -> list[str]:
@@ -120,6 +121,28 @@ class Pool:
             self.redis.delete(key)
         self.redis.close()
         assert not problems, "\n".join(problems) + "\n" + self.log()[-5000:]
+
+
+@contextlib.contextmanager
+def running_pool(folder: Path, settings: dict, nodes=("alpha", "beta"), ready=None):
+    """A pool with a runtime worker for each of ``nodes`` and one API process, stopped (and checked)
+    on exit; ``ready``: a condition on the merged listing (``entries``) that must hold within 30 s."""
+    pool = Pool(folder, settings)
+    try:
+        for name in nodes:
+            pool.start_node(name)
+        pool.start_api()
+        if ready is not None:
+            with pool.client() as http:
+                assert wait_until(lambda: ready(entries(http)), timeout=30), pool.log()
+        yield pool
+    finally:
+        pool.stop()
+
+
+def all_loaded(listing: dict) -> bool:
+    """Every entry of a merged listing is loaded (a ``ready`` for ``running_pool``)."""
+    return all(entry["runtime_state"] == "loaded" for entry in listing.values())
 
 
 def entries(http: httpx.Client) -> dict[tuple[str, str], dict]:

@@ -17,7 +17,7 @@ import pytest
 
 from models_app.transport.nodes import CACHE_SECONDS
 from tests.conftest import wait_until
-from tests.multinode.pool_processes import Pool, entries
+from tests.multinode.pool_processes import entries, running_pool
 
 TOKEN_DELAY_MS = 100
 SETTINGS = {
@@ -32,14 +32,8 @@ HEAVY, LIGHT = 12, 4
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    pool = Pool(tmp_path_factory.mktemp("multinode-fairness"), SETTINGS)
-    try:
-        pool.start_node("alpha")
-        pool.start_node("beta")
-        pool.start_api()
+    with running_pool(tmp_path_factory.mktemp("multinode-fairness"), SETTINGS) as pool:
         yield pool
-    finally:
-        pool.stop()
 
 
 def _queued_on_both(http: httpx.Client) -> bool:

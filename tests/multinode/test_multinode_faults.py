@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import wait_until
-from tests.multinode.pool_processes import Pool, entries, stream_events
+from tests.multinode.pool_processes import Pool, all_loaded, entries, running_pool, stream_events
 
 SLOW = {"backend": "stub", "enabled": True, "stub_token_delay_ms": 150, "stub_reply": "a b c d e f g h i j"}
 SETTINGS = {
@@ -24,17 +24,8 @@ SETTINGS = {
 
 @pytest.fixture
 def pool(tmp_path):
-    pool = Pool(tmp_path / "pool", SETTINGS)
-    try:
-        pool.start_node("alpha")
-        pool.start_node("beta")
-        pool.start_api()
-        with pool.client() as http:
-            assert wait_until(lambda: all(e["runtime_state"] == "loaded" for e in entries(http).values()),
-                              timeout=30), pool.log()
+    with running_pool(tmp_path / "pool", SETTINGS, ready=all_loaded) as pool:
         yield pool
-    finally:
-        pool.stop()
 
 
 def _restart_once_the_lock_expires(pool: Pool, name: str) -> None:

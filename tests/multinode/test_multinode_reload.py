@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from tests.conftest import wait_until
-from tests.multinode.pool_processes import Pool, entries
+from tests.multinode.pool_processes import entries, running_pool
 
 SETTINGS = {
     "service": {"runtime_reply_timeout_seconds": 2},
@@ -20,16 +20,11 @@ SETTINGS = {
 
 @pytest.fixture
 def pool(tmp_path):
-    pool = Pool(tmp_path / "pool", SETTINGS)
-    try:
-        pool.start_node("alpha")
-        pool.start_node("beta")
-        pool.start_api()
-        with pool.client() as http:
-            assert wait_until(lambda: entries(http)[("a1", "alpha")]["runtime_state"] == "loaded", timeout=30)
+    def ready(listing):
+        return listing[("a1", "alpha")]["runtime_state"] == "loaded"
+
+    with running_pool(tmp_path / "pool", SETTINGS, ready=ready) as pool:
         yield pool
-    finally:
-        pool.stop()
 
 
 def test_one_node_refusing_leaves_every_catalog_unchanged_then_both_swap(pool):

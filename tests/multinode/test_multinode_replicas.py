@@ -11,7 +11,7 @@ import pytest
 
 from models_app.transport.nodes import CACHE_SECONDS
 from tests.conftest import wait_until
-from tests.multinode.pool_processes import Pool, entries
+from tests.multinode.pool_processes import Pool, entries, running_pool
 
 CPU = {"device": "cpu"}
 SETTINGS = {
@@ -29,16 +29,11 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    pool = Pool(tmp_path_factory.mktemp("multinode-replicas"), SETTINGS)
-    try:
-        pool.start_node("alpha")
-        pool.start_node("beta")
-        pool.start_api()
-        with pool.client() as http:
-            assert wait_until(lambda: entries(http)[("hog", "beta")]["runtime_state"] == "loaded", timeout=30)
+    def ready(listing):
+        return listing[("hog", "beta")]["runtime_state"] == "loaded"
+
+    with running_pool(tmp_path_factory.mktemp("multinode-replicas"), SETTINGS, ready=ready) as pool:
         yield pool
-    finally:
-        pool.stop()
 
 
 def _announced_loaded(pool: Pool, node: str, model: str) -> bool:

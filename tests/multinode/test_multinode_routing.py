@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import wait_until
-from tests.multinode.pool_processes import Pool, entries
+from tests.multinode.pool_processes import all_loaded, entries, running_pool
 
 MODELS = {
     "a1": {"backend": "stub", "enabled": True, "node": "alpha", "stub_reply": "from alpha", "aliases": ["a-alias"]},
@@ -17,18 +16,11 @@ SETTINGS = {"service": {"runtime_reply_timeout_seconds": 2}, "models": MODELS}
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
-    pool = Pool(tmp_path_factory.mktemp("multinode-routing"), SETTINGS)
-    try:
-        pool.start_node("alpha")
-        pool.start_node("beta")
-        pool.start_api()
-        with pool.client() as http:
-            assert wait_until(lambda: all(
-                e["runtime_state"] == "loaded" for (name, _), e in entries(http).items() if name != "b-cold"
-            ), timeout=30), pool.log()
+    def ready(listing):  # b-cold is not enabled
+        return all_loaded({key: entry for key, entry in listing.items() if key[0] != "b-cold"})
+
+    with running_pool(tmp_path_factory.mktemp("multinode-routing"), SETTINGS, ready=ready) as pool:
         yield pool
-    finally:
-        pool.stop()
 
 
 @pytest.fixture
