@@ -59,9 +59,20 @@ async def _serve(message: dict) -> None:
     reply_channel, request_id, op = message["reply_channel"], message["request_id"], message["op"]
     layer = runtime_host.channel_layer()
 
+    chunks_sent = 0
+
     async def send(kind: str, data=None) -> None:
-        """Send one reply; a full reply channel (slow reader) is waited on, up to the reply timeout."""
+        """Send one reply; a full reply channel (slow reader) is waited on, up to the reply timeout.
+        A chunk carries its number (``seq``) and the result the number of chunks before it
+        (``chunks``), so that the caller sees a chunk the layer lost (Redis restarted while it held
+        it) instead of a stream with a hole in it (``RuntimeClient.exchange``)."""
+        nonlocal chunks_sent
         message = {"type": RUNTIME_REPLY, "request_id": request_id, "kind": kind, "data": data}
+        if kind == REPLY_CHUNK:
+            message["seq"] = chunks_sent
+            chunks_sent += 1
+        elif kind == REPLY_RESULT:
+            message["chunks"] = chunks_sent
         give_up_at = time.monotonic() + runtime_host.reply_timeout()
         delay = 0.005
         while True:

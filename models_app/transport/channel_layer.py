@@ -14,8 +14,9 @@ receive that was cancelled), pops with BZPOPMIN and copies the message into the 
 round trips in a row before the message is handed on; one script does the three atomically when
 a message is waiting (which also closes the window where a cancel between the pop and the copy
 lost the message), and an empty channel waits in the blocking pop and hands the message on at
-once.  Everything else (groups, the backup's clean-up after a receive, the message format) is
-channels-redis's own.
+once.  A receive cancelled while it waits there (its client left) lets the pop finish and puts
+back a message it brings, which may be another request's reply.  Everything else (groups, the
+backup's clean-up after a receive, the message format) is channels-redis's own.
 
 Its connection pool waits for a free connection (``POOL_*``): redis-py 8's default pool holds at
 most 100 connections and raises "Too many connections" past them, and every send holds one while
@@ -30,6 +31,7 @@ runtime.  Either process carries on by itself once Redis is back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -101,6 +103,10 @@ return false
 
 
 class RedisChannelLayer(_RedisChannelLayer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._giving_back: set[asyncio.Future] = set()  # see ``_give_back``
+
     def create_pool(self, index):
         """A pool that waits for a free connection instead of refusing (see the module docstring);
         a host given by Sentinel keeps channels-redis's own pool."""
@@ -145,12 +151,37 @@ class RedisChannelLayer(_RedisChannelLayer):
         member = await connection.eval(RECEIVE_SCRIPT, 2, channel, backup)
         if member is not None:
             return member
-        result = await connection.bzpopmin(channel, timeout=timeout)
+        # The pop runs in a task of its own.  A process's reply channels share one list, and its
+        # receivers take turns popping it, so the pop may bring a message meant for another
+        # channel.  If this receive is cancelled meanwhile (its client left), redis-py drops the
+        # answer in flight, and with it that message.  So a cancel does not reach the pop: a message
+        # it brings after the cancel goes back into the list (``_give_back``), with its score, for
+        # whoever pops next.
+        popping = asyncio.ensure_future(connection.bzpopmin(channel, timeout=timeout))
+        try:
+            result = await asyncio.shield(popping)
+        except asyncio.CancelledError:
+            popping.add_done_callback(functools.partial(self._give_back, index, channel))
+            raise
         # Not copied into the backup, as channels-redis does next: that copy is one more round trip
         # before the message is handed on, and a cancel could only come during the copy itself,
         # which lost the message or not; handed on at once, nothing can cancel it.  The backup
         # stays empty (the script above emptied it), so the clean-up after the receive pops nothing.
         return result[1] if result is not None else None
+
+    def _give_back(self, index: int, channel: str, popping: asyncio.Future) -> None:
+        """Put back what a cancelled receive's pop took (see ``_brpop_with_clean``)."""
+        if popping.cancelled() or popping.exception() is not None or popping.result() is None:
+            return
+        _, member, score = popping.result()
+        putting = asyncio.ensure_future(self.connection(index).zadd(channel, {member: score}))
+        self._giving_back.add(putting)
+        putting.add_done_callback(self._given_back)
+
+    def _given_back(self, putting: asyncio.Future) -> None:
+        self._giving_back.discard(putting)
+        if not putting.cancelled() and putting.exception() is not None:
+            logger.warning("a reply taken by a cancelled receive could not be put back: %s", putting.exception())
 
     async def receive(self, channel):
         """The next message on ``channel``; while Redis cannot be reached, wait and try again."""

@@ -27,6 +27,7 @@ from models_app.transport.messages import (
     OP_GENERATE,
     OP_EMBED,
     REPLY_ACK,
+    REPLY_CHUNK,
     REPLY_ERROR,
     REPLY_HEARTBEAT,
     REPLY_RESULT,
@@ -37,6 +38,9 @@ from runtime.errors import RuntimeUnavailable, error_from_dict
 
 
 TRACKED_OPS = (OP_GENERATE, OP_EMBED)
+# A chunk missing from the runtime's replies: the channel layer lost it (Redis restarted while it
+# held it).  The request fails as when the runtime is silent, never with a hole in its answer.
+_LOST_REPLY = "a reply from the runtime was lost on the way (the channel layer restarted?)"
 
 
 def model_of(op: str, payload: dict) -> str | None:
@@ -124,6 +128,7 @@ class RuntimeClient:
             raise RuntimeUnavailable(f"the channel layer cannot be reached: {exc}") from exc
         give_up_at = time.monotonic() + deadline if deadline else None
         finished = False
+        chunks = 0  # chunks received in order (their ``seq``: models_app.host.consumer)
         try:
             while True:
                 try:
@@ -138,7 +143,15 @@ class RuntimeClient:
                 if kind == REPLY_ERROR:
                     finished = True
                     raise error_from_dict(reply["data"])
+                if kind == REPLY_CHUNK and "seq" in reply:
+                    if reply["seq"] < chunks:
+                        continue  # a send the layer delivered twice (its client retried it)
+                    if reply["seq"] > chunks:
+                        raise RuntimeUnavailable(_LOST_REPLY)
+                    chunks += 1
                 if kind == REPLY_RESULT:
+                    if reply.get("chunks", chunks) != chunks:
+                        raise RuntimeUnavailable(_LOST_REPLY)
                     finished = True
                 yield reply
                 if finished:

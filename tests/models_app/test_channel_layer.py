@@ -127,3 +127,31 @@ async def test_a_message_taken_by_the_blocking_pop_leaves_the_backup_empty(layer
     assert (await asyncio.wait_for(waiting, 5))["number"] == 1
     await asyncio.sleep(0.05)
     assert await client.zcard(layer._backup_channel_name(f"{prefix}work")) == 0
+
+
+async def test_a_receive_cancelled_while_its_pop_brings_another_channels_message_loses_nothing(layer):
+    """One process's reply channels share one Redis list, and its receivers take turns popping it.
+    The receiver whose client left is cancelled just as its pop takes a message meant for another
+    channel of the process: that message must still reach the other channel's receiver (it was
+    lost, and that request answered 503 after its reply timeout)."""
+    import redis as sync_redis
+
+    from models_app.transport.channel_layer import SEND_SCRIPT
+
+    layer, _, _ = layer
+    leaving, staying = await layer.new_channel(), await layer.new_channel()
+    popping = asyncio.create_task(layer.receive(leaving))
+    await asyncio.sleep(0.2)  # it holds the receive lock and waits in BZPOPMIN
+    # The other request's reply goes in while this loop does nothing else (a synchronous client),
+    # so the pop's answer is in the socket, unread, when the cancel comes.
+    message = {"type": "reply", "text": "for the request that stays", "__asgi_channel__": staying}
+    with sync_redis.Redis.from_url(REDIS_URL) as client:
+        now = time.time()
+        client.eval(SEND_SCRIPT, 1, layer.prefix + layer.non_local_name(staying), int(now) - 30, 100, now,
+                    layer.serialize(message), 30)
+    time.sleep(0.1)
+    popping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await popping
+    received = await asyncio.wait_for(layer.receive(staying), 3)
+    assert received == {"type": "reply", "text": "for the request that stays"}

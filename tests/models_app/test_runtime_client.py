@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from models_app.transport.messages import REPLY_HEARTBEAT, REPLY_RESULT
+from models_app.transport.messages import REPLY_CHUNK, REPLY_HEARTBEAT, REPLY_RESULT, RUNTIME_CANCEL
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import RuntimeUnavailable
 
@@ -51,3 +51,79 @@ async def test_silence_is_runtime_unavailable_and_the_receive_is_cancelled():
         await client._receive("reply", None)
     await asyncio.sleep(0)
     assert client.layer.arrived.cancelled()
+
+
+# ---- a reply the channel layer lost -------------------------------------------------------------
+
+
+class ScriptedLayer:
+    """A channel layer that answers the request with ``replies`` in order, then nothing."""
+
+    def __init__(self, replies: list[dict]):
+        self.replies = list(replies)
+        self.sent: list[dict] = []
+
+    async def new_channel(self):
+        return "reply!1"
+
+    async def send(self, channel, message):
+        self.sent.append(message)
+
+    async def receive(self, channel):
+        if self.replies:
+            return self.replies.pop(0)
+        await asyncio.Event().wait()
+
+
+def chunk(seq: int) -> dict:
+    return {"kind": REPLY_CHUNK, "seq": seq, "data": {"delta": f"t{seq}"}}
+
+
+async def received(layer: ScriptedLayer) -> list[dict]:
+    """What a generate exchange over ``layer`` yields to its caller."""
+    client = RuntimeClient(reply_timeout=5).for_channel("runtime")
+    client.layer = layer
+    return [message async for message in client.exchange("generate", {"model": "m"})]
+
+
+async def test_chunks_in_order_and_their_count_on_the_result_pass():
+    replies = [chunk(0), chunk(1), {"kind": REPLY_RESULT, "chunks": 2, "data": {}}]
+    assert await received(ScriptedLayer(replies)) == replies
+
+
+async def test_a_chunk_missing_in_the_middle_fails_the_request_and_cancels_it():
+    layer = ScriptedLayer([chunk(0), chunk(2), {"kind": REPLY_RESULT, "chunks": 3, "data": {}}])
+    with pytest.raises(RuntimeUnavailable, match="lost on the way"):
+        await received(layer)
+    assert layer.sent[-1]["type"] == RUNTIME_CANCEL  # the runtime stops generating for nobody
+
+
+async def test_a_last_chunk_missing_fails_the_request_at_the_result():
+    with pytest.raises(RuntimeUnavailable, match="lost on the way"):
+        await received(ScriptedLayer([chunk(0), {"kind": REPLY_RESULT, "chunks": 2, "data": {}}]))
+
+
+async def test_a_chunk_delivered_twice_is_passed_on_once():
+    replies = [chunk(0), chunk(0), chunk(1), {"kind": REPLY_RESULT, "chunks": 2, "data": {}}]
+    assert [m.get("seq") for m in await received(ScriptedLayer(replies))] == [0, 1, None]
+
+
+async def test_the_runtime_numbers_its_chunks_and_counts_them_on_the_result(monkeypatch):
+    from models_app.host import consumer, runtime_host
+
+    class Service:
+        async def handle(self, op, payload, emit):
+            for n in range(3):
+                await emit({"delta": n})
+            return {"done": True}
+
+    layer = ScriptedLayer([])
+
+    async def ensure_runtime():
+        return Service()
+
+    monkeypatch.setattr(runtime_host, "channel_layer", lambda: layer)
+    monkeypatch.setattr(runtime_host, "ensure_runtime", ensure_runtime)
+    await consumer._serve({"reply_channel": "reply!1", "request_id": "r1", "op": "generate", "payload": {}})
+    assert [(m["kind"], m.get("seq"), m.get("chunks")) for m in layer.sent] == [
+        (REPLY_CHUNK, 0, None), (REPLY_CHUNK, 1, None), (REPLY_CHUNK, 2, None), (REPLY_RESULT, None, 3)]
