@@ -1,6 +1,7 @@
 """Process supervision with real processes: groups, readiness, stop, output, parent death, sweep."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from runtime.supervisor import (
 )
 from runtime.supervisor import output as supervisor_output
 from runtime.supervisor import process as supervisor_process
+from runtime.supervisor.spawner import SPAWNER
 from tests.conftest import free_port
 from tests.managed.helpers import ROOT, alive, eventually, pidfiles, process_state, records, wait_until
 
@@ -243,11 +246,6 @@ async def test_a_cancelled_start_returns_only_once_what_it_spawned_is_gone(state
     """A spare stopped while it starts: its start is cancelled while the fork is queued on the
     spawner thread; the cancellation must not return before that child has been spawned, killed
     and reaped (a shutdown that returned earlier left an engine process behind)."""
-    import asyncio
-    import threading
-
-    from runtime.supervisor.spawner import SPAWNER
-
     spawned_pids: list[int] = []
     real_spawn = supervisor_process.spawn
 

@@ -9,10 +9,11 @@ import time
 import uuid
 
 import pytest
+import redis as sync_redis
 import redis.asyncio as redis
 from channels.exceptions import ChannelFull
 
-from models_app.transport.channel_layer import InMemoryChannelLayer, RedisChannelLayer
+from models_app.transport.channel_layer import SEND_SCRIPT, InMemoryChannelLayer, RedisChannelLayer
 
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -134,10 +135,6 @@ async def test_a_receive_cancelled_while_its_pop_brings_another_channels_message
     The receiver whose client left is cancelled just as its pop takes a message meant for another
     channel of the process: that message must still reach the other channel's receiver (it was
     lost, and that request answered 503 after its reply timeout)."""
-    import redis as sync_redis
-
-    from models_app.transport.channel_layer import SEND_SCRIPT
-
     layer, _, _ = layer
     leaving, staying = await layer.new_channel(), await layer.new_channel()
     popping = asyncio.create_task(layer.receive(leaving))
