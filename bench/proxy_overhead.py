@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, free_port, percentiles, running_service, serving_process  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
-from runtime.backends.llama_server import LLAMA_SERVER  # noqa: E402
+from runtime.backends.llama_server import LLAMA_SERVER, LlamaServerDefinition  # noqa: E402
 from runtime.backends.managed import server_client  # noqa: E402
 from runtime.backends.openai_chat import chat_completion, chat_request  # noqa: E402
 from runtime.errors import BackendError  # noqa: E402
@@ -125,10 +125,12 @@ def relay_process(arguments: list[str], target_port: int):
 
 def chat_body(prompt: str, tokens: int, stream: bool, upstream: bool = False) -> dict:
     """The chat completions body for this request (temperature 0): as a plain client sends it, or
-    (``upstream``) as llm-pool's llama_server engine sends it, streamed even when the client is not."""
+    (``upstream``) as llm-pool's llama_server engine sends it with its default definition: streamed
+    even when the client is not, unless the answer is held to a few tokens."""
     message = {"role": "user", "content": [{"type": "input_text", "text": prompt}]}
     request = GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0, stream=stream).resolved()
-    return chat_request(request, "smol", stream=stream or (upstream and LLAMA_SERVER.stream_always))
+    config = LlamaServerDefinition.model_validate({"backend": "llama_server", "model_path": "m.gguf"}).model_dump()
+    return chat_request(request, "smol", stream=LLAMA_SERVER.streams_upstream(config, stream, tokens) if upstream else stream)
 
 
 async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:

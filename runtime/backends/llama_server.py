@@ -71,6 +71,11 @@ class LlamaServerDefinition(
     # Tool calling: started with --jinja (the default of recent builds, explicit for older ones);
     # false: capabilities.tools is false (the server is not asked for calls).
     llama_server_tools: bool = True
+    # A request the client does not stream goes to llama-server unstreamed when its answer is held
+    # to at most this many tokens (max_tokens): faster (one write, a kept-alive connection), and an
+    # abandoned one holds its slot at most that long; a longer or unbounded one is streamed all the
+    # same (LLAMA_SERVER.stream_always).  0: every call is streamed.
+    llama_server_unstreamed_max_tokens: int = Field(16, ge=0)
 
 
 def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
@@ -137,8 +142,10 @@ LLAMA_SERVER = managed.ServerProfile(
     # llama-server checks for a closed connection before each chunk of a stream, but for an answer
     # it does not stream only after a whole second in which none of its tasks answered anything: a
     # busy server (other slots streaming, /slots or /metrics polls) finishes an abandoned one,
-    # holding its slot.  So every call is streamed, pass-through ones too (forwarding.forward).
+    # holding its slot.  So every call is streamed, pass-through ones too (forwarding.forward),
+    # except one whose answer is held to llama_server_unstreamed_max_tokens at most.
     stream_always=True,
+    unstreamed_max_tokens_field="llama_server_unstreamed_max_tokens",
     named_tool_choice=False,
 )
 

@@ -8,7 +8,16 @@ import httpx
 import pytest
 
 from runtime.backends.base import Finished
-from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk, assemble, forward, forwarded_body
+from runtime.backends.forwarding import (
+    UpstreamAnswer,
+    UpstreamChunk,
+    answer_bound,
+    assemble,
+    forward,
+    forwarded_body,
+)
+from runtime.backends.llama_server import LLAMA_SERVER
+from runtime.backends.vllm_serve import VLLM_SERVE
 from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest
 
 CHAT = {"model": "mine", "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "n": 2, "grammar": "x"}
@@ -195,6 +204,33 @@ async def test_a_stream_asked_for_is_left_as_it_is_with_stream_upstream():
     events, sent = await run({**CHAT, "stream": True}, httpx.Response(200, stream=Body(sse(chunk("a"), "[DONE]"))),
                              stream_upstream=True)
     assert events[0] == UpstreamChunk(chunk("a")) and sent[0][1]["stream"] is True
+
+
+@pytest.mark.parametrize("body, bound", [
+    ({}, None),
+    ({"max_tokens": 4}, 4),
+    ({"max_completion_tokens": 9}, 9),
+    ({"max_tokens": 4, "max_completion_tokens": 30}, 30),  # whichever the upstream reads, at most 30
+    ({"n_predict": 8}, 8),
+    ({"max_tokens": 4, "n_predict": -1}, None),  # llama.cpp: -1 is no bound, and it wins over max_tokens
+    ({"max_tokens": None}, None),
+    ({"max_tokens": 0}, None),
+    ({"max_tokens": "4"}, None),
+    ({"max_tokens": True}, None),
+    ({"max_tokens": 4.0}, None),
+])
+def test_the_answer_bound_is_the_largest_token_limit_the_body_sets(body, bound):
+    assert answer_bound(body) == bound
+
+
+def test_llama_server_gets_a_short_non_streamed_call_unstreamed_and_every_other_one_streamed():
+    config = {"llama_server_unstreamed_max_tokens": 16}
+    assert [LLAMA_SERVER.streams_upstream(config, False, bound) for bound in (1, 16, 17, None)] == [
+        False, False, True, True]
+    assert LLAMA_SERVER.streams_upstream(config, True, 1) is True  # the client's own stream stays one
+    assert LLAMA_SERVER.streams_upstream({"llama_server_unstreamed_max_tokens": 0}, False, 1) is True
+    # A server that notices a client that left without a stream: a call goes as the client asked.
+    assert [VLLM_SERVE.streams_upstream({}, stream, None) for stream in (False, True)] == [False, True]
 
 
 def test_tool_calls_are_joined_by_their_index_and_their_arguments_in_order():

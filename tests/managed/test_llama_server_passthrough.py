@@ -24,6 +24,10 @@ def smol(live_service, llama_server_binary, smollm2_gguf, tmp_path):
     model = {
         "backend": "llama_server", "model_path": smollm2_gguf, "llama_server_binary": llama_server_binary,
         "llama_server_n_ctx": 1024, "llama_server_startup_timeout_seconds": 60.0, "target_inflight": 1,
+        # Every call streamed, short ones too: the answers compared with llama-server's own below are
+        # put back together from its stream (forwarding.assemble); test_llama_server_unstreamed.py
+        # covers the short calls that go unstreamed by default.
+        "llama_server_unstreamed_max_tokens": 0,
     }
     service = live_service({"smol": model}, env={"LLMPOOL_STATE_DIR": str(tmp_path / "state")})
     with service.client(timeout=120) as http:
