@@ -20,10 +20,11 @@ engines already handle.
 Kept-alive connections: a non-streamed answer's connection goes back to the pool (dropped after
 ``keepalive_seconds`` idle, before llama-server's own 5 s keep-alive ends); a streamed request
 goes out on a session that never pools (``Connection: close``, aiohttp's ``force_close``), so
-its connection is closed when the stream ends.  llama-server (cpp-httplib) may close a
-connection right after a stream, and a pooled one would then fail the next request that takes
-it before the close is seen: the failure the first aiohttp attempt had (117 of 300 calls,
-docs/performance.md).  A stream costs one new loopback connection instead (tens of
+its connection is closed when the stream ends.  llama-server closes a connection right after
+a stream (its content provider returns false once it has ended the stream, which cpp-httplib
+reads as a cancelled response, so it drops the connection it had offered to keep alive), and a
+pooled one would then fail the next request that takes it before the close is seen: the failure
+the first aiohttp attempt had (117 of 300 calls, docs/performance.md).  A stream costs one new loopback connection instead (tens of
 microseconds against a stream's seconds).  A server's ``Connection: close`` is honoured by
 aiohttp itself (the connection is not reused).
 """
