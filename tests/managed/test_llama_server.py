@@ -86,8 +86,9 @@ def test_a_client_leaving_a_non_streamed_request_stops_llama_servers_generation(
     live_service, llama_model, tmp_path, service_env
 ):
     # llama-server notices a closed connection only while it streams: the engine streams every
-    # upstream call, so a non-streamed request whose client left stops there as well, at once,
-    # instead of holding the server's slot until its 2,000 tokens are written.
+    # upstream call that may run past llama_server_unstreamed_max_tokens (16), so a non-streamed
+    # request whose client left stops there as well, at once, instead of holding the server's slot
+    # until its 2,000 tokens are written.
     service = live_service({"smol": {**llama_model, "llama_server_n_ctx": 4096}}, env=service_env)
     with service.client(timeout=120) as http:
         assert http.post("/v1/admin/models/smol/load", json={}).json()["runtime_state"] == "loaded"
