@@ -123,14 +123,18 @@ def relay_process(arguments: list[str], target_port: int):
 # ---- one request per path -------------------------------------------------------------------
 
 
+# The llama_server definition's defaults (llama_server_unstreamed_max_tokens among them).
+DEFAULT_DEFINITION = LlamaServerDefinition.model_validate({"backend": "llama_server", "model_path": "m.gguf"}).model_dump()
+
+
 def chat_body(prompt: str, tokens: int, stream: bool, upstream: bool = False) -> dict:
     """The chat completions body for this request (temperature 0): as a plain client sends it, or
     (``upstream``) as llm-pool's llama_server engine sends it with its default definition: streamed
     even when the client is not, unless the answer is held to a few tokens."""
     message = {"role": "user", "content": [{"type": "input_text", "text": prompt}]}
     request = GenerationRequest("bench", [message], max_output_tokens=tokens, temperature=0.0, stream=stream).resolved()
-    config = LlamaServerDefinition.model_validate({"backend": "llama_server", "model_path": "m.gguf"}).model_dump()
-    return chat_request(request, "smol", stream=LLAMA_SERVER.streams_upstream(config, stream, tokens) if upstream else stream)
+    streamed = LLAMA_SERVER.streams_upstream(DEFAULT_DEFINITION, stream, tokens) if upstream else stream
+    return chat_request(request, "smol", stream=streamed)
 
 
 async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:

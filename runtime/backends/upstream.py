@@ -24,8 +24,8 @@ its connection is closed when the stream ends.  llama-server closes a connection
 a stream (its content provider returns false once it has ended the stream, which cpp-httplib
 reads as a cancelled response, so it drops the connection it had offered to keep alive), and a
 pooled one would then fail the next request that takes it before the close is seen: the failure
-the first aiohttp attempt had (117 of 300 calls, docs/performance.md).  A stream costs one new loopback connection instead (tens of
-microseconds against a stream's seconds).  A server's ``Connection: close`` is honoured by
+the first aiohttp attempt had (117 of 300 calls, docs/performance.md).  A stream costs one new
+loopback connection instead (tens of microseconds against a stream's seconds).  A server's ``Connection: close`` is honoured by
 aiohttp itself (the connection is not reused).
 """
 from __future__ import annotations

@@ -57,7 +57,8 @@ async def test_a_short_answer_goes_unstreamed_and_a_longer_one_streamed(
 ):
     model = {"backend": "llama_server", "model_path": smollm2_gguf, "llama_server_binary": llama_server_binary,
              "llama_server_n_ctx": 1024, "llama_server_startup_timeout_seconds": 60.0}
-    pool, _ = await start_pool(tmp_path, {"smol": model, "smol_streamed": {**model, "llama_server_unstreamed_max_tokens": 0}})
+    streamed_model = {**model, "llama_server_unstreamed_max_tokens": 0}
+    pool, _ = await start_pool(tmp_path, {"smol": model, "smol_streamed": streamed_model})
     try:
         controller = pool.controller("smol")
         await controller.load({}, None)
