@@ -58,6 +58,10 @@ logger = logging.getLogger("llmpool.runtime")
 
 S = RuntimeState
 
+# The commands a caller's task handles itself when the writer is idle (``_writer_idle``): a
+# request's admission, on the path of every request.
+INLINE_COMMANDS = frozenset({"admit"})
+
 
 @dataclass(eq=False)
 class Lease:
@@ -128,6 +132,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self._work: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._stopped = False
+        self._handling = False  # the writer is inside a command's handler (``_handle``)
         self.vram = VramFigure()
         self.waiters = Waiters()  # requests waiting for a load (load_on_request)
         self.clock = IdleClock()
@@ -213,7 +218,15 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             raise
 
     def finish(self, ticket: Ticket, tokens: int | None = None) -> None:
-        """A request ended (done, failed or withdrawn while queued); ``tokens`` it really used."""
+        """A request ended (done, failed or withdrawn while queued); ``tokens`` it really used.
+
+        Posted on the loop's next turn, not now: the request's answer, sent right after this, then
+        reaches its client before the writer does the finish's bookkeeping (the slot given back, the
+        next request dispatched), instead of after it."""
+        if not self._stopped:
+            asyncio.get_running_loop().call_soon(self._post_finish, ticket, tokens)
+
+    def _post_finish(self, ticket: Ticket, tokens: int | None) -> None:
         if not self._stopped:
             self._post("finish", ticket, tokens)
 
@@ -267,13 +280,31 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         future = asyncio.get_running_loop().create_future()
         if self._stopped:
             future.set_exception(UnknownModel(f"model {self.name} is no longer served"))
+        elif command in INLINE_COMMANDS and self._writer_idle():
+            self._handle(command, args, future)
         else:
             self._inbox.put_nowait((command, args, future))
         return future
 
+    def _writer_idle(self) -> bool:
+        """Whether the writer waits for a command with none queued, and is not handling one now.
+
+        The writer handles a command synchronously between two waits on its inbox, so while
+        another task runs, an empty inbox means the writer's next step would be this command: the
+        caller may take that step itself (``INLINE_COMMANDS``), in the same order and with the
+        same handler, one wake-up of the writer task and one of the caller fewer."""
+        return (not self._handling and self._inbox.empty()
+                and self._task is not None and not self._task.done())
+
     async def _run(self) -> None:
         while True:
             command, args, future = await self._inbox.get()
+            self._handle(command, args, future)
+
+    def _handle(self, command: str, args: tuple, future: asyncio.Future) -> None:
+        """One command: its handler answers ``future``; then the state settles."""
+        self._handling = True
+        try:
             try:
                 getattr(self, f"_on_{command}")(future, *args)
             except LLMPoolError as exc:
@@ -287,6 +318,8 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
                 self._settle()
             except Exception:
                 logger.exception("model %s: settling after %s failed", self.name, command)
+        finally:
+            self._handling = False
 
     def checked_load_body(self, overrides: dict, replicas: int | None) -> tuple[int, dict]:
         """A load's replica count and accepted overrides (400 invalid_load_request otherwise)."""

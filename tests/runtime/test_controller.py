@@ -224,3 +224,51 @@ async def test_an_engine_that_dies_while_loaded_fails_the_model(tmp_path, engine
     await controller.load({}, None)
     assert moves(events, "m") == LOAD_CYCLE + [("loaded", "failed")] + [("failed", "loading"), ("loading", "loaded")]
     await pool.shutdown()
+
+
+async def test_an_admission_the_idle_writer_would_take_next_is_answered_in_the_callers_step(tmp_path):
+    """With nothing queued, the caller's task admits itself (no hop to the writer task and back):
+    the answer is there before the caller's step ends, and a free slot is already leased."""
+    pool, _ = await start_pool(tmp_path, {"m": {"backend": "stub"}})
+    controller = pool.controller("m")
+    await controller.load({}, None)
+    ticket = Ticket("now", None)
+    admitted = controller._post("admit", ticket)
+    assert admitted.done()
+    dispatched = admitted.result()
+    assert dispatched.done() and dispatched.result().replica == 0
+    controller.finish(ticket)
+    await pool.shutdown()
+
+
+async def test_an_admission_behind_a_queued_command_waits_its_turn(tmp_path):
+    """A command already in the writer's inbox (here an unload) is handled first: the admission
+    posted after it is refused as the unload's state says, not admitted ahead of it."""
+    pool, _ = await start_pool(tmp_path, {"m": {"backend": "stub"}})
+    controller = pool.controller("m")
+    await controller.load({}, None)
+    unloading = controller._post("unload")
+    admitted = controller._post("admit", Ticket("late", None))
+    assert not admitted.done()  # queued behind the unload
+    with pytest.raises((ModelUnloading, ModelNotLoaded)):
+        await admitted
+    await unloading
+    assert controller.state is RuntimeState.UNLOADED
+    await pool.shutdown()
+
+
+async def test_a_finish_reaches_the_writer_on_the_next_turn_of_the_loop(tmp_path):
+    """``finish`` is posted on the loop's next turn, so work the request's task does right after it
+    (sending the answer) comes first; then the slot is given back as before."""
+    pool, _ = await start_pool(tmp_path, {"m": {"backend": "stub"}})
+    controller = pool.controller("m")
+    await controller.load({}, None)
+    ticket = Ticket("done", None)
+    await (await controller.admit(ticket))
+    assert controller.scheduler.inflight == 1
+    controller.finish(ticket, 3)
+    assert controller._inbox.empty() and controller.scheduler.inflight == 1
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert controller.scheduler.inflight == 0
+    await pool.shutdown()
