@@ -173,10 +173,20 @@ class RuntimeClient:
           generation ended;
         - ``asyncio.timeout`` throws the cancel down into channels-redis's blocking pop, where it
           was seen to be lost until the pop returned, up to 5 s.
+
+        A layer with a ``receive_within`` (the embedded in-memory one, whose receive is a plain
+        queue wait that a cancel ends at once, losing nothing) waits in this task instead: one task
+        and two wake-ups fewer on every reply.
         """
         timeout = self.reply_timeout
         if give_up_at is not None:
             timeout = min(timeout, max(0.0, give_up_at - time.monotonic()))
+        receive_within = getattr(self.layer, "receive_within", None)
+        if receive_within is not None:  # a layer whose receive is safe to wait for here (the embedded one)
+            try:
+                return await receive_within(channel, timeout)
+            except TimeoutError:
+                self._timed_out(give_up_at)
         receiving = asyncio.ensure_future(self.layer.receive(channel))
         try:
             done, _ = await asyncio.wait((receiving,), timeout=timeout)
@@ -184,13 +194,16 @@ class RuntimeClient:
             if not receiving.done():
                 receiving.cancel()
         if not done:  # the timeout passed first
-            if give_up_at is not None and time.monotonic() >= give_up_at:
-                raise RuntimeUnavailable("the runtime did not finish within the call's time limit")
-            raise RuntimeUnavailable(f"the runtime did not answer within {self.reply_timeout:g} s")
+            self._timed_out(give_up_at)
         try:
             return receiving.result()
         except (OSError, RedisError) as exc:
             raise RuntimeUnavailable(f"the channel layer cannot be reached: {exc}") from exc
+
+    def _timed_out(self, give_up_at: float | None):
+        if give_up_at is not None and time.monotonic() >= give_up_at:
+            raise RuntimeUnavailable("the runtime did not finish within the call's time limit")
+        raise RuntimeUnavailable(f"the runtime did not answer within {self.reply_timeout:g} s")
 
     async def _cancel(self, request_id: str, channel: str) -> None:
         cancel = {"type": RUNTIME_CANCEL, "request_id": request_id}

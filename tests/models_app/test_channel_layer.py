@@ -40,6 +40,55 @@ async def test_in_memory_full_channel_raises_channel_full():
         await layer.send("work", {"type": "job"})
 
 
+async def test_in_memory_drops_expired_messages_on_a_later_receive():
+    layer = InMemoryChannelLayer(expiry=60)
+    layer.expiry = -1  # every message is already expired when it is queued
+    await layer.send("stale", {"type": "job"})
+    layer.expiry = 60
+    await layer.send("fresh", {"type": "job"})
+    assert await layer.receive("fresh") == {"type": "job"}  # the clean-up runs (first receive)
+    with pytest.raises(TimeoutError):
+        await layer.receive_within("stale", 0.05)
+
+
+async def test_in_memory_cleans_expired_messages_at_most_once_a_second(monkeypatch):
+    """The walk over every channel runs on a receive at most every CLEAN_EVERY_SECONDS, not on each."""
+    layer = InMemoryChannelLayer()
+    walks = []
+    original = layer._clean_expired
+    monkeypatch.setattr(layer, "_clean_expired", lambda: walks.append(1) or original())
+    for number in range(20):
+        await layer.send("work", {"type": "job", "number": number})
+        assert (await layer.receive("work"))["number"] == number
+    assert len(walks) == 1
+    layer._cleaned_at -= InMemoryChannelLayer.CLEAN_EVERY_SECONDS
+    await layer.send("work", {"type": "job"})
+    await layer.receive("work")
+    assert len(walks) == 2
+
+
+async def test_in_memory_receive_within_times_out_and_a_cancelled_wait_loses_nothing():
+    layer = InMemoryChannelLayer()
+    channel = await layer.new_channel()
+    assert channel.startswith("specific..inmemory!") and len(channel.rpartition("!")[2]) == 12
+    with pytest.raises(TimeoutError):
+        await layer.receive_within(channel, 0.02)
+    waiting = asyncio.create_task(layer.receive_within(channel, 5))
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    await layer.send(channel, {"type": "reply", "n": 1})  # sent as the wait is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert await layer.receive_within(channel, 1) == {"type": "reply", "n": 1}
+    assert channel not in layer.channels  # an emptied channel is dropped
+
+
+async def test_in_memory_still_refuses_an_invalid_channel_name():
+    layer = InMemoryChannelLayer()
+    with pytest.raises(TypeError):
+        await layer.send("not a valid name!!", {"type": "job"})
+
+
 @pytest.fixture
 async def layer():
     prefix = f"llmpooltest-{uuid.uuid4().hex[:8]}"
