@@ -55,6 +55,22 @@ class RuntimeConsumer(AsyncConsumer):
             task.cancel()
 
 
+async def serve_channel(channel: str, layer) -> None:
+    """Serve the runtime's ``channel``: each message straight to ``RuntimeConsumer``'s handler.
+
+    Channels' own worker hands every message through an application instance's queue and the
+    consumer's ``await_many_dispatch`` (two more tasks and hops per message); the consumer's
+    handlers only start a request's task or cancel one, so they are called here directly.  A
+    message that fails to dispatch (no handler for its type) is logged and the channel served on."""
+    consumer = RuntimeConsumer()
+    while True:
+        message = await layer.receive(channel)
+        try:
+            await consumer.dispatch(message)
+        except Exception:
+            logger.exception("runtime channel %s: message of type %r not handled", channel, message.get("type"))
+
+
 async def _serve(message: dict) -> None:
     reply_channel, request_id, op = message["reply_channel"], message["request_id"], message["op"]
     layer = runtime_host.channel_layer()

@@ -32,7 +32,6 @@ class Command(BaseCommand):
         sys.exit(asyncio.run(self.run_worker()))
 
     async def run_worker(self) -> int:
-        from llmpool.asgi import application
         from models_app.host import runtime_host
         from models_app.host.lock import RuntimeAlreadyRunning, RuntimeOwnerLock
         from models_app.host.worker import run_runtime_worker
@@ -57,7 +56,7 @@ class Command(BaseCommand):
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
-        worker = asyncio.create_task(run_runtime_worker(application))
+        worker = asyncio.create_task(run_runtime_worker())
         self.stdout.write(f"llm-pool runtime worker for node {nodes.this_node()} started")
         self.stdout.flush()
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lock.lost.wait()), worker]

@@ -30,7 +30,7 @@ class Command(BaseCommand):
         from models_app.host.worker import run_runtime_worker
 
         async def start_runtime() -> None:
-            await run_runtime_worker(application)
+            await run_runtime_worker()
 
         def ready() -> None:
             self.stdout.write(f"llm-pool listening on http://{host}:{port}/ (settings: {settings.LLMPOOL_SETTINGS})")
