@@ -11,7 +11,10 @@ record per key.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+import orjson
 
 from rest_framework.parsers import JSONParser
 
@@ -32,8 +35,28 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
+# Nineteen digits in a row: a number orjson may not give back exactly (past 64 bits it parses an
+# integer as a float, and a refused integer would pass), or digits in a string; either way the
+# standard library parses that body.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
 def parse_json(body: bytes | str) -> Any:
-    """The body as JSON within the limits; raises ``BodyRefused`` naming the problem."""
+    """The body as JSON within the limits; raises ``BodyRefused`` naming the problem.
+
+    orjson parses it first (a tenth of the standard library's time); a body orjson refuses (not
+    UTF-8, NaN, a lone surrogate, a number too large for a double...) or one with a run of 19
+    digits goes to the standard library's parser, so what is accepted, and every refusal's
+    message, is the standard library's."""
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    if not _LONG_DIGITS.search(raw):
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            check_json(data)
+            return data
     try:
         data = json.loads(body, parse_constant=_refuse_constant)
     except RecursionError:

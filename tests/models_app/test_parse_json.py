@@ -1,0 +1,54 @@
+"""``api.limits.parse_json``: orjson parses a body first, and the standard library's parser every
+body orjson refuses or might not give back exactly, so what is accepted and how it is refused are
+the standard library's (docs/api.md, "Limits")."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from models_app.api import limits
+from models_app.api.limits import BodyRefused, parse_json
+
+ACCEPTED = [
+    b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "temperature": 0.0}',
+    b'{"a": 1, "a": 2}',  # the last of a repeated key, as the standard library
+    b'[9223372036854775807, -9223372036854775808]',  # the 64-bit bounds, 19 digits
+    b'{"x": 1e400}',  # too large for a double: orjson refuses, the standard library reads inf
+    b'"\\ud800"',  # a lone surrogate
+    b'\xef\xbb\xbf{}',  # a UTF-8 byte order mark
+    '{"x": "é"}'.encode("utf-16"),  # UTF-16, which JSON allows
+    b'{"id": "1234567890123456789012"}',  # 22 digits, in a string
+    b'[1.0000000000000002, -0, 0.1]',
+]
+
+
+@pytest.mark.parametrize("body", ACCEPTED)
+def test_an_accepted_body_reads_as_the_standard_library_reads_it(body):
+    expected = json.loads(body)
+    got = parse_json(body)
+    assert repr(got) == repr(expected)  # repr: inf and -0 compare as they print
+
+
+@pytest.mark.parametrize("body, message", [
+    (b'[18446744073709551616]', "the integer 18446744073709551616... is outside the signed 64-bit range"),
+    (b'[18446744073709551615]', "the integer 18446744073709551615... is outside the signed 64-bit range"),
+    (b'[-9223372036854775809]', "the integer -9223372036854775809... is outside the signed 64-bit range"),
+    (b'{"t": NaN}', "JSON parse error - NaN is not JSON"),
+    (b'{', "JSON parse error - Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    (b'[' * 70 + b']' * 70, "the body is nested deeper than 64 levels"),
+])
+def test_a_refused_body_gets_the_standard_librarys_message(body, message):
+    with pytest.raises(BodyRefused) as refused:
+        parse_json(body)
+    assert refused.value.message == message
+
+
+def test_an_ordinary_body_never_reaches_the_standard_librarys_parser(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the standard library's parser was called")
+
+    monkeypatch.setattr(limits.json, "loads", refuse)
+    assert parse_json(ACCEPTED[0])["max_tokens"] == 1
+    with pytest.raises(AssertionError):
+        parse_json(b'[18446744073709551616]')  # 20 digits: the standard library's
