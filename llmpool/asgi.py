@@ -19,7 +19,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmpool.settings")
 django_http = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ChannelNameRouter, ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
@@ -30,9 +30,6 @@ from models_app.api.cors import with_cors  # noqa: E402
 from models_app.api.embeddings.endpoint import embeddings_app  # noqa: E402
 from models_app.api.handler import ApiHandler  # noqa: E402
 from models_app.api.responses.endpoint import responses_app  # noqa: E402
-from models_app.host.consumer import RuntimeConsumer  # noqa: E402
-from models_app.transport.messages import RUNTIME_CHANNEL  # noqa: E402
-from models_app.transport.nodes import own_channel  # noqa: E402
 from models_app.workbench.urls import websocket_urlpatterns  # noqa: E402
 
 
@@ -66,6 +63,5 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
-        "channel": ChannelNameRouter({RUNTIME_CHANNEL: RuntimeConsumer.as_asgi(), own_channel(): RuntimeConsumer.as_asgi()}),
     }
 )

@@ -29,13 +29,10 @@ class Command(BaseCommand):
         from models_app.host import runtime_host
         from models_app.host.worker import run_runtime_worker
 
-        async def start_runtime() -> None:
-            await run_runtime_worker()
-
         def ready() -> None:
             self.stdout.write(f"llm-pool listening on http://{host}:{port}/ (settings: {settings.LLMPOOL_SETTINGS})")
             self.stdout.flush()
 
-        http_server.run(application, host, port, server=options["server"], on_start=start_runtime,
+        http_server.run(application, host, port, server=options["server"], on_start=run_runtime_worker,
                         on_stop=runtime_host.shutdown_runtime, graceful_seconds=options["graceful_timeout"],
                         ready=ready)
