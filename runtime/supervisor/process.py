@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +22,7 @@ logger = logging.getLogger("llmpool.runtime")
 
 STOP_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 10.0
+OUTPUT_CHECK_SECONDS = 5.0  # how often a running process's log is read and kept under its cap
 
 
 def describe_exit(returncode: int | None) -> str:
@@ -46,6 +46,7 @@ class ManagedProcess:
         self.process: subprocess.Popen | None = None
         self.returncode: int | None = None
         self._output: OutputLog | None = None
+        self._output_check: asyncio.Task | None = None
         self._pidfd: int | None = None
         self._pidfile: Path | None = None
         self._exited = asyncio.Event()
@@ -89,10 +90,10 @@ class ManagedProcess:
         if self._pidfile is not None:
             self._pidfile = write_pidfile(self.state_dir, self.process, self.command)
 
-    async def output_settled(self, timeout: float = 1.0) -> None:
-        """Wait (briefly) until the output of an exited group has been read to its end."""
-        if self._output is not None:
-            await asyncio.to_thread(self._output.done.wait, timeout)
+    async def output_settled(self) -> None:
+        """Read the output of an exited group to its end (what its members wrote as they died too)."""
+        if self._output is not None and self.has_exited():
+            self._output.ended()
 
     def exit_report(self, when: str) -> str:
         """``"<label> exited with code 1 <when>; last output:\\n..."``."""
@@ -101,7 +102,9 @@ class ManagedProcess:
     async def start(self) -> None:
         """Start the process (raise ServerStartError when it cannot be executed)."""
         await asyncio.to_thread(sweep_once, self.state_dir)
-        spawned = SPAWNER.submit(spawn, self.command, self.state_dir)
+        # The process writes its output to its log file itself (runtime.supervisor.output).
+        output = OutputLog(self.command.log_path)
+        spawned = SPAWNER.submit(spawn, self.command, self.state_dir, output.writer)
         try:
             self.process, self._pidfd, self._pidfile = await asyncio.shield(asyncio.wrap_future(spawned))
         except asyncio.CancelledError:
@@ -109,16 +112,23 @@ class ManagedProcess:
             # returns: the spawn may still be queued or forking, so the kill is queued behind it on
             # the spawner thread and awaited.  Cancelled again meanwhile, the kill still happens.
             await asyncio.shield(asyncio.wrap_future(SPAWNER.submit(kill_unclaimed, spawned)))
+            output.close()
             raise
         except OSError as exc:
+            output.close()
             raise ServerStartError(
                 f"cannot start {self.command.argv[0]} ({self.command.label}): {exc.strerror or exc}"
             ) from None
-        self._output = OutputLog(self.command.log_path)
-        threading.Thread(
-            target=self._output.pump, args=(self.process.stdout,), name=f"output:{self.pid}", daemon=True
-        ).start()
+        output.spawned()
+        self._output = output
+        self._output_check = asyncio.create_task(self._check_output(), name=f"output:{self.pid}")
         asyncio.get_running_loop().add_reader(self._pidfd, self._leader_exited)
+
+    async def _check_output(self) -> None:
+        """While the process runs: read its new lines and keep its log under the cap, off the loop."""
+        while True:
+            await asyncio.sleep(OUTPUT_CHECK_SECONDS)
+            await asyncio.to_thread(self._output.check_size)
 
     def _leader_exited(self) -> None:
         loop = asyncio.get_running_loop()
@@ -127,6 +137,9 @@ class ManagedProcess:
         self._pidfd = None
         # The leader is a zombie until polled, so its group id cannot have been reused yet.
         signal_group(self.process.pid, signal.SIGKILL)
+        if self._output_check is not None:
+            self._output_check.cancel()
+        self._output.ended()
         self.returncode = self.process.poll()
         if self.returncode is None:  # pragma: no cover - pidfd said it exited
             self.returncode = self.process.wait()
@@ -185,6 +198,9 @@ class ManagedProcess:
                 if await self._wait_group_gone():
                     if self._pidfile is not None:
                         self._pidfile.unlink(missing_ok=True)
+                    if self._output is not None:  # every writer is gone: its last lines, then the file closed
+                        self._output.ended()
+                        self._output.close()
                 else:
                     raise RuntimeError(f"processes of {self.command.label} outlived SIGKILL; its pidfile stays")
             return self.returncode

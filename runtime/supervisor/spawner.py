@@ -64,14 +64,15 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(127)
 
 
-def spawn(command: ServerCommand, state_dir: Path) -> tuple[subprocess.Popen, int, Path]:
-    """Start the process and record its pidfile (on the spawner thread)."""
+def spawn(command: ServerCommand, state_dir: Path, output: int) -> tuple[subprocess.Popen, int, Path]:
+    """Start the process and record its pidfile (on the spawner thread).  ``output``: the
+    descriptor its stdout and stderr write to (its log file, ``OutputLog.writer``)."""
     process = subprocess.Popen(
         command.argv,
         env=command.env,
         cwd=command.cwd,
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdout=output,
         stderr=subprocess.STDOUT,
         start_new_session=True,
         pass_fds=command.pass_fds,

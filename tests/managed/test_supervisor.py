@@ -249,8 +249,8 @@ async def test_a_cancelled_start_returns_only_once_what_it_spawned_is_gone(state
     spawned_pids: list[int] = []
     real_spawn = supervisor_process.spawn
 
-    def recording_spawn(command, folder):
-        result = real_spawn(command, folder)
+    def recording_spawn(command, folder, output):
+        result = real_spawn(command, folder, output)
         spawned_pids.append(result[0].pid)
         return result
 
