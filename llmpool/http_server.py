@@ -87,8 +87,57 @@ def _run_uvicorn(application, host, port, on_start: Hook, on_stop: Hook, gracefu
     uvloop.run(main())
 
 
+class HeadWithBody:
+    """A response's transport (``RequestResponseCycle.transport``) that holds the response's head
+    until its body's first write and sends the two in one write.
+
+    uvicorn writes the status line and headers as soon as the app sends ``http.response.start``,
+    then the body in a second write: two segments, and two wake-ups of the client for one JSON
+    answer, the first of which lets the client take the CPU from the server before the body is
+    written (on a small machine, where client and server share the cores).  Go's net/http and
+    hyper send a head with a ready body in one write; so does this: the head is held until the
+    first body write (an ASGI app sends it right after the start, in the same turn of the loop), or
+    written alone at the end of the loop's turn, for a stream whose first event comes later.  Every
+    write after the head goes straight through; a close first writes what is held.
+    """
+
+    __slots__ = ("_cycle", "_transport", "_loop", "_head", "_flush", "_head_seen")
+
+    def __init__(self, cycle, transport, loop):
+        self._cycle, self._transport, self._loop = cycle, transport, loop
+        self._head: bytes | None = None
+        self._flush: asyncio.Handle | None = None
+        self._head_seen = False
+
+    def write(self, data: bytes) -> None:
+        if not self._head_seen and self._cycle.response_started:  # the response's head (not a 100 Continue)
+            self._head_seen = True
+            self._head = data
+            self._flush = self._loop.call_soon(self.write_head)
+            return
+        if self._head is not None:
+            data, self._head = self._head + data, None
+            self._flush.cancel()
+        self._transport.write(data)
+
+    def write_head(self) -> None:
+        """The head held, alone (no body came in its turn of the loop)."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            self._flush.cancel()
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self.write_head()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
 def bounded_httptools_protocol():
-    """uvicorn's httptools protocol with the request head bounded to ``MAX_HEAD_BYTES``."""
+    """uvicorn's httptools protocol with the request head bounded to ``MAX_HEAD_BYTES``, and each
+    response's head sent with its body (``HeadWithBody``)."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -118,7 +167,10 @@ def bounded_httptools_protocol():
 
         def on_headers_complete(self) -> None:
             self._reading_head = False
+            cycle = self.cycle
             super().on_headers_complete()
+            if self.cycle is not cycle:  # a request's cycle (not an upgrade to a WebSocket)
+                self.cycle.transport = HeadWithBody(self.cycle, self.transport, self.loop)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
