@@ -75,8 +75,11 @@ class RawServer:
             # As llama-server may: close right after a stream, without saying so.
             return self.behaviour != "close_after_stream"
         close = self.behaviour == "connection_close"
+        extra = b"Connection: close\r\n" if close else b""
+        if self.behaviour == "set_cookie":  # a server that hands out a session cookie
+            extra += b"Set-Cookie: session=abc; Path=/\r\n"
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
-            len(ANSWER), b"Connection: close\r\n" if close else b"", ANSWER))
+            len(ANSWER), extra, ANSWER))
         await writer.drain()
         return not close
 
@@ -100,6 +103,22 @@ async def test_non_streamed_calls_share_one_kept_alive_connection():
         line, headers, body = server.requests[0]
         assert line == "POST /v1/chat/completions HTTP/1.1"
         assert headers["content-type"] == "application/json" and json.loads(body) == {"model": "m"}
+
+
+async def test_no_cookie_is_kept_and_no_compressed_answer_is_asked_for():
+    """A local server's calls carry no cookie it set and no Accept-Encoding (the client decodes
+    none: it keeps no cookie jar and leaves decompression off, which costs less per call)."""
+    async with RawServer("set_cookie") as server:
+        client = upstream_client(server.url)
+        try:
+            for _ in range(2):
+                assert (await client.post("/v1/chat/completions", json={"model": "m"})).json()["choices"]
+            await streamed_lines(client)
+        finally:
+            await client.aclose()
+    assert len(server.requests) == 3
+    for _, headers, _ in server.requests:
+        assert "cookie" not in headers and "accept-encoding" not in headers, headers
 
 
 async def test_a_streamed_answer_connection_is_never_pooled():
