@@ -121,11 +121,13 @@ class HeadWithBody:
         self._transport.write(data)
 
     def write_head(self) -> None:
-        """The head held, alone (no body came in its turn of the loop)."""
+        """The head held, alone (no body came in its turn of the loop); dropped if the connection
+        closed meanwhile (uvloop raises on a write to a closed transport)."""
         if self._head is not None:
             head, self._head = self._head, None
             self._flush.cancel()
-            self._transport.write(head)
+            if not self._transport.is_closing():
+                self._transport.write(head)
 
     def close(self) -> None:
         self.write_head()
