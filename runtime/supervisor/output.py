@@ -68,7 +68,6 @@ class OutputLog:
         with self._lock:
             self._ended = True
             self._read_new()
-        self.spawned()
 
     def close(self) -> None:
         self.spawned()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from runtime.supervisor import ManagedProcess, ServerCommand
 from runtime.supervisor import output as supervisor_output
+from runtime.supervisor import process as supervisor_process
 from runtime.supervisor.output import OutputLog
 from tests.managed.helpers import eventually
 
@@ -108,6 +109,25 @@ def test_the_log_is_cut_past_its_cap_and_the_numbering_goes_on(tmp_path, monkeyp
     log.check_size()  # under the cap: left as it is
     assert path.read_bytes() == b"after\n" and path.with_name("x.log.1").read_bytes() == first
     log.close()
+
+
+async def test_a_running_process_s_log_is_kept_under_its_cap_with_nobody_asking(state_dir, tmp_path, monkeypatch):
+    """The supervisor reads and caps the log by itself (``ManagedProcess._check_output``): a
+    process that writes past the cap has its file cut though nothing asks for its lines."""
+    monkeypatch.setattr(supervisor_process, "OUTPUT_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(supervisor_output, "LOG_ROTATE_BYTES", 100)
+    orders, log = tmp_path / "orders", state_dir / "logs" / "w.log"
+    process = await writer(state_dir, orders, log)
+    try:
+        order(orders, "\\n".join(f"line {i}" for i in range(20)) + "\\n")  # 150 bytes
+        await eventually(lambda: log.with_name("w.log.1").exists(), 5, "the log copied to .1 and cut")
+        assert log.stat().st_size == 0
+        assert log.with_name("w.log.1").read_text().count("\n") == 20
+        assert process._output.written == 20  # read into the ring before the cut
+    finally:
+        order(orders, "exit")
+        await process.wait_exit(10)
+        await process.stop()
 
 
 async def test_a_moved_log_goes_on_in_its_new_place(state_dir, tmp_path):
