@@ -18,6 +18,9 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
+from models_app import diagnostics
+from models_app.host.tasks import cancel_and_wait, cancel_the_rest
+
 SERVERS = ("uvicorn", "daphne")
 DEFAULT_SERVER = "uvicorn"
 GRACEFUL_SECONDS = 5.0
@@ -72,11 +75,12 @@ def _run_uvicorn(application, host, port, on_start: Hook, on_stop: Hook, gracefu
                 ready()
             await serving
         finally:
-            if started is not None and not started.done():
-                started.cancel()
-                await asyncio.gather(started, return_exceptions=True)
-            if on_stop is not None:
-                await on_stop()
+            with diagnostics.stacks_if_slow():
+                if started is not None:
+                    await cancel_and_wait([started])  # a cancel a library drops is sent again
+                if on_stop is not None:
+                    await on_stop()
+                await cancel_the_rest()
         if not http.started:
             raise SystemExit(1)  # uvicorn logged why (the port is taken ...)
 

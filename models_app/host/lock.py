@@ -16,6 +16,8 @@ import uuid
 
 from redis import asyncio as aioredis
 
+from models_app.host.tasks import cancel_and_wait
+
 logger = logging.getLogger("llmpool.runtime")
 
 _RENEW = """
@@ -78,7 +80,7 @@ class RuntimeOwnerLock:
 
     async def release(self) -> None:
         if self._heartbeat is not None:
-            self._heartbeat.cancel()
+            await cancel_and_wait([self._heartbeat])
         try:
             await self.redis.eval(_RELEASE, 1, self.key, self.token)
         finally:

@@ -32,3 +32,11 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task], timeout: float = 10.0) 
                            ", ".join(sorted(task.get_name() for task in pending)))
             return
         _, pending = await asyncio.wait(pending, timeout=min(RECANCEL_SECONDS, remaining))
+
+
+async def cancel_the_rest(timeout: float = 10.0) -> None:
+    """Cancel every other task of the running loop and wait for them as ``cancel_and_wait`` does:
+    the end of a process's main coroutine, before ``asyncio.run`` cancels what is left and waits for
+    it without a second cancel or a limit (a task that dropped that cancel hung the stop)."""
+    current = asyncio.current_task()
+    await cancel_and_wait([task for task in asyncio.all_tasks() if task is not current], timeout)

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from models_app import diagnostics
 from models_app.conf import startup_migrate, startup_service_settings
-
 
 
 class Command(BaseCommand):
@@ -27,6 +27,7 @@ class Command(BaseCommand):
                 "(the embedded default runs everything with `manage.py serve`)"
             )
             sys.exit(2)
+        diagnostics.install()
         startup_service_settings(self.stderr)
         startup_migrate(self.stderr)
         sys.exit(asyncio.run(self.run_worker()))
@@ -34,6 +35,7 @@ class Command(BaseCommand):
     async def run_worker(self) -> int:
         from models_app.host import runtime_host
         from models_app.host.lock import RuntimeAlreadyRunning, RuntimeOwnerLock
+        from models_app.host.tasks import cancel_and_wait, cancel_the_rest
         from models_app.host.worker import run_runtime_worker
         from models_app.transport import nodes
         from models_app.transport.channel_layer import REDIS_DOWN
@@ -61,10 +63,10 @@ class Command(BaseCommand):
         self.stdout.flush()
         waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(lock.lost.wait()), worker]
         await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-        for task in waiters:
-            task.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
-        await runtime_host.shutdown_runtime()
-        await lock.release()
+        with diagnostics.stacks_if_slow():
+            await cancel_and_wait(waiters)  # a cancel a library drops is sent again (models_app.host.tasks)
+            await runtime_host.shutdown_runtime()
+            await lock.release()
+            await cancel_the_rest()
         crashed = worker.done() and not worker.cancelled() and worker.exception() is not None
         return 1 if lock.lost.is_set() or crashed else 0
