@@ -17,6 +17,8 @@ import httpx
 import pytest
 
 from runtime.service import RuntimeService
+# The shape a LiveService takes when a test does not name one; tests/api runs each module in both.
+from tests.service_shape import DEFAULT_MODE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,8 +60,6 @@ async def runtime_service(tmp_path):
 
 
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-# The shape a LiveService takes when a test does not name one; tests/api runs each module in both.
-DEFAULT_MODE = {"mode": "embedded"}
 POSTGRES_URL = os.environ.get("LLMPOOL_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 

@@ -10,7 +10,9 @@ SLOW = {"backend": "stub", "stub_token_delay_ms": 150, "stub_reply": "one two th
 
 @pytest.fixture
 def slow_service(live_service):
-    service = live_service({"spread": {**SLOW, "replicas": 2}, "single": dict(SLOW)})
+    # "single"'s active request must outlast queueing three more, which takes longer in the split
+    # (each goes through Redis) on a loaded machine: about 2 s.
+    service = live_service({"spread": {**SLOW, "replicas": 2}, "single": {**SLOW, "stub_token_delay_ms": 500}})
     with service.client() as http:
         for name in ("spread", "single"):
             assert http.post(f"/v1/admin/models/{name}/load").json()["runtime_state"] == "loaded"
