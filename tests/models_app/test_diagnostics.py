@@ -9,7 +9,7 @@ from models_app import diagnostics
 
 def test_a_stop_slower_than_its_limit_writes_every_threads_stack(capfd):
     with diagnostics.stacks_if_slow(0.2):
-        time.sleep(0.6)  # a stop stuck past the limit
+        time.sleep(1.2)  # a stop stuck well past the limit (faulthandler's thread fires at 0.2 s)
     err = capfd.readouterr().err
     assert "Timeout (0:00:00.200000)!" in err  # faulthandler's heading
     assert "test_diagnostics.py" in err and "in test_a_stop_slower_than_its_limit" in err
