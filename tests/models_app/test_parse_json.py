@@ -1,5 +1,5 @@
 """``api.limits.parse_json``: orjson parses a body first, and the standard library's parser every
-body orjson refuses or might not give back exactly, so what is accepted and how it is refused are
+body orjson refuses or read inexactly (an integer past 64 bits as a float), so what is accepted and how it is refused are
 the standard library's (docs/api.md, "Limits")."""
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ ACCEPTED = [
     '{"x": "é"}'.encode("utf-16"),  # UTF-16, which JSON allows
     b'{"id": "1234567890123456789012"}',  # 22 digits, in a string
     b'[1.0000000000000002, -0, 0.1]',
+    b'{"x": 1e19, "y": -9.3e18, "z": 12345678901234567890.5}',  # floats past 2**63, written as floats
 ]
 
 
@@ -34,6 +35,8 @@ def test_an_accepted_body_reads_as_the_standard_library_reads_it(body):
     (b'[18446744073709551616]', "the integer 18446744073709551616... is outside the signed 64-bit range"),
     (b'[18446744073709551615]', "the integer 18446744073709551615... is outside the signed 64-bit range"),
     (b'[-9223372036854775809]', "the integer -9223372036854775809... is outside the signed 64-bit range"),
+    (b'{"n": 123456789012345678901234567890}', "the integer 123456789012345678901234... is outside the signed 64-bit range"),
+    (b'{"x": 1.5, "n": [-18446744073709551617]}', "the integer -18446744073709551617... is outside the signed 64-bit range"),
     (b'{"t": NaN}', "JSON parse error - NaN is not JSON"),
     (b'{', "JSON parse error - Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
     (b'[' * 70 + b']' * 70, "the body is nested deeper than 64 levels"),
@@ -50,5 +53,6 @@ def test_an_ordinary_body_never_reaches_the_standard_librarys_parser(monkeypatch
 
     monkeypatch.setattr(limits.json, "loads", refuse)
     assert parse_json(ACCEPTED[0])["max_tokens"] == 1
+    assert parse_json(b'{"id": "1234567890123456789012", "n": 9223372036854775807}')["n"] == 2**63 - 1
     with pytest.raises(AssertionError):
         parse_json(b'[18446744073709551616]')  # 20 digits: the standard library's
