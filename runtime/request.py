@@ -16,6 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime.chat_messages import typed_chat_messages
+
 # What a generate operation emits while it runs (its result ends it).
 GENERATE_ADMITTED = "admitted"  # queued: the API may answer a stream's headers now
 # {"event": "waiting", "model": ...}: the request waits for its model to load (load_on_request); a
@@ -65,7 +67,8 @@ class GenerationRequest:
 
     ``prompt`` is a raw text prompt (POST /v1/completions): ``messages`` is then empty and
     only an engine that runs raw prompts takes it.  ``passthrough`` is the client's own body
-    and the upstream path it was sent to (``{"path": "/v1/chat/completions", "body": {...}}``),
+    and the upstream path it was sent to (``{"path": "/v1/chat/completions", "body": {...}}``;
+    ``"messages_from_body": true`` when ``messages`` are ``runtime.chat_messages`` of the body's),
     which an engine that forwards to an OpenAI-compatible server (the managed servers,
     openai_remote) sends on as it is, model name rewritten.  ``refused`` lists what the typed
     path cannot honour, as error dicts (``code``, ``message``, ``param``): the parser records
@@ -121,13 +124,22 @@ class GenerationRequest:
 
         Shallow: its values are the request's own lists and dicts (every field is a plain value),
         which the channel layer packs anyway; ``dataclasses.asdict`` deep-copied them first, which
-        cost more than the rest of building the message for a long conversation."""
-        return {name: getattr(self, name) for name in _FIELD_NAMES}
+        cost more than the rest of building the message for a long conversation.  A chat request
+        whose messages are built from the client's body (``passthrough["messages_from_body"]``)
+        leaves them out: ``from_wire`` builds them again from the body, so the conversation
+        crosses the channel layer once."""
+        wire = {name: getattr(self, name) for name in _FIELD_NAMES}
+        if _messages_from_body(self.passthrough):
+            del wire["messages"]
+        return wire
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> GenerationRequest:
         """Rebuild a request from ``to_wire``'s dict; keys this version does not know are dropped."""
-        return cls(**{key: value for key, value in data.items() if key in _KNOWN_FIELDS})
+        fields = {key: value for key, value in data.items() if key in _KNOWN_FIELDS}
+        if "messages" not in fields and _messages_from_body(fields.get("passthrough")):
+            fields["messages"] = typed_chat_messages(fields["passthrough"]["body"]["messages"])
+        return cls(**fields)
 
     def last_user_text(self) -> str:
         for message in reversed(self.messages):
@@ -138,3 +150,7 @@ class GenerationRequest:
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(GenerationRequest))
 _KNOWN_FIELDS = frozenset(_FIELD_NAMES)
+
+
+def _messages_from_body(passthrough: dict | None) -> bool:
+    return passthrough is not None and passthrough.get("messages_from_body") is True

@@ -1,4 +1,7 @@
 """The one typed request: the parser leaves unset sampling to the runtime, which resolves it."""
+import msgpack
+
+from models_app.api.chat.protocol import parse_chat_body
 from models_app.api.responses.protocol import parse_responses_body
 from runtime.request import DecodingSettings, GenerationRequest
 
@@ -24,3 +27,65 @@ def test_the_wire_form_round_trips_and_drops_keys_it_does_not_know():
     wire = request.to_wire()
     assert GenerationRequest.from_wire(wire) == request
     assert GenerationRequest.from_wire({**wire, "from_a_newer_api": 1}) == request
+
+
+CHAT_BODY = {
+    "model": "m",
+    "messages": [
+        {"role": "system", "content": "be brief", "name": "ops"},
+        {"role": "user", "content": [
+            {"type": "text", "text": "look"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA", "detail": "low"}},
+            {"type": "image_url", "image_url": {"url": "https://x/y.png", "detail": None}},
+            {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}},
+            {"type": "file", "file": {"file_data": "AA", "filename": "a.pdf", "other": 1}},
+        ]},
+        {"role": "assistant", "content": None, "reasoning_content": "hm",
+         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+        {"role": "function", "name": "f", "content": "old"},
+        {"role": "user", "content": "go on"},
+    ],
+}
+
+TYPED_CHAT_MESSAGES = [
+    {"role": "system", "content": [{"type": "input_text", "text": "be brief"}]},
+    {"role": "user", "content": [
+        {"type": "input_text", "text": "look"},
+        {"type": "input_image", "image_url": "data:image/png;base64,AA", "detail": "low"},
+        {"type": "input_image", "image_url": "https://x/y.png"},
+        {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}},
+        {"type": "input_file", "file_data": "AA", "filename": "a.pdf"},
+    ]},
+    {"role": "assistant", "content": [], "tool_calls": [{"id": "c1", "name": "f", "arguments": "{}"}]},
+    {"role": "tool", "content": [{"type": "input_text", "text": "42"}], "tool_call_id": "c1"},
+    {"role": "assistant", "content": [{"type": "input_text", "text": "no"}]},
+    {"role": "function", "content": [{"type": "input_text", "text": "old"}]},
+    {"role": "user", "content": [{"type": "input_text", "text": "go on"}]},
+]
+
+
+def test_the_chat_parser_builds_the_typed_messages_of_every_part_and_message_kind():
+    request = parse_chat_body(CHAT_BODY, None).generation
+    assert request.messages == TYPED_CHAT_MESSAGES
+    assert [error["param"] for error in request.refused] == ["messages[5]"]  # the legacy function message
+
+
+def test_a_chat_request_crosses_the_wire_with_its_conversation_once_and_comes_back_whole():
+    request = parse_chat_body(CHAT_BODY, None).generation
+    wire = request.to_wire()
+    assert "messages" not in wire and wire["passthrough"]["body"] is CHAT_BODY
+    assert GenerationRequest.from_wire(msgpack.unpackb(msgpack.packb(wire))) == request
+    long_text = "x" * 100_000
+    long_request = parse_chat_body({"model": "m", "messages": [{"role": "user", "content": long_text}]}, None)
+    packed = msgpack.packb(long_request.generation.to_wire())
+    assert len(long_text) < len(packed) < len(long_text) + 2_000
+    assert GenerationRequest.from_wire(msgpack.unpackb(packed)).messages[0]["content"][0]["text"] == long_text
+
+
+def test_a_request_whose_messages_are_its_own_keeps_them_on_the_wire():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    request = GenerationRequest("r", MESSAGES, passthrough={"path": "/v1/chat/completions", "body": body})
+    assert request.to_wire()["messages"] == MESSAGES
+    assert GenerationRequest.from_wire(request.to_wire()) == request

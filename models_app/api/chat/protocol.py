@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from models_app.api import limits
+from runtime.chat_messages import typed_chat_messages
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
 from runtime.request import GenerationRequest
@@ -205,13 +206,14 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
     tools = _tools(body)
     for name in body.model_extra or {}:
         refused.append(InvalidRequest(f"{name} is not a field of /v1/chat/completions for this model", param=name))
-    messages = [_message(index, message, refused) for index, message in enumerate(body.messages)]
+    for index, message in enumerate(body.messages):
+        _check_message(index, message, refused)
     stream = bool(body.stream)
     return ChatRequest(
         generation=GenerationRequest(
             request_id="",  # the runtime client names the exchange
             model=body.model,
-            messages=messages,
+            messages=typed_chat_messages(data["messages"]),
             max_output_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
@@ -228,7 +230,7 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
             tools=tools,
             tool_choice=_tool_choice(body.tool_choice, tools),
             parallel_tool_calls=body.parallel_tool_calls,
-            passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data},
+            passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data, "messages_from_body": True},
             refused=[error.to_dict() for error in refused],
         ),
         include_usage=stream and body.stream_options is not None and bool(body.stream_options.include_usage),
@@ -299,7 +301,9 @@ def _tool_choice(choice: str | dict | None, tools: list[dict] | None) -> str | d
     return {"type": "function", "function": {"name": name}}
 
 
-def _message(index: int, message: ChatMessage, refused: list[LLMPoolError]) -> dict:
+def _check_message(index: int, message: ChatMessage, refused: list[LLMPoolError]) -> None:
+    """Raise what makes a message invalid, record what the typed path refuses; the typed message
+    itself is ``runtime.chat_messages.typed_chat_message`` of the client's own dict."""
     where = f"messages[{index}]"
     if message.role == "function" or message.function_call:
         refused.append(ToolsUnsupported(
@@ -307,42 +311,18 @@ def _message(index: int, message: ChatMessage, refused: list[LLMPoolError]) -> d
             "use tool_calls and tool messages",
             param=where,
         ))
-        return {"role": message.role, "content": [_part(part) for part in message.content or ()]}
+        return
     if message.content is None and message.role != "assistant":
         raise InvalidRequest(f"{where}.content: Field required", param=f"{where}.content")
-    typed = {"role": message.role, "content": [_part(part) for part in message.content or ()]}
     if message.role == "tool":
         if not message.tool_call_id:
             raise InvalidRequest(f"{where}.tool_call_id: a tool message answers a call: Field required",
                                  param=f"{where}.tool_call_id")
-        if any(part["type"] != "input_text" for part in typed["content"]):
+        if any(part.type not in ("text", "refusal") for part in message.content):
             raise InvalidRequest(f"{where}.content: a tool result is text", param=f"{where}.content")
-        typed["tool_call_id"] = message.tool_call_id
-    if message.tool_calls:
-        if message.role != "assistant":
-            raise InvalidRequest(f"{where}.tool_calls: only an assistant message has tool calls",
-                                 param=f"{where}.tool_calls")
-        typed["tool_calls"] = [
-            {"id": call.id, "name": call.function.name, "arguments": call.function.arguments}
-            for call in message.tool_calls
-        ]
-    return typed
-
-
-def _part(part) -> dict:
-    """A chat content part in the Responses input shape the typed request carries."""
-    if part.type == "text":
-        return {"type": "input_text", "text": part.text}
-    if part.type == "refusal":
-        return {"type": "input_text", "text": part.refusal}
-    if part.type == "image_url":
-        image = {"type": "input_image", "image_url": part.image_url.url}
-        if part.image_url.detail is not None:
-            image["detail"] = part.image_url.detail
-        return image
-    if part.type == "input_audio":
-        return {"type": "input_audio", "input_audio": part.input_audio}
-    return {"type": "input_file", **{key: part.file[key] for key in ("file_id", "file_data", "filename") if key in part.file}}
+    if message.tool_calls and message.role != "assistant":
+        raise InvalidRequest(f"{where}.tool_calls: only an assistant message has tool calls",
+                             param=f"{where}.tool_calls")
 
 
 def _response_format(fmt: dict | None) -> dict | None:
