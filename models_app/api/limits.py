@@ -67,19 +67,35 @@ def parse_json(body: bytes | str) -> Any:
 
 def check_json(data: Any, *, orjson_read: bool = False) -> None:
     """Raises ``BodyRefused`` for nesting deeper than ``MAX_JSON_DEPTH`` or an integer outside 64 bits
-    (and ``_NotExact``, with ``orjson_read``, for a float orjson may have made of such an integer)."""
-    pending = [(data, 0)]
-    while pending:
-        value, depth = pending.pop()
-        if isinstance(value, (dict, list)):
-            if depth >= MAX_JSON_DEPTH:
-                raise BodyRefused(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
-            children = value.values() if isinstance(value, dict) else value
-            pending.extend((child, depth + 1) for child in children)
-        elif isinstance(value, int) and not isinstance(value, bool) and not MIN_INTEGER <= value <= MAX_INTEGER:
-            raise BodyRefused(f"the integer {str(value)[:24]}... is outside the signed 64-bit range")
-        elif orjson_read and isinstance(value, float) and not -_TWO_TO_63 < value < _TWO_TO_63:
-            raise _NotExact
+    (and ``_NotExact``, with ``orjson_read``, for a float orjson may have made of such an integer).
+
+    ``data`` is a JSON parser's output (exact dicts, lists, strings, numbers), so the walk tests
+    types by identity and passes over strings first, the most of a conversation's values."""
+    if type(data) is dict or type(data) is list:
+        _check_container(data, 0, orjson_read)
+    else:
+        _check_scalar(data, orjson_read)
+
+
+def _check_container(container: dict | list, depth: int, orjson_read: bool) -> None:
+    if depth >= MAX_JSON_DEPTH:
+        raise BodyRefused(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    for value in container.values() if type(container) is dict else container:
+        kind = type(value)
+        if kind is str:
+            continue
+        if kind is dict or kind is list:
+            _check_container(value, depth + 1, orjson_read)
+        else:
+            _check_scalar(value, orjson_read)
+
+
+def _check_scalar(value: Any, orjson_read: bool) -> None:
+    kind = type(value)
+    if kind is int and not MIN_INTEGER <= value <= MAX_INTEGER:
+        raise BodyRefused(f"the integer {str(value)[:24]}... is outside the signed 64-bit range")
+    if kind is float and orjson_read and not -_TWO_TO_63 < value < _TWO_TO_63:
+        raise _NotExact
 
 
 _TWO_TO_63 = float(2**63)
