@@ -7,12 +7,16 @@ the Redis layer sends) and the runtime's ``GenerationRequest.from_wire``.  ``onc
 as llm-pool sends it (the conversation once, as the client's body; the runtime builds the typed
 messages again from it); ``twice`` the same request with its typed messages on the wire too, as
 before that change.  Prints one JSON object: the message's size and the median microseconds of
-each step over ``--rounds`` rounds.
-Run: .venv/bin/python bench/chat_message.py [--kib 100] [--messages 60] [--rounds 300]
+each step over ``--rounds`` rounds.  ``--service N`` also sends the body N times, non-streamed and
+one after another, to a stub model at zero delay through ``manage.py serve`` (embedded) and the split
+(Redis on 127.0.0.1:6379), and gives each one's p50 / p99 in ms (the stub reads the whole
+conversation too, so these are not the channel's share alone).
+Run: .venv/bin/python bench/chat_message.py [--kib 100] [--messages 60] [--rounds 300] [--service 400]
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -20,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import msgpack
 import orjson
 
@@ -30,6 +35,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from bench.common import percentiles, running_service  # noqa: E402
 from models_app.api.limits import parse_json  # noqa: E402
 from models_app.api.chat.protocol import parse_chat_body  # noqa: E402
 from runtime.request import GenerationRequest  # noqa: E402
@@ -77,17 +83,40 @@ def measure(raw: bytes, rounds: int, keep_messages: bool) -> dict:
     }
 
 
+STUB_SETTINGS = {
+    "engine": {"fairness": {"per_key_queue_limit": 10000, "executor_queue_limit": 10000}},
+    "models": {"smol": {"backend": "stub", "enabled": True}},
+}
+
+
+async def service_latencies(url: str, raw: bytes, requests: int) -> dict:
+    latencies = []
+    headers = {"content-type": "application/json"}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        for index in range(requests + 20):  # the first 20 warm up
+            began = time.perf_counter()
+            response = await http.post("/v1/chat/completions", content=raw, headers=headers)
+            if index >= 20:
+                latencies.append(time.perf_counter() - began)
+            response.raise_for_status()
+    return percentiles(latencies)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kib", type=int, default=100)
     parser.add_argument("--messages", type=int, default=60)
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--service", type=int, default=0, help="requests through the service, each shape")
     args = parser.parse_args()
     raw = conversation(args.kib, args.messages)
     result = {"body_kib": round(len(raw) / 1024, 1), "messages": len(orjson.loads(raw)["messages"])}
     for _ in range(2):  # alternate, so a warm-up or a noisy moment does not favour one
         result.setdefault("once", []).append(measure(raw, args.rounds, keep_messages=False))
         result.setdefault("twice", []).append(measure(raw, args.rounds, keep_messages=True))
+    for mode in ("embedded", "split") if args.service else ():
+        with running_service(STUB_SETTINGS, mode) as url:
+            result[f"service_{mode}"] = asyncio.run(service_latencies(url, raw, args.service))
     print(json.dumps(result, indent=2))
 
 
