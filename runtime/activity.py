@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from runtime.errors import InvalidRequest, LLMPoolError, error_codes
 from runtime.metrics import endpoint_label
 from runtime.read_models import iso_time
+from runtime.request import wire_messages
 
 CANCELLED_STATUS = 499  # the caller went away (nginx's convention); counted with code "cancelled"
 CAPTURE_LIMIT_CHARS = 16_384  # of a captured prompt and of a captured answer
@@ -99,7 +100,10 @@ class RequestRecord:
 
 def capture_of(payload: dict, result: dict | None) -> dict:
     """The request's messages / input and the answer's text, each cut to CAPTURE_LIMIT_CHARS."""
-    asked = {key: payload[key] for key in ("messages", "prompt", "instructions", "inputs") if payload.get(key)}
+    asked = {key: payload[key] for key in ("prompt", "instructions", "inputs") if payload.get(key)}
+    messages = wire_messages(payload)
+    if messages:
+        asked = {"messages": messages, **asked}
     request = json.dumps(asked, ensure_ascii=False)
     response = "" if result is None else str(result.get("text") or "")
     return {"request": request[:CAPTURE_LIMIT_CHARS], "response": response[:CAPTURE_LIMIT_CHARS],

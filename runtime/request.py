@@ -138,7 +138,7 @@ class GenerationRequest:
         """Rebuild a request from ``to_wire``'s dict; keys this version does not know are dropped."""
         fields = {key: value for key, value in data.items() if key in _KNOWN_FIELDS}
         if "messages" not in fields and _messages_from_body(fields.get("passthrough")):
-            fields["messages"] = typed_chat_messages(fields["passthrough"]["body"]["messages"])
+            fields["messages"] = wire_messages(data)
         return cls(**fields)
 
     def last_user_text(self) -> str:
@@ -154,3 +154,11 @@ _KNOWN_FIELDS = frozenset(_FIELD_NAMES)
 
 def _messages_from_body(passthrough: dict | None) -> bool:
     return passthrough is not None and passthrough.get("messages_from_body") is True
+
+
+def wire_messages(data: dict[str, Any]) -> list[dict]:
+    """The typed messages of ``to_wire``'s dict, built from the client's body where it left them
+    out (what reads the wire form without ``from_wire``, such as the activity's capture, needs this)."""
+    if "messages" in data or not _messages_from_body(data.get("passthrough")):
+        return data.get("messages") or []
+    return typed_chat_messages(data["passthrough"]["body"]["messages"])

@@ -1,4 +1,6 @@
 """GET /v1/admin/activity and the admin entry's rolling stats, on both shapes."""
+import json
+
 from tests.conftest import model_entry
 
 FAST = {"backend": "stub", "stub_reply": "a b c d", "stub_token_delay_ms": 20}
@@ -43,6 +45,13 @@ def test_capture_requests_keeps_the_text(live_service):
     with service.client() as http:
         assert http.post("/v1/responses", json={"model": "f", "input": "the prompt"}).status_code == 200
         item = http.get("/v1/admin/activity").json()["requests"][0]
+        # A chat request crosses to the runtime without its typed messages (built from the body there).
+        chat = {"model": "f", "messages": [{"role": "user", "content": "the chat prompt"}]}
+        assert http.post("/v1/chat/completions", json=chat).status_code == 200
+        chat_item = http.get("/v1/admin/activity").json()["requests"][0]
     assert item["captured"] is True
     assert "the prompt" in item["capture"]["request"] and item["capture"]["response"] == "a b c d"
     assert item["capture"]["truncated"] is False
+    assert json.loads(chat_item["capture"]["request"]) == {
+        "messages": [{"role": "user", "content": [{"type": "input_text", "text": "the chat prompt"}]}]}
+    assert chat_item["capture"]["response"] == "a b c d"
