@@ -94,6 +94,17 @@ def _processes(settings: dict, split: bool):
                 process.send_signal(signal.SIGTERM)
             for process in processes:
                 process.wait(timeout=30)
+            if split:  # the node's registry record and name outlive it on purpose: not a bench's
+                forget_prefix(env["LLMPOOL_CHANNEL_PREFIX"])
+
+
+def forget_prefix(prefix: str) -> None:
+    """Delete every Redis key of a bench's channel prefix."""
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 def _loaded(port: int, settings: dict) -> str:

@@ -60,6 +60,24 @@ async def runtime_service(tmp_path):
 
 
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _forget_prefix(url: str, prefix: str) -> None:
+    """Delete a stopped split service's Redis keys (a node's registry record and name stay behind
+    on purpose, for a week and for good: docs/deployment.md, "The registry").  Only a test prefix,
+    and quietly where the test's Redis is gone."""
+    if not prefix.startswith("llmpooltest-"):
+        return
+    import redis
+
+    try:
+        client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        client.close()
+    except redis.RedisError:
+        pass
 POSTGRES_URL = os.environ.get("LLMPOOL_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
@@ -155,6 +173,7 @@ class LiveService:
                 hung.append(str(exc))
         if self.mode == "split":
             _postgres_admin(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+            _forget_prefix(self.env.get("LLMPOOL_REDIS_URL", REDIS_URL), self.env.get("LLMPOOL_CHANNEL_PREFIX", ""))
         if hung:  # with the stacks the hung process wrote to the log (models_app.diagnostics)
             tail = "\n".join(self.log().splitlines()[-200:])
             raise AssertionError("\n".join(hung) + f"\n--- the service log, last 200 lines ---\n{tail}")

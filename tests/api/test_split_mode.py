@@ -130,3 +130,14 @@ def test_nothing_is_left_in_redis_after_many_requests(live_service):
     assert codes.count(200) == 1000
     time.sleep(0.5)
     assert sorted(keys(service.channel_prefix)) == baseline
+
+
+def test_a_stopped_test_service_leaves_no_key_in_redis(live_service):
+    """The node's registry record and name outlive a worker on purpose (docs/deployment.md, "The
+    registry"); the suite's services use a prefix each, so their stop deletes that prefix's keys."""
+    service = live_service({"m": {"backend": "stub", "enabled": True}}, mode="split")
+    with service.client() as http:
+        assert http.post("/v1/responses", json={"model": "m", "input": "hi"}).status_code == 200
+    assert any(key.endswith(b":node-names") for key in keys(service.channel_prefix))
+    service.stop()
+    assert keys(service.channel_prefix) == []
