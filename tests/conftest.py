@@ -62,7 +62,7 @@ async def runtime_service(tmp_path):
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
-def _forget_prefix(url: str, prefix: str) -> None:
+def forget_prefix(url: str, prefix: str) -> None:
     """Delete a stopped split service's Redis keys (a node's registry record and name stay behind
     on purpose, for a week and for good: docs/deployment.md, "The registry").  Only a test prefix,
     and quietly where the test's Redis is gone."""
@@ -173,7 +173,7 @@ class LiveService:
                 hung.append(str(exc))
         if self.mode == "split":
             _postgres_admin(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-            _forget_prefix(self.env.get("LLMPOOL_REDIS_URL", REDIS_URL), self.env.get("LLMPOOL_CHANNEL_PREFIX", ""))
+            forget_prefix(self.env.get("LLMPOOL_REDIS_URL", REDIS_URL), self.env.get("LLMPOOL_CHANNEL_PREFIX", ""))
         if hung:  # with the stacks the hung process wrote to the log (models_app.diagnostics)
             tail = "\n".join(self.log().splitlines()[-200:])
             raise AssertionError("\n".join(hung) + f"\n--- the service log, last 200 lines ---\n{tail}")

@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from tests.conftest import REDIS_URL, ROOT, free_port, wait_until, write_settings
+from tests.conftest import REDIS_URL, ROOT, forget_prefix, free_port, wait_until, write_settings
 
 # Runs a manage.py command (its arguments) with models_app.host.worker.run_runtime_worker replaced.
 WRAPPER = r'''
@@ -94,6 +94,7 @@ def test_sigterm_stops_the_worker_though_a_task_drops_the_cancel(tmp_path, where
         if process.poll() is None:
             process.kill()
             process.wait(timeout=5)
+        forget_prefix(REDIS_URL, env.get("LLMPOOL_CHANNEL_PREFIX", ""))
     text = log.read_text(errors="replace")
     assert f"dropped a cancel ({where})" in text, text
     assert code == 0, text
