@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from runtime.service import RuntimeService
 # The shape a LiveService takes when a test does not name one; tests/api runs each module in both.
@@ -60,6 +61,7 @@ async def runtime_service(tmp_path):
 
 
 REDIS_URL = os.environ.get("LLMPOOL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+POSTGRES_URL = os.environ.get("LLMPOOL_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
 def forget_prefix(url: str, prefix: str) -> None:
@@ -68,8 +70,6 @@ def forget_prefix(url: str, prefix: str) -> None:
     and quietly where the test's Redis is gone."""
     if not prefix.startswith("llmpooltest-"):
         return
-    import redis
-
     try:
         client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
@@ -78,7 +78,6 @@ def forget_prefix(url: str, prefix: str) -> None:
         client.close()
     except redis.RedisError:
         pass
-POSTGRES_URL = os.environ.get("LLMPOOL_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
 # The HTTP server the tests' services run: uvicorn (the default), or daphne with

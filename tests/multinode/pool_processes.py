@@ -17,7 +17,9 @@ import httpx
 import redis
 
 from tests import conftest
-from tests.conftest import POSTGRES_URL, REDIS_URL, ROOT, _postgres_admin, _terminate, free_port, wait_until
+from tests.conftest import (
+    POSTGRES_URL, REDIS_URL, ROOT, _postgres_admin, _terminate, forget_prefix, free_port, wait_until,
+)
 
 
 def api_command(port: int) -> list[str]:
@@ -117,9 +119,8 @@ class Pool:
                 problems.append(str(exc))
         self.nodes.clear()
         _postgres_admin(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
-        for key in self.redis.scan_iter(match=f"{self.prefix}*"):
-            self.redis.delete(key)
         self.redis.close()
+        forget_prefix(self.env["LLMPOOL_REDIS_URL"], self.prefix)
         assert not problems, "\n".join(problems) + "\n" + self.log()[-5000:]
 
 
