@@ -83,9 +83,13 @@ def _processes(settings: dict, split: bool):
             env.update({"LLMPOOL_REDIS_URL": REDIS_URL, "LLMPOOL_CHANNEL_PREFIX": f"llmpoolbench-{uuid.uuid4().hex[:8]}:"})
         processes: list[subprocess.Popen] = []
 
+        logs = os.environ.get("LLMPOOL_BENCH_LOGS")  # a folder: each process's output is kept there
+
         def start(command: list[str], extra: dict) -> None:
-            processes.append(subprocess.Popen(command, cwd=ROOT, env={**env, **extra},
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            output = subprocess.DEVNULL
+            if logs:
+                output = open(Path(logs) / f"{Path(command[2]).name if len(command) > 2 else 'process'}-{len(processes)}-{os.getpid()}.log", "ab")
+            processes.append(subprocess.Popen(command, cwd=ROOT, env={**env, **extra}, stdout=output, stderr=subprocess.STDOUT))
 
         try:
             yield free_port(), env, start
