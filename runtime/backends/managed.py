@@ -62,6 +62,7 @@ from runtime.errors import BackendError
 from runtime.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.load_progress import report as report_progress
 from runtime.memory import cuda_visible_devices
+from runtime.redaction import SECRET, SECRET_FLAG_VALUES
 from runtime.supervisor import (
     ManagedProcess,
     ServerCommand,
@@ -425,7 +426,8 @@ def server_fields(
     ``binary`` (default ``binary``), ``model`` (the hub id or local path the server loads;
     null: model_path), ``host`` (127.0.0.1), ``port`` (null: a free port per replica),
     ``api_key``, ``env``, ``library_path``, ``extra_args`` and ``startup_timeout_seconds``
-    (default ``startup_timeout_seconds``).  A definition is valid when model_path (or
+    (default ``startup_timeout_seconds``).  ``api_key`` and ``env`` hold secrets, and so may the
+    values of secret flags in ``extra_args``: they are marked so (runtime.redaction).  A definition is valid when model_path (or
     ``<prefix>_model``) names the model and the extra args set none of the ``owned_flags``
     (``{owner: flags}``: the field that sets those flags itself), and ``isolation`` is not
     ``"process"`` (the server is a process of its own already).
@@ -435,10 +437,10 @@ def server_fields(
         "model": (NonEmptyStr | None, None),
         "host": (NonEmptyStr, "127.0.0.1"),
         "port": (Port | None, None),
-        "api_key": (str | None, None),
-        "env": (dict[str, str], Field(default_factory=dict)),
+        "api_key": (str | None, Field(None, json_schema_extra=SECRET)),
+        "env": (dict[str, str], Field(default_factory=dict, json_schema_extra=SECRET)),
         "library_path": (str | None, None),
-        "extra_args": (list[str], Field(default_factory=list)),
+        "extra_args": (list[str], Field(default_factory=list, json_schema_extra=SECRET_FLAG_VALUES)),
         "startup_timeout_seconds": (float, Field(startup_timeout_seconds, gt=0)),
     }
     target_field = f"{prefix}_model" if "model" in fields else None
