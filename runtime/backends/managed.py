@@ -287,13 +287,14 @@ class ManagedServerEngine:
 
     def _server_exited(self, process: ManagedProcess) -> None:
         if self._loaded and not self._stopping:
+            # What later requests are told; the server's output goes to last_error alone (an
+            # operator's detail: paths, stacks).
             self._failure = f"{self.label} {describe_exit(process.returncode)} while loaded"
             self._report = asyncio.get_running_loop().create_task(self._report_death(process))
 
     async def _report_death(self, process: ManagedProcess) -> None:
         await process.output_settled()
-        self._failure = process.exit_report("while loaded")
-        self.context["on_engine_failure"](self._failure)
+        self.context["on_engine_failure"](process.exit_report("while loaded"))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
         if self._failure is not None:
@@ -354,9 +355,9 @@ class ManagedServerEngine:
                     raise await self._connection_lost(exc) from None
 
     async def _connection_lost(self, exc: httpx.TransportError) -> BackendError:
+        """The request's error: how the server ended, not its output (last_error has that)."""
         if self.process is not None and await self.process.wait_exit(1.0):
-            await self.process.output_settled()
-            return BackendError(self.process.exit_report("while generating"))
+            return BackendError(f"{self.label} {describe_exit(self.process.returncode)} while generating")
         return BackendError(f"lost the connection to {self.label}: {exc!r}")
 
 
