@@ -193,7 +193,8 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         TTL or a swap, its group turn over) makes the request wait: ``on_wait`` is awaited (a
         stream tells its client), then the wait lasts until the request is queued, at most
         ``load_wait_timeout_seconds`` (then ModelLoading, 503), or until the error that ends it
-        (ModelFailed with the load's last_error, 409).  Any other refusal raises at once.
+        (ModelFailed, 409, which points to last_error without quoting it).  Any other refusal
+        raises at once.
         """
         admitted = self._post("admit", ticket)
         try:

@@ -428,10 +428,10 @@ def server_fields(
     null: model_path), ``host`` (127.0.0.1), ``port`` (null: a free port per replica),
     ``api_key``, ``env``, ``library_path``, ``extra_args`` and ``startup_timeout_seconds``
     (default ``startup_timeout_seconds``).  ``api_key`` and ``env`` hold secrets, and so may the
-    values of secret flags in ``extra_args``: they are marked so (runtime.redaction).  A definition is valid when model_path (or
-    ``<prefix>_model``) names the model and the extra args set none of the ``owned_flags``
-    (``{owner: flags}``: the field that sets those flags itself), and ``isolation`` is not
-    ``"process"`` (the server is a process of its own already).
+    values of secret flags in ``extra_args``: they are marked so (runtime.redaction).  A
+    definition is valid when model_path (or ``<prefix>_model``) names the model and the extra
+    args set none of the ``owned_flags`` (``{owner: flags}``: the field that sets those flags
+    itself), and ``isolation`` is not ``"process"`` (the server is a process of its own already).
     """
     declarations = {
         "binary": (NonEmptyStr, binary),
