@@ -20,7 +20,6 @@ django_http = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from models_app.api.chat.endpoint import chat_completions_app  # noqa: E402
@@ -30,6 +29,7 @@ from models_app.api.cors import with_cors  # noqa: E402
 from models_app.api.embeddings.endpoint import embeddings_app  # noqa: E402
 from models_app.api.handler import ApiHandler  # noqa: E402
 from models_app.api.responses.endpoint import responses_app  # noqa: E402
+from models_app.workbench.origin import SameOriginValidator  # noqa: E402
 from models_app.workbench.urls import websocket_urlpatterns  # noqa: E402
 
 
@@ -59,8 +59,9 @@ application = ProtocolTypeRouter(
         # CORS (service.cors_allowed_origins) in front of every HTTP path, inference apps included.
         # The body read timeout (service.request_body_timeout_seconds) bounds every HTTP request.
         "http": with_cors(with_client_timeouts(http_router)),
-        # The admin pages' live feed: session login (staff only) and same-origin browsers only.
-        "websocket": AllowedHostsOriginValidator(
+        # The admin pages' live feed: session login (staff only) and same-origin browsers only,
+        # whatever ALLOWED_HOSTS allows.
+        "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
     }

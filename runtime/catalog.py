@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from runtime.backends import BACKENDS, BackendSpec
 from runtime.backends.base import CommonDefinition
 from runtime.config import LoadedSettings
+from runtime.redaction import redacted_dump
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,14 @@ class CatalogEntry:
         return BACKENDS[self.definition.backend]
 
     def definition_dict(self) -> dict:
-        """Common fields plus only the resolved backend's fields."""
-        return self.definition.model_dump()
+        """Common fields plus only the resolved backend's fields, secrets redacted: what every
+        output shows (runtime.redaction).  The runtime itself reads ``definition``."""
+        return redacted_dump(self.definition)
 
     def same_definition(self, other: CatalogEntry, *, ignore: frozenset[str] = frozenset()) -> bool:
-        mine = {k: v for k, v in self.definition_dict().items() if k not in ignore}
-        theirs = {k: v for k, v in other.definition_dict().items() if k not in ignore}
+        """Whether the definitions are equal but for ``ignore``, secrets compared by their real values."""
+        mine = {k: v for k, v in self.definition.model_dump().items() if k not in ignore}
+        theirs = {k: v for k, v in other.definition.model_dump().items() if k not in ignore}
         return mine == theirs
 
 

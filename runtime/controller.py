@@ -57,6 +57,8 @@ from runtime.vram import VramFigure
 logger = logging.getLogger("llmpool.runtime")
 
 S = RuntimeState
+# How a request for a failed model learns where the reason is: last_error, on the admin side only.
+OPERATOR_SEES_WHY = "an operator can see why in its last_error (GET /v1/admin/models)"
 
 # The commands a caller's task handles itself when the writer is idle (``_writer_idle``): a
 # request's admission, on the path of every request.
@@ -191,7 +193,8 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         TTL or a swap, its group turn over) makes the request wait: ``on_wait`` is awaited (a
         stream tells its client), then the wait lasts until the request is queued, at most
         ``load_wait_timeout_seconds`` (then ModelLoading, 503), or until the error that ends it
-        (ModelFailed with the load's last_error, 409).  Any other refusal raises at once.
+        (ModelFailed, 409, which points to last_error without quoting it).  Any other refusal
+        raises at once.
         """
         admitted = self._post("admit", ticket)
         try:
@@ -428,7 +431,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             self.replicas = self.entry.definition.replicas
             self.machine.transition(S.LOADING, S.FAILED, self.reason)
             self._release_slot()
-            self.waiters.fail(_not_serving(self.name, S.FAILED, error))
+            self.waiters.fail(_not_serving(self.name, S.FAILED))
         _resolve(self._load_waiters)
         future.set_result(None)
 
@@ -479,7 +482,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         _resolve(self._unload_waiters, self.state)
         self._release_slot()
         if self.state is S.FAILED:
-            self.waiters.fail(_not_serving(self.name, S.FAILED, self.last_error))
+            self.waiters.fail(_not_serving(self.name, S.FAILED))
         self._load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
 
@@ -492,7 +495,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             future.set_result(None)
             return
         self.last_error = message
-        failure = BackendError(f"model {self.name} failed: {message}")
+        failure = BackendError(f"model {self.name} failed while loaded; {OPERATOR_SEES_WHY}")
         self.scheduler.close(failure)
         for lease in self._leases.values():
             lease.failure = failure
@@ -503,7 +506,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self._yielding = False
         self.reason = REASON_ENGINE_FAILURE
         self.machine.transition(S.LOADED, S.FAILED, REASON_ENGINE_FAILURE)
-        self.waiters.fail(_not_serving(self.name, S.FAILED, message))
+        self.waiters.fail(_not_serving(self.name, S.FAILED))
         self._operate_when_idle()  # a wake waiting for memory (runtime.residency) does not happen
         self._work = asyncio.get_running_loop().create_task(self._release_failed(engines))
         future.set_result(None)
@@ -565,7 +568,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             future.set_result(self.waiters.add(ticket))
             self._load_for_waiters()
         else:
-            raise _not_serving(self.name, S.UNLOADING if state is S.LOADED else state, self.last_error)
+            raise _not_serving(self.name, S.UNLOADING if state is S.LOADED else state)
         self.clock.touch()
         self._wake_for_request()  # a sleeping model wakes for it (runtime.residency)
 
@@ -627,11 +630,13 @@ def _resolve(waiters: list[asyncio.Future], result: Any = None) -> None:
     waiters.clear()
 
 
-def _not_serving(name: str, state: RuntimeState, last_error: str | None) -> LLMPoolError:
+def _not_serving(name: str, state: RuntimeState) -> LLMPoolError:
+    """What a request for a model in ``state`` is refused with.  A failed model's last_error is
+    the operator's (paths, the engine's output, stacks): requests are only told where it is."""
     if state is S.LOADING:
         return ModelLoading(f"model {name} is loading; retry shortly")
     if state is S.UNLOADING:
         return ModelUnloading(f"model {name} is unloading")
     if state is S.FAILED:
-        return ModelFailed(f"model {name} failed to load: {last_error}")
+        return ModelFailed(f"model {name} failed; {OPERATOR_SEES_WHY}")
     return ModelNotLoaded(f"model {name} is not loaded; load it through the admin API first")

@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -180,6 +181,29 @@ class LiveService:
 
     def client(self, **kwargs) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 30), **kwargs)
+
+
+def catalog_mirror(service: LiveService) -> dict[str, tuple]:
+    """The catalog mirror rows: name -> (backend, enabled, definition, sources).
+
+    SQLite beside the settings file on the embedded default, the service's own PostgreSQL
+    database on the split.
+    """
+    query = "SELECT name, backend, enabled, definition, sources FROM models_app_catalogmodel"
+    if service.mode == "split":
+        import psycopg
+
+        with psycopg.connect(service.env["LLMPOOL_DATABASE_URL"]) as db:
+            rows = db.execute(query).fetchall()
+    else:
+        with sqlite3.connect(service.settings_path.parent / "db.sqlite3") as db:
+            rows = db.execute(query).fetchall()
+
+    def parsed(value):
+        return json.loads(value) if isinstance(value, str) else value
+
+    return {name: (backend, bool(enabled), parsed(definition), parsed(sources))
+            for name, backend, enabled, definition, sources in rows}
 
 
 def _terminate(process: subprocess.Popen | None) -> int | None:

@@ -3,7 +3,8 @@
 On connect a staff user (session login, as for /admin) gets a ``snapshot``
 of every model's AdminModelEntry, then each ``transition``, ``counters`` and
 ``catalog`` event as the runtime publishes it (see ``models_app.host.event_publisher``).
-Anyone else is refused before the handshake completes.  Sending
+Anyone else is refused before the handshake completes, and so is a page of another origin
+(``models_app.workbench.origin``).  Sending
 ``{"op": "snapshot"}`` asks for a fresh snapshot.
 """
 from __future__ import annotations

@@ -62,6 +62,7 @@ from runtime.errors import BackendError
 from runtime.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.load_progress import report as report_progress
 from runtime.memory import cuda_visible_devices
+from runtime.redaction import SECRET, SECRET_FLAG_VALUES
 from runtime.supervisor import (
     ManagedProcess,
     ServerCommand,
@@ -286,13 +287,14 @@ class ManagedServerEngine:
 
     def _server_exited(self, process: ManagedProcess) -> None:
         if self._loaded and not self._stopping:
+            # What later requests are told; the server's output goes to last_error alone (an
+            # operator's detail: paths, stacks).
             self._failure = f"{self.label} {describe_exit(process.returncode)} while loaded"
             self._report = asyncio.get_running_loop().create_task(self._report_death(process))
 
     async def _report_death(self, process: ManagedProcess) -> None:
         await process.output_settled()
-        self._failure = process.exit_report("while loaded")
-        self.context["on_engine_failure"](self._failure)
+        self.context["on_engine_failure"](process.exit_report("while loaded"))
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
         if self._failure is not None:
@@ -353,9 +355,9 @@ class ManagedServerEngine:
                     raise await self._connection_lost(exc) from None
 
     async def _connection_lost(self, exc: httpx.TransportError) -> BackendError:
+        """The request's error: how the server ended, not its output (last_error has that)."""
         if self.process is not None and await self.process.wait_exit(1.0):
-            await self.process.output_settled()
-            return BackendError(self.process.exit_report("while generating"))
+            return BackendError(f"{self.label} {describe_exit(self.process.returncode)} while generating")
         return BackendError(f"lost the connection to {self.label}: {exc!r}")
 
 
@@ -425,20 +427,21 @@ def server_fields(
     ``binary`` (default ``binary``), ``model`` (the hub id or local path the server loads;
     null: model_path), ``host`` (127.0.0.1), ``port`` (null: a free port per replica),
     ``api_key``, ``env``, ``library_path``, ``extra_args`` and ``startup_timeout_seconds``
-    (default ``startup_timeout_seconds``).  A definition is valid when model_path (or
-    ``<prefix>_model``) names the model and the extra args set none of the ``owned_flags``
-    (``{owner: flags}``: the field that sets those flags itself), and ``isolation`` is not
-    ``"process"`` (the server is a process of its own already).
+    (default ``startup_timeout_seconds``).  ``api_key`` and ``env`` hold secrets, and so may the
+    values of secret flags in ``extra_args``: they are marked so (runtime.redaction).  A
+    definition is valid when model_path (or ``<prefix>_model``) names the model and the extra
+    args set none of the ``owned_flags`` (``{owner: flags}``: the field that sets those flags
+    itself), and ``isolation`` is not ``"process"`` (the server is a process of its own already).
     """
     declarations = {
         "binary": (NonEmptyStr, binary),
         "model": (NonEmptyStr | None, None),
         "host": (NonEmptyStr, "127.0.0.1"),
         "port": (Port | None, None),
-        "api_key": (str | None, None),
-        "env": (dict[str, str], Field(default_factory=dict)),
+        "api_key": (str | None, Field(None, json_schema_extra=SECRET)),
+        "env": (dict[str, str], Field(default_factory=dict, json_schema_extra=SECRET)),
         "library_path": (str | None, None),
-        "extra_args": (list[str], Field(default_factory=list)),
+        "extra_args": (list[str], Field(default_factory=list, json_schema_extra=SECRET_FLAG_VALUES)),
         "startup_timeout_seconds": (float, Field(startup_timeout_seconds, gt=0)),
     }
     target_field = f"{prefix}_model" if "model" in fields else None

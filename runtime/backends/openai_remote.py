@@ -16,19 +16,21 @@ from pydantic import Field, field_validator, model_validator
 from runtime.backends.base import THINKING_ALL, THINKING_DEFAULT_ONLY, BackendSpec
 from runtime.backends.common_fields import FamilyDefinition, NonEmptyStr, refuse_engine_process
 from runtime.backends.openai_remote_engine import OpenaiRemoteEngine
+from runtime.redaction import SECRET
 
 
 class OpenaiRemoteDefinition(FamilyDefinition):
     backend: Literal["openai_remote"]
     remote_base_url: NonEmptyStr  # e.g. https://api.openai.com/v1
     remote_model: NonEmptyStr
-    remote_api_key: str | None = None
+    remote_api_key: str | None = Field(None, json_schema_extra=SECRET)
     # Name of an environment variable that holds the key, so it stays out of the settings files.
     remote_api_key_env: NonEmptyStr | None = None
     remote_timeout_seconds: float = Field(120.0, gt=0)
     # How file content items reach the remote; null: the model takes no file inputs.
     remote_file_mode: Literal["inline", "upload"] | None = None
-    remote_headers: dict[str, str] = Field(default_factory=dict)
+    # Sent with every request; their values are redacted like the key (they often carry one).
+    remote_headers: dict[str, str] = Field(default_factory=dict, json_schema_extra=SECRET)
     # Whether the remote honours per-request thinking control.
     remote_thinking: bool = False
     # Whether the remote model computes embeddings (POST /v1/embeddings goes to <remote_base_url>/embeddings).

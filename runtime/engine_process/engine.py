@@ -352,12 +352,16 @@ class ProcessEngine:
             await process.stop(grace=0)
         await process.output_settled()
         when = "while unloading" if self._stopping else "while loaded" if self._loaded else "while loading"
-        message = f"{self.label} {describe_death(process.returncode)} {when}; last output:\n{process.tail()}"
-        self._failure = BackendError(message)
+        death = f"{self.label} {describe_death(process.returncode)} {when}"
+        message = f"{death}; last output:\n{process.tail()}"
+        serving = self._loaded and not self._stopping
+        # Requests are told how it died; its output goes to last_error alone (an operator's
+        # detail: paths, stacks).  A load or an unload it ends fails with the output.
+        self._failure = BackendError(death if serving else message)
         for reply in self._replies.values():
             if not reply.done():
                 reply.set_exception(self._failure)
         for stream in self._streams.values():
             stream.put(self._failure)
-        if self._loaded and not self._stopping:
+        if serving:
             self.context["on_engine_failure"](message)

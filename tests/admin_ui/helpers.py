@@ -37,7 +37,13 @@ WORKBENCH_MODELS = {
     "sse-quick": {"backend": "stub", "stub_load_seconds": 0.2, "stub_unload_seconds": 0.1},
     "sse-broken": {"backend": "stub", "stub_load_seconds": 0.1, "stub_fail_load": "weights are corrupt"},
     "sse-other": {"backend": "stub"},
+    # the redaction tests: secrets no page may show
+    "remote-keyed": {"backend": "openai_remote", "remote_base_url": "http://127.0.0.1:9/v1", "remote_model": "gpt",
+                     "remote_api_key": "sk-workbench-secret", "remote_headers": {"X-Api-Key": "header-wb-secret"}},
+    "server-env": {"backend": "llama_server", "model_path": "/nonexistent/m.gguf",
+                   "llama_server_env": {"HF_TOKEN": "hf_workbench_secret"}},
 }
+WORKBENCH_SECRETS = ("sk-workbench-secret", "header-wb-secret", "hf_workbench_secret")
 STAFF = {"username": "operator", "password": "op-secret-pw", "email": "operator@example.com"}
 
 

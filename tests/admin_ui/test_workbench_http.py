@@ -5,8 +5,11 @@ import re
 
 import httpx
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
-from tests.admin_ui.helpers import AUTH
+from runtime.redaction import REDACTED
+from tests.admin_ui.helpers import AUTH, WORKBENCH_SECRETS
 
 CSRF_INPUT = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 PAGES = ["/admin/llm-pool/models/", "/admin/llm-pool/models/stub-list/", "/admin/llm-pool/gpu/",
@@ -115,3 +118,51 @@ def test_an_unknown_model_is_404(browser_session):
     answer = browser_session.post("/admin/llm-pool/models/no-such-model/unload",
                                   data={"csrfmiddlewaretoken": csrf_of(page)})
     assert answer.status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/admin/llm-pool/models/", "/admin/llm-pool/models/remote-keyed/",
+                                  "/admin/llm-pool/models/server-env/", "/admin/llm-pool/gpu/",
+                                  "/admin/models_app/catalogmodel/"])
+def test_no_page_shows_a_secret(browser_session, path):
+    page = browser_session.get(path).text
+    assert not any(secret in page for secret in WORKBENCH_SECRETS)
+
+
+def test_the_mirror_rows_page_in_the_django_admin_shows_no_secret(browser_session):
+    listing = browser_session.get("/admin/models_app/catalogmodel/?q=remote-keyed").text
+    [row] = set(re.findall(r"/admin/models_app/catalogmodel/(\d+)/change/", listing))
+    page = browser_session.get(f"/admin/models_app/catalogmodel/{row}/change/").text
+    assert "remote_api_key" in page and REDACTED in page
+    assert not any(secret in page for secret in WORKBENCH_SECRETS)
+
+
+def test_the_model_page_shows_secrets_redacted(browser_session):
+    page = browser_session.get("/admin/llm-pool/models/server-env/").text
+    assert REDACTED in page and "HF_TOKEN" in page
+
+
+# ---- the live feed's WebSocket over the real server -----------------------------------------------------
+
+
+def websocket_url(service) -> str:
+    return service.url.replace("http://", "ws://") + "/admin/llm-pool/ws"
+
+
+def session_header(browser_session) -> dict:
+    return {"Cookie": f"sessionid={browser_session.cookies['sessionid']}"}
+
+
+def test_the_websocket_opens_from_the_service_own_pages(service, browser_session):
+    with connect(websocket_url(service), origin=service.url, additional_headers=session_header(browser_session),
+                 open_timeout=15) as websocket:
+        snapshot = websocket.recv(timeout=15)
+    assert '"kind": "snapshot"' in snapshot and REDACTED in snapshot
+    assert not any(secret in snapshot for secret in WORKBENCH_SECRETS)
+
+
+@pytest.mark.parametrize("origin", ["https://evil.example", "null"])
+def test_a_page_of_another_origin_gets_403_with_the_operators_cookie(service, browser_session, origin):
+    with pytest.raises(InvalidStatus) as refused:
+        connect(websocket_url(service), origin=origin, additional_headers=session_header(browser_session),
+                open_timeout=15)
+    assert refused.value.response.status_code == 403

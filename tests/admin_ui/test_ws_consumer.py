@@ -3,6 +3,7 @@ the real runtime consumer serving the ``llmpool-runtime`` channel, and Channels'
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from models_app.transport.messages import (
 )
 from models_app.workbench.consumers import AdminEventsConsumer
 from runtime.errors import InvalidLoadRequest
+from runtime.redaction import REDACTED
 from runtime.service import RuntimeService
 from tests.conftest import write_settings
 
@@ -37,7 +39,13 @@ MODELS = {
     "quick": {"backend": "stub", "stub_load_seconds": 0.05, "stub_vram_mib": 100},
     "broken": {"backend": "stub", "stub_load_seconds": 0.05, "stub_fail_load": "weights are corrupt"},
     "talker": {"backend": "stub", "stub_token_delay_ms": 60, "stub_reply": "one two three four five six"},
+    # Secrets the snapshot must show redacted (runtime.redaction).
+    "keyed": {"backend": "openai_remote", "remote_base_url": "http://127.0.0.1:9/v1", "remote_model": "gpt",
+              "remote_api_key": "sk-ws-secret-key", "remote_headers": {"X-Api-Key": "ws-header-secret"}},
+    "served": {"backend": "llama_server", "model_path": "/nonexistent/m.gguf",
+               "llama_server_env": {"HF_TOKEN": "hf_ws_secret_token"}},
 }
+SECRETS = ("sk-ws-secret-key", "ws-header-secret", "hf_ws_secret_token")
 TIMEOUT = 5
 
 
@@ -119,6 +127,12 @@ async def test_staff_gets_a_snapshot_of_every_model_first(runtime):
     assert snapshot["kind"] == EVENT_SNAPSHOT and snapshot["error"] is None
     assert [entry["name"] for entry in snapshot["models"]] == list(MODELS)
     assert snapshot["models"] == await selectors.models_list()
+    definitions = {entry["name"]: entry["definition"] for entry in snapshot["models"]}
+    assert definitions["keyed"]["remote_api_key"] == REDACTED
+    assert definitions["keyed"]["remote_headers"] == {"X-Api-Key": REDACTED}
+    assert definitions["served"]["llama_server_env"] == {"HF_TOKEN": REDACTED}
+    assert definitions["served"]["llama_server_api_key"] is None
+    assert not any(secret in json.dumps(snapshot) for secret in SECRETS)
     await communicator.send_json_to({"op": EVENT_SNAPSHOT})
     assert (await communicator.receive_json_from(timeout=TIMEOUT))["kind"] == EVENT_SNAPSHOT
     await communicator.disconnect()
@@ -154,6 +168,16 @@ async def test_a_failed_load_carries_its_last_error(runtime):
     assert failed["to"] == "failed"
     assert "weights are corrupt" in failed["last_error"]
     assert failed["entry"]["last_error"] == failed["last_error"] == answer["last_error"]
+    await communicator.disconnect()
+
+
+async def test_a_transition_carries_the_entry_with_its_secrets_redacted(runtime):
+    communicator = await connected(staff())
+    await next_event(communicator, kind=EVENT_SNAPSHOT)
+    assert (await services.model_load("keyed", None))["runtime_state"] == "loaded"
+    loading, loaded = await transitions(communicator, "keyed", 2)
+    assert loaded["entry"]["definition"]["remote_api_key"] == REDACTED
+    assert not any(secret in json.dumps([loading, loaded]) for secret in SECRETS)
     await communicator.disconnect()
 
 
@@ -225,14 +249,22 @@ async def test_a_settings_reload_is_announced(runtime):
 # ---- the real ASGI application: session login and origin check ---------------------------------------------
 
 
+def superuser() -> User:
+    return User.objects.filter(username="boss").first() or User.objects.create_superuser("boss", "boss@example.com", "pw")
+
+
+async def session_cookie() -> tuple[bytes, bytes]:
+    """The cookie header of a new session of a superuser."""
+    user = await sync_to_async(superuser)()
+    client = Client()
+    await sync_to_async(client.force_login)(user)
+    return b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()
+
+
 async def test_the_asgi_app_authenticates_the_admin_session(runtime):
     from llmpool.asgi import application
 
-    user = await sync_to_async(User.objects.create_superuser)("boss", "boss@example.com", "pw")
-    client = Client()
-    await sync_to_async(client.force_login)(user)
-    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    headers = [(b"cookie", cookie), (b"origin", b"http://testserver"), (b"host", b"testserver")]
+    headers = [await session_cookie(), (b"origin", b"http://testserver"), (b"host", b"testserver")]
     communicator = WebsocketCommunicator(application, WS_PATH, headers=headers)
     ok, _ = await communicator.connect(timeout=TIMEOUT)
     assert ok
@@ -243,3 +275,65 @@ async def test_the_asgi_app_authenticates_the_admin_session(runtime):
     ok, _ = await anonymous.connect(timeout=TIMEOUT)
     assert not ok
     await anonymous.disconnect()
+
+
+# A page of another site opens the WebSocket with the operator's cookie: the browser sends its own
+# Origin (``null`` from a sandboxed frame or a file), the service's Host.
+FOREIGN_ORIGINS = {
+    "another-site": [(b"origin", b"https://evil.example"), (b"host", b"testserver")],
+    "null-origin": [(b"origin", b"null"), (b"host", b"testserver")],
+    "no-origin": [(b"host", b"testserver")],
+    "other-port": [(b"origin", b"http://testserver:8081"), (b"host", b"testserver")],
+    "other-scheme": [(b"origin", b"https://testserver"), (b"host", b"testserver")],
+    "sub-domain": [(b"origin", b"http://evil.testserver"), (b"host", b"testserver")],
+    "no-host": [(b"origin", b"http://testserver")],
+}
+
+
+@pytest.mark.parametrize("headers", list(FOREIGN_ORIGINS.values()), ids=list(FOREIGN_ORIGINS))
+async def test_another_origin_is_refused_whatever_allowed_hosts_says(runtime, settings, headers):
+    from llmpool.asgi import application
+
+    settings.ALLOWED_HOSTS = ["*"]
+    communicator = WebsocketCommunicator(application, WS_PATH, headers=[await session_cookie(), *headers])
+    ok, _ = await communicator.connect(timeout=TIMEOUT)
+    assert not ok
+    assert await communicator.receive_nothing(timeout=0.2)
+    await communicator.disconnect()
+
+
+async def same_origin_connects(headers, scheme: str = "ws") -> bool:
+    from llmpool.asgi import application
+
+    communicator = WebsocketCommunicator(application, WS_PATH, headers=[await session_cookie(), *headers])
+    communicator.scope["scheme"] = scheme
+    ok, _ = await communicator.connect(timeout=TIMEOUT)
+    if ok:
+        assert (await communicator.receive_json_from(timeout=TIMEOUT))["kind"] == EVENT_SNAPSHOT
+    await communicator.disconnect()
+    return ok
+
+
+async def test_the_services_own_origin_is_allowed_on_any_host_and_port(runtime, settings):
+    settings.ALLOWED_HOSTS = ["*"]
+    assert await same_origin_connects([(b"origin", b"http://llm.example:8080"), (b"host", b"LLM.example:8080")])
+
+
+async def test_over_wss_the_own_origin_is_https(runtime, settings):
+    settings.ALLOWED_HOSTS = ["*"]
+    assert await same_origin_connects([(b"origin", b"https://llm.example"), (b"host", b"llm.example")], "wss")
+    assert not await same_origin_connects([(b"origin", b"http://llm.example"), (b"host", b"llm.example")], "wss")
+
+
+async def test_a_host_outside_allowed_hosts_is_refused(runtime, settings):
+    settings.ALLOWED_HOSTS = ["llm.example"]
+    assert not await same_origin_connects([(b"origin", b"http://other.example"), (b"host", b"other.example")])
+
+
+async def test_a_trusted_origin_of_a_reverse_proxy_is_allowed(runtime, settings):
+    """Behind a proxy that changes the host, LLMPOOL_CSRF_TRUSTED_ORIGINS names the public origin."""
+    settings.ALLOWED_HOSTS = ["*"]
+    settings.CSRF_TRUSTED_ORIGINS = ["https://llm.example.com", "https://*.internal.example"]
+    assert await same_origin_connects([(b"origin", b"https://llm.example.com"), (b"host", b"127.0.0.1:8080")])
+    assert await same_origin_connects([(b"origin", b"https://a.internal.example"), (b"host", b"127.0.0.1:8080")])
+    assert not await same_origin_connects([(b"origin", b"http://llm.example.com"), (b"host", b"127.0.0.1:8080")])

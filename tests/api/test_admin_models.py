@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from tests.conftest import LiveService, write_settings
+from runtime.redaction import REDACTED
+from tests.conftest import LiveService, catalog_mirror, write_settings
 from tests.spec_examples import (
     EXLLAMA_RECOMMENDATIONS,
     GGUF_RECOMMENDATION_NOTES,
@@ -84,13 +85,18 @@ MODELS = {
     "missing-gguf": {"model_path": "/nonexistent/models/missing.gguf", "backend": "llama_cpp"},
     "exl": {"model_path": "/nonexistent/exl3", "backend": "exllamav3", "prompt_format": "qwen3_template"},
     "vl": {"model_path": "/nonexistent/vllm", "backend": "vllm"},
-    "vl-serve": {"backend": "vllm_serve", "vllm_serve_model": "org/model"},
+    "vl-serve": {"backend": "vllm_serve", "vllm_serve_model": "org/model", "vllm_serve_api_key": "vllm-secret-key",
+                 "vllm_serve_extra_args": ["--hf-token", "hf_secret_in_args", "--max-num-batched-tokens", "8192"]},
     "trt": {"backend": "trtllm_serve", "trtllm_serve_model": "org/model"},
     "sgl": {"backend": "sglang_serve", "sglang_serve_model": "org/model"},
-    "lls": {"model_path": "/nonexistent/lls.gguf", "backend": "llama_server", "target_inflight": 4},
+    "lls": {"model_path": "/nonexistent/lls.gguf", "backend": "llama_server", "target_inflight": 4,
+            "llama_server_env": {"HF_TOKEN": "hf_secret_token", "OMP_NUM_THREADS": "4"}},
     "ct2-model": {"model_path": "/nonexistent/ct2", "backend": "ct2"},
-    "remote": {"backend": "openai_remote", "remote_base_url": "http://127.0.0.1:9/v1", "remote_model": "gpt"},
+    "remote": {"backend": "openai_remote", "remote_base_url": "http://127.0.0.1:9/v1", "remote_model": "gpt",
+               "remote_api_key": "sk-remote-secret", "remote_headers": {"Authorization": "Bearer header-secret"}},
 }
+# The secret values above: no output may show them (runtime.redaction).
+SECRETS = ("vllm-secret-key", "hf_secret_in_args", "hf_secret_token", "sk-remote-secret", "header-secret")
 
 # Each backend's own definition-field prefixes; every non-common key of its definition has one.
 OWN_PREFIXES = {
@@ -214,6 +220,26 @@ def test_definition_carries_the_configured_values(entries):
     }
     assert not any(key.startswith("gguf_") for key in stub)
     assert not any(key.startswith("stub_") for key in definition)
+
+
+def test_secrets_in_definitions_are_redacted(service, entries):
+    assert entries["remote"]["definition"]["remote_api_key"] == REDACTED
+    assert entries["remote"]["definition"]["remote_headers"] == {"Authorization": REDACTED}
+    assert entries["lls"]["definition"]["llama_server_env"] == {"HF_TOKEN": REDACTED, "OMP_NUM_THREADS": REDACTED}
+    assert entries["lls"]["definition"]["llama_server_api_key"] is None  # unset stays null
+    vllm_serve = entries["vl-serve"]["definition"]
+    assert vllm_serve["vllm_serve_api_key"] == REDACTED and vllm_serve["vllm_serve_env"] == {}
+    assert vllm_serve["vllm_serve_extra_args"] == ["--hf-token", REDACTED, "--max-num-batched-tokens", "8192"]
+    with service.client() as http:
+        listing = http.get("/v1/admin/models").text
+    assert not any(secret in listing for secret in SECRETS)
+
+
+def test_the_catalog_mirror_holds_the_definitions_redacted(service):
+    rows = catalog_mirror(service)
+    assert rows["remote"][2]["remote_api_key"] == REDACTED
+    assert rows["lls"][2]["llama_server_env"] == {"HF_TOKEN": REDACTED, "OMP_NUM_THREADS": REDACTED}
+    assert not any(secret in str(rows) for secret in SECRETS)
 
 
 def test_llama_cpp_constraints_and_recommendations_equal_the_spec_example(entries):

@@ -394,7 +394,8 @@ def test_requests_are_rejected_in_every_state_but_loaded(service, http):
 
     assert post_load(http, "broken").json()["runtime_state"] == "failed"
     error = assert_error(ask(http, "broken"), 409, "model_failed")
-    assert "cannot start" in error["message"]
+    assert "last_error" in error["message"] and "cannot start" not in error["message"]
+    assert "cannot start" in model_entry(http, "broken")["last_error"]
 
 
 def test_a_request_for_an_unknown_model_is_404(http):

@@ -107,7 +107,8 @@ def test_a_failed_load_answers_409_model_failed_and_is_not_retried(http):
     answer = http.post("/v1/responses", json={"model": "broken", "input": "x"})
     assert answer.status_code == 409
     error = answer.json()["error"]
-    assert error["code"] == "model_failed" and "weights missing" in error["message"]
+    assert error["code"] == "model_failed" and "weights missing" not in error["message"]
+    assert "weights missing" in model_entry(http, "broken")["last_error"]
     # failed now: the refusal comes before any wait, so a stream keeps the status too
     status, lines = raw_stream(http, {"model": "broken", "input": "x", "stream": True})
     assert status == 409 and json.loads(lines[0])["error"]["code"] == "model_failed"

@@ -122,7 +122,9 @@ def test_failed_model_is_409_model_failed(http):
     with Unchanged(http, "broken") as unchanged:
         error = assert_error(respond(http, "broken"), 409, "model_failed")
     assert unchanged.before["runtime_state"] == "failed"
-    assert "weights missing" in error["message"]
+    # The caller learns where the reason is; the reason itself is the operator's.
+    assert "last_error" in error["message"] and "weights missing" not in error["message"]
+    assert "weights missing" in unchanged.before["last_error"]
 
 
 def test_loading_model_is_503_with_retry_after(service, http):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sqlite3
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from tests.conftest import ROOT, LiveService, write_settings
+from tests.conftest import ROOT, LiveService, catalog_mirror as mirror, write_settings
 
 BASELINE = {
     "service": {"log_level": "info"},
@@ -29,7 +28,6 @@ BASELINE = {
         "fragile": {"backend": "stub", "stub_fail_load": "bad weights"},
     },
 }
-MIRROR_COLUMNS = "name, backend, enabled, definition, sources"
 
 
 @pytest.fixture(scope="module")
@@ -85,29 +83,6 @@ def write(service: LiveService, settings: dict) -> None:
 
 def reload(client: httpx.Client) -> httpx.Response:
     return client.post("/v1/admin/settings/reload")
-
-
-def mirror(service: LiveService) -> dict[str, tuple]:
-    """The catalog mirror rows: name -> (backend, enabled, definition, sources).
-
-    SQLite beside the settings file on the embedded default, the service's own PostgreSQL
-    database on the split.
-    """
-    query = f"SELECT {MIRROR_COLUMNS} FROM models_app_catalogmodel"
-    if service.mode == "split":
-        import psycopg
-
-        with psycopg.connect(service.env["LLMPOOL_DATABASE_URL"]) as db:
-            rows = db.execute(query).fetchall()
-    else:
-        with sqlite3.connect(service.settings_path.parent / "db.sqlite3") as db:
-            rows = db.execute(query).fetchall()
-
-    def parsed(value):
-        return json.loads(value) if isinstance(value, str) else value
-
-    return {name: (backend, bool(enabled), parsed(definition), parsed(sources))
-            for name, backend, enabled, definition, sources in rows}
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict:

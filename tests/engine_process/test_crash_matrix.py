@@ -92,11 +92,15 @@ async def test_a_death_while_generating_fails_the_model_and_answers_every_client
     while controller.scheduler.queue_depth < 2:
         await asyncio.sleep(0.01)
     controller.finish(holder, 1)
+    messages = []
     for request in (active, queued):
         with pytest.raises(BackendError) as failed:
             await asyncio.wait_for(request, 10)
         assert failed.value.code == "backend_error"
-        assert f"died of {signal_name}" in failed.value.message
+        messages.append(failed.value.message)
+    # Each client is told that the model died, never what its engine wrote: last_error keeps that.
+    assert messages[0] == f"engine process for model crashy, replica 1 died of {signal_name} while loaded"
+    assert messages[1].startswith("model crashy failed while loaded; an operator can see why in its last_error")
     entry = await wait_for_state(service, "crashy", "failed")
     assert entry["runtime_state"] == "failed"
     assert_names_the_death(entry["last_error"], signal_name, "while loaded")

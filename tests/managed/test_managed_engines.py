@@ -182,7 +182,7 @@ async def test_a_server_that_dies_while_loaded_fails_the_model_and_its_requests_
     with pytest.raises(BackendError) as raised:
         await in_flight
     assert time.monotonic() - began < 2
-    assert "exited with code -9 (SIGKILL) while generating" in str(raised.value)
+    assert str(raised.value) == "vllm serve for model m, replica 1 exited with code -9 (SIGKILL) while generating"
     await eventually(lambda: controller.state is RuntimeState.FAILED, 5, message="model failed")
     assert moves(events, "m") == LOAD_CYCLE + [("loaded", "failed")]
     assert controller.last_error.startswith(

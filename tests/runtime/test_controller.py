@@ -128,8 +128,9 @@ async def test_requests_are_rejected_in_every_state_but_loaded(tmp_path):
         await controller.admit(Ticket("r2", None))
     await loading
     await pool.controller("broken").load({}, None)
-    with pytest.raises(ModelFailed, match="nope"):
+    with pytest.raises(ModelFailed, match="model broken failed; an operator can see why in its last_error") as failed:
         await pool.controller("broken").admit(Ticket("r3", None))
+    assert "nope" not in failed.value.message and "nope" in pool.controller("broken").last_error
     await pool.shutdown()
 
 
@@ -214,7 +215,7 @@ async def test_an_engine_that_dies_while_loaded_fails_the_model(tmp_path, engine
     await (await controller.admit(running))
     queued = await controller.admit(waiting)
     controller.engine_failed("server exited with code -9")
-    with pytest.raises(BackendError, match="exited"):
+    with pytest.raises(BackendError, match="model m failed while loaded; an operator can see why in its last_error"):
         await queued
     await asyncio.sleep(0.05)
     assert controller.state is RuntimeState.FAILED

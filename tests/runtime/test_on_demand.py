@@ -103,9 +103,11 @@ async def test_a_failed_load_answers_every_waiter_and_is_not_retried_by_requests
     service, events = await runtime_service({"m": on_demand(stub_load_seconds=0.2, stub_fail_load="weights missing")})
     results = await asyncio.gather(*(generate(service, "m") for _ in range(5)), return_exceptions=True)
     assert all(isinstance(r, ModelFailed) for r in results), results
-    assert all("weights missing" in r.message for r in results)
+    # Each waiter learns where the reason is; the reason is the operator's (last_error).
+    assert all(r.message.startswith("model m failed; an operator can see why in its last_error") for r in results)
+    assert "weights missing" in service.pool.controller("m").last_error
     assert steps(events, "m") == [("unloaded", "loading", "request"), ("loading", "failed", "request")]
-    with pytest.raises(ModelFailed, match="weights missing"):
+    with pytest.raises(ModelFailed, match="model m failed"):
         await generate(service, "m")
     assert len(steps(events, "m")) == 2  # no new load: an admin load is needed
 
