@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator
 
 from models_app.api import limits
 from runtime.config import json_path
@@ -68,15 +68,18 @@ class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: list[ContentPart]
+    content: list[ContentPart] = Field(min_length=1)  # an empty user message is refused, as on chat
     id: str | None = None
     status: str | None = None
 
     # Shorthands become the full form before validation, so no union of shapes hides the real problem
-    # of an invalid body behind a "should be a valid string" for the other shape.
+    # of an invalid body behind a "should be a valid string" for the other shape.  A user message's
+    # "" is no content, as [] is: both are refused by the list's minimum.
     @field_validator("content", mode="before")
     @classmethod
-    def _string_content(cls, value):
+    def _string_content(cls, value, info: ValidationInfo):
+        if value == "" and info.data.get("role") == "user":
+            return []
         return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
 
 
@@ -142,7 +145,7 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 class ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    input: list[InputItem]
+    input: list[InputItem] = Field(min_length=1, max_length=limits.MAX_MESSAGES)
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -167,14 +170,14 @@ class ResponsesBody(BaseModel):
     # explicit ``thinking`` wins.
     reasoning: ReasoningOptions | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[FunctionTool] | None = None
+    tools: list[FunctionTool] | None = Field(None, max_length=limits.MAX_TOOLS)
     tool_choice: str | dict | None = None  # checked by _tool_choice (400 naming tool_choice)
     parallel_tool_calls: bool | None = None
 
     @field_validator("input", mode="before")
     @classmethod
     def _string_input(cls, value):
-        # An empty string is no input, as [] is: both are "input must not be empty".
+        # An empty string is no input, as [] is: both are refused by the list's minimum.
         if value == "":
             return []
         return [{"role": "user", "content": value}] if isinstance(value, str) else value
@@ -187,6 +190,7 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
     header); None leaves the fairness key to the body's ``user``."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    limits.check_generation_bounds(data, items="input")
     try:
         body = ResponsesBody.model_validate(data, strict=True)
     except ValidationError as exc:
@@ -194,8 +198,6 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
         path = json_path(_field_loc(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
     messages = _messages(body.input)
-    if not messages:
-        raise InvalidRequest("input must not be empty", param="input")
     tools = _tools(body.tools)
     return GenerationRequest(
         request_id="",  # the runtime client names the exchange
