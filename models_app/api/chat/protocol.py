@@ -26,9 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 
 from models_app.api import limits
+from models_app.api.openapi import response_format_schema, tool_choice_schema
 from runtime.chat_messages import typed_chat_messages
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
@@ -142,10 +143,14 @@ class ChatBody(BaseModel):
     stream_options: StreamOptions | None = None
     stop: limits.StopSequences = None
     user: str | None = None
-    response_format: dict | None = None
+    response_format: Annotated[dict | None, WithJsonSchema(response_format_schema(("json_schema",)))] = None
     thinking: Literal["default", "enabled", "disabled"] | None = None  # llm-pool's, as on /v1/responses
     tools: list[FunctionTool] | None = Field(None, max_length=limits.MAX_TOOLS)
-    tool_choice: str | dict | None = None  # checked by _tool_choice (400 naming tool_choice)
+    # Checked by _tool_choice (400 naming tool_choice), whose rules the schema states.
+    tool_choice: Annotated[str | dict | None, WithJsonSchema(tool_choice_schema({
+        "function": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                     "additionalProperties": False},
+    }))] = None
     parallel_tool_calls: bool | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None

@@ -23,9 +23,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
 from models_app.api import limits
+from models_app.api.openapi import response_format_schema, tool_choice_schema
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
 from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL, GenerationRequest
@@ -140,6 +151,7 @@ class ReasoningOptions(BaseModel):
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+RESPONSE_FORMAT = response_format_schema(("schema", "json_schema"))  # as _response_format checks it
 
 
 class ResponsesBody(BaseModel):
@@ -152,8 +164,10 @@ class ResponsesBody(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
     thinking: Literal["default", "enabled", "disabled"] | None = None
-    response_format: dict | None = None
-    text: dict | None = None
+    response_format: Annotated[dict | None, WithJsonSchema(RESPONSE_FORMAT)] = None
+    # Responses-API style: text.format is the response_format when that is left out.
+    text: Annotated[dict | None, WithJsonSchema({"anyOf": [
+        {"type": "object", "properties": {"format": RESPONSE_FORMAT}}, {"type": "null"}]})] = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     source_lang_code: str | None = None
@@ -171,7 +185,8 @@ class ResponsesBody(BaseModel):
     reasoning: ReasoningOptions | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[FunctionTool] | None = Field(None, max_length=limits.MAX_TOOLS)
-    tool_choice: str | dict | None = None  # checked by _tool_choice (400 naming tool_choice)
+    # Checked by _tool_choice (400 naming tool_choice), whose rules the schema states.
+    tool_choice: Annotated[str | dict | None, WithJsonSchema(tool_choice_schema({"name": {"type": "string"}}))] = None
     parallel_tool_calls: bool | None = None
 
     @field_validator("input", mode="before")
