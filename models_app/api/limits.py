@@ -32,7 +32,8 @@ MIN_INTEGER, MAX_INTEGER = -(2**63), 2**63 - 1
 # Every declared integer field of a request body is at most this (and the schema says so).
 MAX_FIELD_INTEGER = 2**31 - 1
 MAX_FAIRNESS_KEY_LENGTH = 256
-MAX_MESSAGES = 10_000  # messages (chat) or input items (Responses); also their content parts and tool calls, in all
+# Messages (chat) or input items (Responses); also their content parts and tool calls, in all.
+MAX_MESSAGES = 10_000
 MAX_TOOLS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_LENGTH = 1_000  # characters
@@ -67,8 +68,9 @@ def parse_json(body: bytes | str) -> Any:
     outside orjson's range (-2**63 to 2**64 - 1) comes back as such a float, and the standard
     library's exact integer is then refused by name.  So what is accepted, and every refusal's
     message, is the standard library's, except a lone surrogate, which the standard library
-    reads (from an escape, or from surrogatepass bytes) and which is refused naming its field.  (A search for 19 digits in a row did that before: it took
-    about 1 ms for a 100 KiB conversation, ten times orjson's parse.)"""
+    reads (from an escape, or from surrogatepass bytes) and which is refused naming its field.
+    (A search for 19 digits in a row did that before: it took about 1 ms for a 100 KiB
+    conversation, ten times orjson's parse.)"""
     raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
     try:
         data = orjson.loads(raw)
@@ -175,8 +177,9 @@ _TWO_TO_63 = float(2**63)
 def check_generation_bounds(data: dict, *, items: str | None) -> None:
     """Raises ``InvalidRequest`` naming the first per-request bound the body passes: ``items`` (the
     conversation's field: ``messages`` or ``input``; None for a raw prompt), the content parts and
-    tool calls of its messages, ``tools`` and ``stop``.  It reads the parsed body before its schema is validated, so a
-    list far past a bound costs no validation; what is not of the schema's shape is left to it."""
+    tool calls of its messages, ``tools`` and ``stop``.  It reads the parsed body before its schema
+    is validated, so a list far past a bound costs no validation; what is not of the schema's
+    shape is left to the schema."""
     conversation = data.get(items) if items is not None else None
     if type(conversation) is list:
         _check_count(conversation, MAX_MESSAGES, items, "messages" if items == "messages" else "input items")

@@ -148,7 +148,8 @@ def test_a_lone_surrogate_anywhere_is_refused_naming_its_field(api_schema, live,
     path, body, param = place
     answer = call(api_schema, live, path, body(text))
     status, code = (422, "invalid_load_body") if path.startswith("/v1/admin") else (400, "invalid_request")
-    assert (answer.status_code, answer.json()["error"]["code"], answer.json()["error"]["param"]) == (status, code, param)
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"], error["param"]) == (status, code, param)
 
 
 # Stop sequences of the lengths around the bound, as many as around theirs.
