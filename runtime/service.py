@@ -39,6 +39,7 @@ from runtime.request import (
 from runtime.tool_calls import ToolCall, tool_parser
 from runtime.scheduler import Ticket
 from runtime.state import RuntimeState, TransitionEvent
+from runtime.stop_sequences import StopWatch
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -381,7 +382,7 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
     """
     limit = controller.entry.definition.request_timeout_seconds
     deadline = asyncio.timeout(limit)
-    stops = _StopWatch(request.stop)
+    stops = StopWatch(request.stop)
     entry = controller.entry
     run.logprobs = None if request.logprobs is None else []
     # A raw prompt's continuation is all text: its reasoning tags, if any, are the client's to read.
@@ -453,42 +454,3 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
         close = getattr(events, "aclose", None)
         if close is not None:
             await close()  # a stop sequence ends the engine's generate here
-
-
-class _StopWatch:
-    """Finds the first stop sequence in a generation's text as it arrives.
-
-    ``feed`` answers the text that may go out now (never a piece that could begin a stop
-    sequence) and whether a stop sequence was found; ``flush`` what was held back.
-    """
-
-    def __init__(self, stops: list[str] | None):
-        self.stops = [stop for stop in stops or () if stop]
-        self.held = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        if not self.stops:
-            return text, False
-        self.held += text
-        found = [index for index in (self.held.find(stop) for stop in self.stops) if index >= 0]
-        if found:
-            cut, self.held = self.held[: min(found)], ""
-            return cut, True
-        keep = self._partial_stop_length()
-        ready = self.held[: len(self.held) - keep]
-        self.held = self.held[len(self.held) - keep:]
-        return ready, False
-
-    def flush(self) -> str:
-        held, self.held = self.held, ""
-        return held
-
-    def _partial_stop_length(self) -> int:
-        """The longest tail of the held text that is the beginning of a stop sequence."""
-        longest = 0
-        for stop in self.stops:
-            for size in range(min(len(stop) - 1, len(self.held)), longest, -1):
-                if stop.startswith(self.held[-size:]):
-                    longest = size
-                    break
-        return longest

@@ -22,11 +22,13 @@ class APIView(AdrfAPIView):
         self.request = request
         self.headers = self.default_response_headers
         try:
+            method = request.method.lower()
+            if method not in self.http_method_names or not hasattr(self, method):
+                # A method the view does not declare is 405 whoever asks, before any credential is
+                # checked: its answer says nothing about the view that a 401 would hide.
+                self.http_method_not_allowed(request, *args, **kwargs)
             self.initial(request, *args, **kwargs)
-            handler = getattr(self, request.method.lower(), self.http_method_not_allowed)
-            if request.method.lower() not in self.http_method_names:
-                handler = self.http_method_not_allowed
-            response = handler(request, *args, **kwargs)
+            response = getattr(self, method)(request, *args, **kwargs)
             if inspect.isawaitable(response):  # DRF's own options() is sync
                 response = await response
         except Exception as exc:

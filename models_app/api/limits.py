@@ -1,22 +1,30 @@
 """The limits every request body and fairness key meets at the edge (docs/api.md, "Limits").
 
 A body is parsed once (``parse_json``): strict JSON (no NaN or Infinity), UTF-8 (or the UTF-16/32
-that JSON allows), nested at most ``MAX_JSON_DEPTH`` arrays or objects deep, and every integer
-in it, wherever it sits (a tool's parameters schema too), within a signed 64-bit integer: the
-channel to the runtime (msgpack) carries nothing larger.  The declared integer fields of each
+that JSON allows), nested at most ``MAX_JSON_DEPTH`` arrays or objects deep, every integer in it,
+wherever it sits (a tool's parameters schema too), within a signed 64-bit integer, and every
+string and key Unicode text (no lone UTF-16 surrogate, which JSON's ``\\ud800`` escape can write):
+the channel to the runtime (msgpack) carries nothing else.  The declared integer fields of each
 body have tighter bounds in their schemas.  A fairness key (a fairness header's value or the
 body's ``user``) is at most ``MAX_FAIRNESS_KEY_LENGTH`` characters: the scheduler keeps one
 record per key.
+
+A generation body also meets per-request bounds on what costs work for each of its items
+(``check_generation_bounds``): the messages (or Responses input items), their content parts and
+tool calls, the tools, and the stop sequences, which the runtime searches for in every piece of
+text it produces.  The bounds are far above what clients send (OpenAI takes 4 stop sequences and
+128 tools), and low enough that one request's parse, copy and stop search stay in milliseconds.
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any, Union
 
 import orjson
-
+from pydantic import Field
 from rest_framework.parsers import JSONParser
 
+from runtime.config import json_path
 from runtime.errors import FairnessKeyTooLong, InvalidRequest, LLMPoolError
 
 MAX_JSON_DEPTH = 64
@@ -24,6 +32,19 @@ MIN_INTEGER, MAX_INTEGER = -(2**63), 2**63 - 1
 # Every declared integer field of a request body is at most this (and the schema says so).
 MAX_FIELD_INTEGER = 2**31 - 1
 MAX_FAIRNESS_KEY_LENGTH = 256
+# Messages (chat) or input items (Responses); also their content parts and tool calls, in all.
+MAX_MESSAGES = 10_000
+MAX_TOOLS = 256
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_LENGTH = 1_000  # characters
+
+# ``stop`` as chat completions and completions take it, bounds in its schema (and so in the OpenAPI
+# document); ``check_generation_bounds`` refuses a body past them first, with a message naming them.
+StopSequences = Union[
+    Annotated[str, Field(max_length=MAX_STOP_LENGTH)],
+    Annotated[list[Annotated[str, Field(max_length=MAX_STOP_LENGTH)]], Field(max_length=MAX_STOP_SEQUENCES)],
+    None,
+]
 
 
 class BodyRefused(InvalidRequest):
@@ -46,8 +67,10 @@ def parse_json(body: bytes | str) -> Any:
     library's parser, and so does one in which orjson read a float of 2**63 or more: an integer
     outside orjson's range (-2**63 to 2**64 - 1) comes back as such a float, and the standard
     library's exact integer is then refused by name.  So what is accepted, and every refusal's
-    message, is the standard library's.  (A search for 19 digits in a row did that before: it took
-    about 1 ms for a 100 KiB conversation, ten times orjson's parse.)"""
+    message, is the standard library's, except a lone surrogate, which the standard library
+    reads (from an escape, or from surrogatepass bytes) and which is refused naming its field.
+    (A search for 19 digits in a row did that before: it took about 1 ms for a 100 KiB
+    conversation, ten times orjson's parse.)"""
     raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
     try:
         data = orjson.loads(raw)
@@ -62,7 +85,57 @@ def parse_json(body: bytes | str) -> Any:
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise BodyRefused(f"JSON parse error - {exc}") from None
     check_json(data)
+    _refuse_lone_surrogates(data)
     return data
+
+
+def _refuse_lone_surrogates(data: Any) -> None:
+    """Raises ``BodyRefused`` naming the first string or key that holds a lone UTF-16 surrogate.
+
+    Only bodies orjson refused get here (orjson refuses every lone surrogate), so ordinary bodies
+    never pay for this walk."""
+    found = _surrogate_at(data, ())
+    if found is None:
+        return
+    loc, key = found
+    path = json_path(loc)
+    what = path if key is None else f"{path}: the key {ascii(key)[:40]}"
+    raise BodyRefused(
+        f"{what} holds a lone UTF-16 surrogate, which is not text (a \\ud800-\\udfff escape must be half "
+        "of a pair)",
+        param=None if path == "$" else path.removeprefix("$."),
+    )
+
+
+def _surrogate_at(value: Any, loc: tuple) -> tuple[tuple, str | None] | None:
+    """Where the first lone surrogate is: the location of its string, or of the object whose key
+    holds it (and that key)."""
+    kind = type(value)
+    if kind is str:
+        return None if _is_text(value) else (loc, None)
+    if kind is dict:
+        for key, item in value.items():
+            if not _is_text(key):
+                return loc, key
+            found = _surrogate_at(item, (*loc, key))
+            if found is not None:
+                return found
+    elif kind is list:
+        for index, item in enumerate(value):
+            found = _surrogate_at(item, (*loc, index))
+            if found is not None:
+                return found
+    return None
+
+
+def _is_text(string: str) -> bool:
+    if string.isascii():
+        return True
+    try:
+        string.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_json(data: Any, *, orjson_read: bool = False) -> None:
@@ -99,6 +172,45 @@ def _check_scalar(value: Any, orjson_read: bool) -> None:
 
 
 _TWO_TO_63 = float(2**63)
+
+
+def check_generation_bounds(data: dict, *, items: str | None) -> None:
+    """Raises ``InvalidRequest`` naming the first per-request bound the body passes: ``items`` (the
+    conversation's field: ``messages`` or ``input``; None for a raw prompt), the content parts and
+    tool calls of its messages, ``tools`` and ``stop``.  It reads the parsed body before its schema
+    is validated, so a list far past a bound costs no validation; what is not of the schema's
+    shape is left to the schema."""
+    conversation = data.get(items) if items is not None else None
+    if type(conversation) is list:
+        _check_count(conversation, MAX_MESSAGES, items, "messages" if items == "messages" else "input items")
+        parts = sum(_part_count(message) for message in conversation)
+        if parts > MAX_MESSAGES:
+            raise InvalidRequest(
+                f"{items}: {parts} content parts and tool calls in all; at most {MAX_MESSAGES} are accepted",
+                param=items,
+            )
+    _check_count(data.get("tools"), MAX_TOOLS, "tools", "tools")
+    stop = data.get("stop")
+    _check_count(stop, MAX_STOP_SEQUENCES, "stop", "stop sequences")
+    for index, sequence in enumerate([stop] if type(stop) is str else stop if type(stop) is list else ()):
+        if type(sequence) is str and len(sequence) > MAX_STOP_LENGTH:
+            param = "stop" if type(stop) is str else f"stop[{index}]"
+            raise InvalidRequest(
+                f"{param} has {len(sequence)} characters; a stop sequence may have at most {MAX_STOP_LENGTH}",
+                param=param,
+            )
+
+
+def _check_count(value: Any, limit: int, param: str, what: str) -> None:
+    if type(value) is list and len(value) > limit:
+        raise InvalidRequest(f"{param} holds {len(value)} {what}; at most {limit} are accepted", param=param)
+
+
+def _part_count(message: Any) -> int:
+    """A message's content parts and tool calls (a Responses function_call_output's output parts too)."""
+    if type(message) is not dict:
+        return 0
+    return sum(len(message[key]) for key in ("content", "tool_calls", "output") if type(message.get(key)) is list)
 
 
 def fairness_key(decided: str | None, user: str | None) -> str | None:

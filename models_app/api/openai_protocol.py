@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from models_app.api.inference import Create, generate
+from models_app.api.inference import Create, generate, parsed
 from models_app.api.keys import Caller
 from models_app.api.passthrough import forwarded_answer, relay
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
@@ -25,7 +25,7 @@ def openai_create(parse: Callable[[Any, str | None], Any], builder: Callable[[An
     (with ``.generation``, the typed request), ``builder(request)`` its answer's builder."""
 
     async def create(data, caller: Caller) -> dict | AsyncIterator[bytes]:
-        request = parse(data, caller.fairness_key)
+        request = await parsed(parse, data, caller.fairness_key)
         caller.check_model(request.generation.model)
         shapes = builder(request)
         outcome = await generate(request.generation)

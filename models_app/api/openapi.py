@@ -11,7 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
 from pydantic import BaseModel
+
+
+class RequestBodySchema(AutoSchema):
+    """drf-spectacular's schema, with a request body marked required when its schema requires a
+    field: drf-spectacular does so for a serializer's body only, not for one given as a schema
+    (``request_schema``'s).  An inference body must be sent (its ``model`` is required); a load
+    body may be left out."""
+
+    def _get_request_body(self, direction="request"):
+        body = super()._get_request_body(direction)
+        if body and any(media.get("schema", {}).get("required") for media in body["content"].values()):
+            body["required"] = True
+        return body
 
 
 def request_schema(model: type[BaseModel]) -> dict:
@@ -53,3 +67,24 @@ def _convert(node: Any, definitions: dict) -> Any:
               if key == "properties" and isinstance(sub, dict) else _convert(sub, definitions))
         for key, sub in node.items()
     }
+
+
+def tool_choice_schema(named: dict) -> dict:
+    """``tool_choice`` as both APIs take it: none, auto, required, or a named function
+    (``{"type": "function", **named}``, each protocol's shape), or null.  The protocols validate
+    it in code (their ``_tool_choice``, with messages that say what is wrong); this states it."""
+    function = {"type": "object", "properties": {"type": {"type": "string", "enum": ["function"]}, **named},
+                "required": ["type", *named], "additionalProperties": False}
+    return {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, function, {"type": "null"}]}
+
+
+def response_format_schema(schema_keys: tuple[str, ...]) -> dict:
+    """``response_format`` as the protocols check it in code (their ``_response_format``): type
+    text or json_object, or json_schema with its schema object under one of ``schema_keys``; other
+    keys are the client's (a name, strict), or null."""
+    kinds = [{"type": "object", "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+              "required": ["type"]}]
+    kinds += [{"type": "object", "properties": {"type": {"type": "string", "enum": ["json_schema"]},
+                                               key: {"type": "object"}}, "required": ["type", key]}
+              for key in schema_keys]
+    return {"anyOf": [*kinds, {"type": "null"}]}

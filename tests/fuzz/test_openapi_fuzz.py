@@ -1,30 +1,62 @@
 """Schemathesis over the live service's own OpenAPI (issue 23): every operation, a bounded and
-derandomized number of generated requests, with the admin token sent and not sent.  Each answer
-must be no server error, one of the operation's documented statuses, of a documented content
-type, and match the documented schema.  Endpoints that stream until the client leaves are read
-with a bounded read (``BOUNDED_STREAMS``)."""
+derandomized number of generated requests, with the admin token sent and not sent, under every
+check schemathesis has (the CLI's ``--checks all``): no server error, a documented status, content
+type and schema, a request the schema calls valid accepted and one it calls invalid refused, an
+undeclared method answered 405.  Endpoints that stream until the client leaves are read with a
+bounded read (``BOUNDED_STREAMS``).  Two strategies of this suite's own go where the schema cannot
+lead the generator: text with a lone UTF-16 surrogate in every field that carries text, and stop
+sequences around their bounds (docs/api.md, "Limits")."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from schemathesis.checks import CHECKS, is_check_class, load_all_checks
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from models_app.api.limits import MAX_STOP_LENGTH, MAX_STOP_SEQUENCES
 from tests.conftest import LiveService, write_settings
 
 TOKEN = "fuzz-token"
 MODELS = {"m": {"backend": "stub", "enabled": True, "embeddings": True}, "cold": {"backend": "stub"}}
 EXAMPLES_PER_OPERATION = 12
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+load_all_checks()
+# Rules a schema cannot state: those that tie one field to another, and the limits that hold
+# anywhere in a body, free-form objects too (docs/api.md, "Limits").  A request the schema calls
+# valid may still be refused for one of them (400, or 422 for a load body); any other refusal of
+# such a request fails.
+UNSTATED_RULES = [re.compile(rule) for rule in (
+    r"^the integer .* is outside the signed 64-bit range$",
+    r"^the body is nested deeper than \d+ levels$",
+    r"^messages\[\d+\]\.content: Field required$",  # content may be left out on an assistant's turn only
+    r"^messages\[\d+\]\.(tool_call_id|tool_calls|content): (a tool message|only an assistant|a tool result)",
+    r'^tool_choice "required" needs tools$',
+    r"^tool_choice names function .*, which is not one of the tools$",
+    r"^tools\[\d+\]: a second function named ",
+    r"^top_logprobs needs logprobs: true$",
+)]
+
+
+def positive_data_acceptance_but_unstated_rules(ctx, response, case):
+    """schemathesis's positive_data_acceptance, but for a refusal by one of ``UNSTATED_RULES``."""
+    if response.status_code in (400, 422) and any(rule.search(response.json()["error"]["message"])
+                                           for rule in UNSTATED_RULES):
+        return None
+    return positive_data_acceptance(ctx, response, case)
+
+
+# Every check schemathesis has (the CLI's --checks all), the data checks among them: a request the
+# schema calls valid is not refused (positive_data_acceptance), one it calls invalid is.
+ALL_CHECKS = [
+    positive_data_acceptance_but_unstated_rules if check is positive_data_acceptance else check
+    for check in CHECKS.get_all() if not is_check_class(check)
+]
 # Streams that end only when the client leaves (the logs with ?follow=true): read their head,
 # then leave; the documented statuses of their GET.
 BOUNDED_STREAMS = {"/v1/admin/events": {200, 400, 401, 404}, "/v1/admin/models/{model_name}/logs": {200, 400, 401, 404, 503}}
@@ -78,4 +110,70 @@ def test_every_operation_answers_as_documented(case, live):
         if case.path in BOUNDED_STREAMS:
             bounded_stream(live, case, {**(case.headers or {}), **auth})
         else:
-            case.call_and_validate(base_url=live.url, headers=auth, checks=CHECKS, timeout=30)
+            case.call_and_validate(base_url=live.url, headers=auth, checks=ALL_CHECKS, timeout=30)
+
+
+# -- the suite's own strategies ------------------------------------------------------------------
+# Text around one lone surrogate (st.text holds none, so it cannot pair with a neighbour); JSON
+# writes it as a \\udXXX escape.
+LONE_SURROGATE = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
+TEXT_WITH_A_SURROGATE = st.tuples(st.text(max_size=6), LONE_SURROGATE, st.text(max_size=6)).map("".join)
+USER = {"role": "user", "content": "hi"}
+# Where text goes: (operation, a body with the text at one place, the param that names that place).
+SURROGATE_PLACES = [
+    ("/v1/chat/completions", lambda text: {"model": "m", "messages": [{"role": "user", "content": text}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", lambda text: {"model": "m", "messages": [USER], "stop": [text]}, "stop[0]"),
+    ("/v1/chat/completions", lambda text: {"model": "m", "messages": [USER], "user": text}, "user"),
+    ("/v1/responses", lambda text: {"model": "m", "input": text}, "input"),
+    ("/v1/responses", lambda text: {"model": "m", "input": "hi", "instructions": text}, "instructions"),
+    ("/v1/responses", lambda text: {"model": "m", "input": "hi", "metadata": {"k": text}}, "metadata.k"),
+    ("/v1/completions", lambda text: {"model": "m", "prompt": text}, "prompt"),
+    ("/v1/embeddings", lambda text: {"model": "m", "input": [text]}, "input[0]"),
+    ("/v1/admin/models/{model_name}/load", lambda text: {"llama_server_env": {"K": text}}, "llama_server_env.K"),
+]
+
+
+def call(api_schema, live, path: str, body: dict):
+    """``body`` sent to ``path`` as schemathesis sends a case, with the admin token, every check run."""
+    case = api_schema[path]["POST"].Case(body=body, media_type="application/json",
+                                         path_parameters={"model_name": "cold"} if "{model_name}" in path else None)
+    COUNTS["requests"] += 1
+    return case.call_and_validate(base_url=live.url, headers=AUTH[0], checks=ALL_CHECKS, timeout=30)
+
+
+@given(place=st.sampled_from(SURROGATE_PLACES), text=TEXT_WITH_A_SURROGATE)
+@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_lone_surrogate_anywhere_is_refused_naming_its_field(api_schema, live, place, text):
+    path, body, param = place
+    answer = call(api_schema, live, path, body(text))
+    status, code = (422, "invalid_load_body") if path.startswith("/v1/admin") else (400, "invalid_request")
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"], error["param"]) == (status, code, param)
+
+
+# Stop sequences of the lengths around the bound, as many as around theirs.
+STOP_SEQUENCE = st.builds(lambda char, size: char * size, st.characters(exclude_categories=("Cs",)),
+                          st.sampled_from([0, 1, 3, MAX_STOP_LENGTH - 1, MAX_STOP_LENGTH, MAX_STOP_LENGTH + 1]))
+STOP = st.one_of(STOP_SEQUENCE, st.lists(STOP_SEQUENCE, max_size=MAX_STOP_SEQUENCES + 4))
+
+
+def refused_stop(stop: str | list[str]) -> str | None:
+    """The param a stop past its bounds is refused with (docs/api.md, "Limits"), or None."""
+    if isinstance(stop, list) and len(stop) > MAX_STOP_SEQUENCES:
+        return "stop"
+    sequences = [stop] if isinstance(stop, str) else stop
+    over = [index for index, sequence in enumerate(sequences) if len(sequence) > MAX_STOP_LENGTH]
+    return None if not over else "stop" if isinstance(stop, str) else f"stop[{over[0]}]"
+
+
+@given(path=st.sampled_from(["/v1/chat/completions", "/v1/completions"]), stop=STOP)
+@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+def test_stop_sequences_within_the_bounds_run_and_past_them_are_refused(api_schema, live, path, stop):
+    body = {"model": "m", "stop": stop, **({"messages": [USER]} if "chat" in path else {"prompt": "hi"})}
+    answer = call(api_schema, live, path, body)
+    param = refused_stop(stop)
+    if param is None:
+        assert answer.status_code == 200, answer.text
+    else:
+        assert (answer.status_code, answer.json()["error"]["param"]) == (400, param), answer.text

@@ -9,7 +9,6 @@ from llama_helpers import SMOLLM2_MODEL, SMOLLM2_MODEL_PATH, write_metadata_only
 
 from runtime.backends import BACKENDS
 from runtime.backends.llama_cpp import GGML_CACHE_TYPES
-from runtime.backends.llama_cpp.engine import _StopFilter
 from runtime.backends.llama_cpp.native import default_threads
 from runtime.gguf_info import GgufError, SkippedArray, ggml_type, read_gguf_info
 from runtime.model_files import ModelFileError, resolve_model_file
@@ -124,15 +123,6 @@ def test_model_path_errors_name_the_path(tmp_path, model_path, fragment):
 
 
 # ---- engine pieces ---------------------------------------------------------------------------
-
-
-def test_stop_strings_are_held_back_until_they_cannot_match():
-    stop = _StopFilter(("\nUser:",))
-    assert stop.feed("Hello") == ("Hello", False)
-    assert stop.feed(" there\nUs") == (" there", False)
-    assert stop.feed("ually") == ("\nUsually", False)
-    assert stop.feed("\nUser: more") == ("", True)
-    assert _StopFilter(()).feed("\nUser:") == ("\nUser:", False)
 
 
 def test_default_threads_is_at_least_one():

@@ -15,7 +15,7 @@ ACCEPTED = [
     b'{"a": 1, "a": 2}',  # the last of a repeated key, as the standard library
     b'[9223372036854775807, -9223372036854775808]',  # the 64-bit bounds, 19 digits
     b'{"x": 1e400}',  # too large for a double: orjson refuses, the standard library reads inf
-    b'"\\ud800"',  # a lone surrogate
+    b'"\\ud83d\\ude00"',  # a surrogate pair: one character
     b'\xef\xbb\xbf{}',  # a UTF-8 byte order mark
     '{"x": "é"}'.encode("utf-16"),  # UTF-16, which JSON allows
     b'{"id": "1234567890123456789012"}',  # 22 digits, in a string
@@ -45,6 +45,23 @@ def test_a_refused_body_gets_the_standard_librarys_message(body, message):
     with pytest.raises(BodyRefused) as refused:
         parse_json(body)
     assert refused.value.message == message
+
+
+@pytest.mark.parametrize("body, message, param", [
+    (b'{"messages": [{"content": "x \\ud800 y"}]}', "$.messages[0].content holds a lone UTF-16 surrogate", "messages[0].content"),
+    (b'{"a": {"b": ["ok", "\\udfff"]}}', "$.a.b[1] holds a lone UTF-16 surrogate", "a.b[1]"),
+    (b'{"a": "\xed\xa0\x80"}', "$.a holds a lone UTF-16 surrogate", "a"),  # the surrogate as UTF-8 bytes
+    (b'{"x": 1, "k\\ud800": 2}', "$: the key 'k\\ud800' holds a lone UTF-16 surrogate", None),
+    (b'"\\ud800"', "$ holds a lone UTF-16 surrogate", None),
+    ('{"a": "\ud800"}'.encode("utf-16", "surrogatepass"), "$.a holds a lone UTF-16 surrogate", "a"),
+])
+def test_a_lone_surrogate_is_refused_naming_where_it_is(body, message, param):
+    """The standard library reads a lone surrogate, which is no text: msgpack (the channel to the
+    runtime) and every engine refuse it, so the edge does, naming the field."""
+    with pytest.raises(BodyRefused) as refused:
+        parse_json(body)
+    assert refused.value.message.startswith(message)
+    assert refused.value.param == param
 
 
 def test_an_ordinary_body_never_reaches_the_standard_librarys_parser(monkeypatch):

@@ -26,9 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
 
 from models_app.api import limits
+from models_app.api.openapi import response_format_schema, tool_choice_schema
 from runtime.chat_messages import typed_chat_messages
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
@@ -107,14 +108,18 @@ class ChatMessage(BaseModel):
     # Other message fields (a name, an echoed reasoning_content) change nothing here.
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: list[ChatPart] | None = None
+    # A list of parts holds one at least (as OpenAI's schema says); an empty user message is refused.
+    content: list[ChatPart] | None = Field(None, min_length=1)
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: str | None = None
     function_call: dict | None = None
 
     @field_validator("content", mode="before")
     @classmethod
-    def _string_content(cls, value):
+    def _string_content(cls, value, info: ValidationInfo):
+        # A user message's "" is no content, as [] is: both are refused by the list's minimum.
+        if value == "" and info.data.get("role") == "user":
+            return []
         return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
@@ -128,7 +133,7 @@ class ChatBody(BaseModel):
     # the body is forwarded to may know them (llama-server's n_probs and grammar, vLLM's top_k ...).
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(min_length=1, max_length=limits.MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     max_completion_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -136,12 +141,16 @@ class ChatBody(BaseModel):
     n: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: limits.StopSequences = None
     user: str | None = None
-    response_format: dict | None = None
+    response_format: Annotated[dict | None, WithJsonSchema(response_format_schema(("json_schema",)))] = None
     thinking: Literal["default", "enabled", "disabled"] | None = None  # llm-pool's, as on /v1/responses
-    tools: list[FunctionTool] | None = None
-    tool_choice: str | dict | None = None  # checked by _tool_choice (400 naming tool_choice)
+    tools: list[FunctionTool] | None = Field(None, max_length=limits.MAX_TOOLS)
+    # Checked by _tool_choice (400 naming tool_choice), whose rules the schema states.
+    tool_choice: Annotated[str | dict | None, WithJsonSchema(tool_choice_schema({
+        "function": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+                     "additionalProperties": False},
+    }))] = None
     parallel_tool_calls: bool | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
@@ -192,14 +201,13 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
     ``fairness_key`` as for ``parse_responses_body``."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    limits.check_generation_bounds(data, items="messages")
     try:
         body = ChatBody.model_validate(data, strict=True)
     except ValidationError as exc:
         problem = exc.errors()[0]
         path = json_path(_field_loc(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
-    if not body.messages:
-        raise InvalidRequest("messages must not be empty", param="messages")
     refused: list[LLMPoolError] = []
     _refuse_what_changes_the_answer(body, refused)
     _refuse_legacy_functions(body, refused)
@@ -238,9 +246,12 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
 
 
 def _field_loc(loc: tuple) -> tuple:
-    """Drop the part-type tag pydantic puts after a content index: messages.0.content.1.<tag>.text."""
+    """Drop the tags pydantic puts in a location: the part type after a content index
+    (messages.0.content.1.<tag>.text) and stop's shape (stop.<tag>.2)."""
     if len(loc) > 4 and loc[0] == "messages" and loc[2] == "content":
         return loc[:4] + loc[5:]
+    if len(loc) > 1 and loc[0] == "stop":
+        return loc[:1] + loc[2:]
     return loc
 
 

@@ -14,7 +14,7 @@ typed request's fields, which the runtime checks against the engine's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
@@ -38,7 +38,13 @@ class CompletionBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1)
     # Strict members: a list of token ids must not be read as a list of strings, or the reverse.
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    # None of them empty (``_refuse_empty_prompt`` says so first, by name).
+    prompt: Union[
+        Annotated[StrictStr, Field(min_length=1)],
+        Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1)],
+        Annotated[list[StrictInt], Field(min_length=1)],
+        Annotated[list[Annotated[list[StrictInt], Field(min_length=1)]], Field(min_length=1)],
+    ]
     max_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -48,7 +54,7 @@ class CompletionBody(BaseModel):
     suffix: str | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: limits.StopSequences = None
     user: str | None = None
     seed: int | None = Field(None, ge=limits.MIN_INTEGER, le=limits.MAX_INTEGER)
     logprobs: int | None = Field(None, ge=0, le=20)  # alternatives per token (chat's top_logprobs bound)
@@ -86,6 +92,8 @@ def parse_completion_body(data: Any, fairness_key: str | None) -> CompletionRequ
     ``fairness_key`` as for ``parse_responses_body``."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    limits.check_generation_bounds(data, items=None)
+    _refuse_empty_prompt(data.get("prompt"))
     try:
         body = CompletionBody.model_validate(data, strict=True)
     except ValidationError as exc:
@@ -141,9 +149,14 @@ def _prompt(prompt: str | list, refused: list[LLMPoolError]) -> str:
         refused.append(InvalidRequest(
             f"prompt: this model takes exactly one prompt, got {len(texts)}", param="prompt"
         ))
-    elif not texts[0]:
-        refused.append(InvalidRequest("prompt must not be empty", param="prompt"))
     return "".join(texts)
+
+
+def _refuse_empty_prompt(prompt: Any) -> None:
+    """An empty prompt ("", [], or a list with an empty member) is refused for every model, as an
+    empty user message is on chat completions: nothing is loaded or queued for it."""
+    if prompt == "" or prompt == [] or isinstance(prompt, list) and any(member in ("", []) for member in prompt):
+        raise InvalidRequest("prompt must not be empty", param="prompt")
 
 
 def _stop_sequences(stop: str | list[str] | None) -> list[str] | None:

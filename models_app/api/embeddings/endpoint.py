@@ -15,7 +15,7 @@ import base64
 import struct
 
 from models_app.api.embeddings.protocol import EMBEDDINGS_PATH, parse_embedding_body
-from models_app.api.inference import inference_app, with_endpoint
+from models_app.api.inference import inference_app, parsed, with_endpoint
 from models_app.api.keys import Caller
 from models_app.transport.messages import OP_EMBED
 from models_app.transport.runtime_client import RuntimeClient
@@ -23,7 +23,7 @@ from models_app.transport.runtime_client import RuntimeClient
 
 async def create_embedding(data, caller: Caller) -> dict:
     """Run one embeddings request; raises its error (LLMPoolError)."""
-    call = parse_embedding_body(data, caller.fairness_key)
+    call = await parsed(parse_embedding_body, data, caller.fairness_key)
     caller.check_model(call.embedding.model)
     result = await RuntimeClient().call(OP_EMBED, with_endpoint(call.embedding.to_wire()))
     encode = _base64 if call.encoding_format == "base64" else list

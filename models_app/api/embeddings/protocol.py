@@ -9,7 +9,7 @@ most 2048 inputs, none empty); ``encoding_format`` ``float`` (the default) or ``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
@@ -22,10 +22,20 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 MAX_INPUTS = 2048  # as OpenAI's API
 
 
+Tokens = list[Annotated[StrictInt, Field(ge=0)]]
+
+
 class EmbeddingBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    # What ``_inputs`` refuses by name first (an empty batch or input, too many, a negative token id),
+    # in the schema too.
+    input: Union[
+        Annotated[StrictStr, Field(min_length=1)],
+        Annotated[list[Annotated[StrictStr, Field(min_length=1)]], Field(min_length=1, max_length=MAX_INPUTS)],
+        Annotated[Tokens, Field(min_length=1)],
+        Annotated[list[Annotated[Tokens, Field(min_length=1)]], Field(min_length=1, max_length=MAX_INPUTS)],
+    ]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     user: str | None = None
@@ -48,13 +58,13 @@ def parse_embedding_body(data: Any, fairness_key: str | None) -> EmbeddingCall:
             "$.input: must be a string, a list of strings, a token array (a list of integers) or a list of token arrays",
             param="input",
         )
+    inputs = _inputs(data["input"]) if "input" in data else None
     try:
         body = EmbeddingBody.model_validate(data, strict=True)
     except ValidationError as exc:
         problem = exc.errors()[0]
         path = json_path(problem["loc"][:1])  # the union's branch names say nothing to a client
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
-    inputs = _inputs(body.input)
     return EmbeddingCall(
         embedding=EmbeddingRequest(
             request_id="",  # the runtime client names the exchange
@@ -88,7 +98,8 @@ def _kind(item: Any) -> str | None:
 
 
 def _inputs(value) -> list[str] | list[list[int]]:
-    """Every input of the request, in order; refuses an empty batch, an empty input, too many."""
+    """Every input of the request (of one of the four shapes: ``_one_shape``), in order; refuses an
+    empty batch, an empty input, too many, a negative token id."""
     if isinstance(value, str):
         inputs = [value]
     elif value and isinstance(value[0], int):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from models_app.api.inference import generate, inference_app
+from models_app.api.inference import generate, inference_app, parsed
 from models_app.api.keys import Caller
 from models_app.api.responses.protocol import ResponseBuilder, parse_responses_body
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
@@ -22,7 +22,7 @@ async def create_response(data, caller: Caller) -> dict | AsyncIterator[bytes]:
 
     Raises the request's error (LLMPoolError) before anything is sent (see ``generate``).
     """
-    request = parse_responses_body(data, caller.fairness_key)
+    request = await parsed(parse_responses_body, data, caller.fairness_key)
     caller.check_model(request.model)
     builder = ResponseBuilder(request)
     outcome = await generate(request)

@@ -23,9 +23,20 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
 from models_app.api import limits
+from models_app.api.openapi import response_format_schema, tool_choice_schema
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
 from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL, GenerationRequest
@@ -68,15 +79,18 @@ class InputMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: list[ContentPart]
+    content: list[ContentPart] = Field(min_length=1)  # an empty user message is refused, as on chat
     id: str | None = None
     status: str | None = None
 
     # Shorthands become the full form before validation, so no union of shapes hides the real problem
-    # of an invalid body behind a "should be a valid string" for the other shape.
+    # of an invalid body behind a "should be a valid string" for the other shape.  A user message's
+    # "" is no content, as [] is: both are refused by the list's minimum.
     @field_validator("content", mode="before")
     @classmethod
-    def _string_content(cls, value):
+    def _string_content(cls, value, info: ValidationInfo):
+        if value == "" and info.data.get("role") == "user":
+            return []
         return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
 
 
@@ -137,20 +151,23 @@ class ReasoningOptions(BaseModel):
 
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+RESPONSE_FORMAT = response_format_schema(("schema", "json_schema"))  # as _response_format checks it
 
 
 class ResponsesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1)
-    input: list[InputItem]
+    input: list[InputItem] = Field(min_length=1, max_length=limits.MAX_MESSAGES)
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool = False
     thinking: Literal["default", "enabled", "disabled"] | None = None
-    response_format: dict | None = None
-    text: dict | None = None
+    response_format: Annotated[dict | None, WithJsonSchema(RESPONSE_FORMAT)] = None
+    # Responses-API style: text.format is the response_format when that is left out.
+    text: Annotated[dict | None, WithJsonSchema({"anyOf": [
+        {"type": "object", "properties": {"format": RESPONSE_FORMAT}}, {"type": "null"}]})] = None
     metadata: dict[str, str] | None = None
     user: str | None = None
     source_lang_code: str | None = None
@@ -167,14 +184,15 @@ class ResponsesBody(BaseModel):
     # explicit ``thinking`` wins.
     reasoning: ReasoningOptions | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[FunctionTool] | None = None
-    tool_choice: str | dict | None = None  # checked by _tool_choice (400 naming tool_choice)
+    tools: list[FunctionTool] | None = Field(None, max_length=limits.MAX_TOOLS)
+    # Checked by _tool_choice (400 naming tool_choice), whose rules the schema states.
+    tool_choice: Annotated[str | dict | None, WithJsonSchema(tool_choice_schema({"name": {"type": "string"}}))] = None
     parallel_tool_calls: bool | None = None
 
     @field_validator("input", mode="before")
     @classmethod
     def _string_input(cls, value):
-        # An empty string is no input, as [] is: both are "input must not be empty".
+        # An empty string is no input, as [] is: both are refused by the list's minimum.
         if value == "":
             return []
         return [{"role": "user", "content": value}] if isinstance(value, str) else value
@@ -187,6 +205,7 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
     header); None leaves the fairness key to the body's ``user``."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
+    limits.check_generation_bounds(data, items="input")
     try:
         body = ResponsesBody.model_validate(data, strict=True)
     except ValidationError as exc:
@@ -194,8 +213,6 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
         path = json_path(_field_loc(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
     messages = _messages(body.input)
-    if not messages:
-        raise InvalidRequest("input must not be empty", param="input")
     tools = _tools(body.tools)
     return GenerationRequest(
         request_id="",  # the runtime client names the exchange

@@ -58,35 +58,10 @@ from runtime.prompt_formats import (
     resolve_thinking,
     tool_call_format,
 )
+from runtime.stop_sequences import StopWatch
 from runtime.tool_calls import choice_kind, constrained_schema, format_for
 
 logger = logging.getLogger("llmpool.llama_cpp")
-
-
-class _StopFilter:
-    """Holds back text that may be the start of a stop string; reports when one appears."""
-
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = stops
-        self.pending = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """(text safe to emit, whether a stop string ended the reply)."""
-        if not self.stops:
-            return text, False
-        self.pending += text
-        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            out, self.pending = self.pending[:cut], ""
-            return out, True
-        keep = max((n for s in self.stops for n in range(1, len(s)) if self.pending.endswith(s[:n])), default=0)
-        out = self.pending[: len(self.pending) - keep]
-        self.pending = self.pending[len(out):]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
 
 
 # ---- the engine --------------------------------------------------------------------------
@@ -399,7 +374,7 @@ class LlamaCppEngine:
             context.decode(tokens[start:start + context.n_batch])
         sampler = context.sampler(options)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stop_filter = _StopFilter(prompt.stop)
+        stop_filter = StopWatch(prompt.stop)
         position, produced, reason, hit_stop = len(tokens), 0, "length", False
         unsent = _Unsent(request.logprobs)  # tokens whose text is still held back
         try:
