@@ -5,7 +5,8 @@ libllama (``scripts/gpu_check.sh build``). With SmolLM2-135M and Gemma 3 270M, e
 ``llama_cpp`` (an engine process, every layer on the GPU, llama-cpp-python over the CUDA library)
 and as ``llama_server`` (the CUDA llama-server), it reports:
 
-1. ``GET /v1/admin/gpu-memory`` next to nvidia-smi's own totals;
+1. ``GET /v1/admin/gpu-memory`` next to nvidia-smi's own totals, and the ``observed_load_delta``
+   of a stub whose two replicas each allocate 2 GiB with PyTorch (kept after its unload);
 2. for each of the four models: the estimate before its first load (with its parts), the device
    memory its process holds once loaded (NVML's per-process figure, through nvidia-smi), their
    ratio, the charge llm-pool holds, decode tokens/s of a streamed answer, and the device's used
@@ -114,6 +115,8 @@ def models(files: dict[str, str], binary: str, budget: dict | None = None) -> di
     for label, path in files.items():
         definitions[f"{label}-cpp"] = {**cpp, "model_path": path, **router_swap.prompt_format(path, "llama_cpp")}
         definitions[f"{label}-srv"] = {**srv, "model_path": path}
+    definitions["context"] = {"backend": "stub", "stub_gpu_alloc_mib": 2}
+    definitions["probe"] = {"backend": "stub", "stub_gpu_alloc_mib": 2048, "replicas": 2, "replica_max": 2}
     settings = {"service": {"log_level": "warning"}, "models": definitions}
     if budget:
         settings["memory"] = budget
@@ -194,6 +197,27 @@ def eviction(http: httpx.Client, first: str, second: str) -> dict:
     return figures
 
 
+def stub_delta(http: httpx.Client, alloc_mib: int = 2048, replicas: int = 2) -> dict:
+    """``observed_load_delta`` of a stub whose replicas each allocate ``alloc_mib`` with PyTorch:
+    it must come out within the tolerance of replicas x that, and stay after the unload."""
+    http.post("/v1/admin/models/context/load")  # the runtime process's own CUDA context, apart
+    loaded = http.post("/v1/admin/models/probe/load").json()
+    entry_of = lambda: next(m for m in http.get("/v1/admin/gpu-memory").json()["models"] if m["name"] == "probe")  # noqa: E731
+    probe = entry_of()
+    figures = {"state": loaded.get("runtime_state"), "last_error": loaded.get("last_error"),
+               "observed_mib": probe.get("vram_estimate_mib"), "source": probe.get("vram_estimate_source"),
+               "replica_count": probe.get("vram_estimate_replica_count"), "expected_mib": alloc_mib * replicas}
+    check("stub_observed_load_delta_near_allocation",
+          figures["source"] == "observed_load_delta" and figures["replica_count"] == replicas
+          and abs((figures["observed_mib"] or 0) - alloc_mib * replicas) <= TOLERANCE_MIB, figures)
+    http.post("/v1/admin/models/probe/unload")
+    kept = entry_of()
+    check("stub_estimate_kept_after_unload",
+          (kept.get("vram_estimate_mib"), kept.get("vram_estimate_source")) == (figures["observed_mib"], figures["source"]), kept)
+    http.post("/v1/admin/models/context/unload")
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--binary", required=True, help="the CUDA llama-server")
@@ -213,14 +237,16 @@ def main() -> None:
                 check("gpu_memory_matches_nvidia_smi",
                       [g["total_mib"] for g in memory["gpus"]] == [int(row[3]) for row in report["nvidia_smi"]],
                       {"llmpool": [g["used_over_total"] for g in memory["gpus"]], "error": memory["error"]})
-                report["models"] = {name: one_model(http, name) for name in models(files, args.binary)["models"]}
+                report["stub"] = stub_delta(http)
+                report["models"] = {name: one_model(http, name) for name in models(files, args.binary)["models"]
+                                    if name not in ("context", "probe")}
         if "eviction" not in skip:
             measured = [f.get("measured_mib") or 0 for f in report.get("models", {}).values()]
             budget_mib = (max(measured) if any(measured) else 1024) + 128
             budget = {"devices": {"cuda:0": {"budget_mib": budget_mib}}, "eviction": "idle_lru"}
             report["eviction"] = {"budget_mib": budget_mib}
             with running_service(models(files, args.binary, budget)) as url, httpx.Client(base_url=url, timeout=300) as http:
-                for backend in ("cpp", "srv"):
+                for backend in ("srv", "cpp"):
                     report["eviction"][backend] = eviction(http, f"smol-{backend}", f"gemma-{backend}")
         if "router" not in skip:
             swap_args = argparse.Namespace(binary=args.binary, swaps=args.swaps, threads=4, n_gpu_layers=99, ctx=4096)
