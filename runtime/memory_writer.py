@@ -2,7 +2,7 @@
 
 Before a load starts, the writer asks the pool's ``MemoryManager`` (``runtime.memory``) for a
 plan: it reserves its estimate on the devices it is placed on, waits for the models evicted
-for it to be released, waits for busy ones (a request-triggered load), or is refused
+for it to be released, waits for busy or loading ones (a request-triggered load), or is refused
 (``insufficient_memory``, nothing changed).  After the load it charges what was measured, and
 the charge goes when its engines are released.  A model asked to make room (``memory_evict``)
 decides from its own state: idle, unpinned and loaded, it unloads with reason
