@@ -165,8 +165,16 @@ class MemoryWriter:
             return
         self.memory.measured(self.name, self.memory.split(measured_mib, self.placement))
         if self._memory_key is not None:
-            per_replica = -(-measured_mib // max(1, len(self.engines)))
+            per_replica = -(-measured_mib // max(1, len(self.serving_engines)))
             self.memory.learn(self.name, self._memory_key, per_replica, "measured")
+
+    def _memory_replica_failed(self, serving_before: int) -> None:
+        """One of ``serving_before`` serving replicas failed: its share of the charge goes back."""
+        charge = self.memory.charges.get(self.name) if self.memory is not None else None
+        if charge is None or serving_before < 2:
+            return
+        left = serving_before - 1
+        self.memory.measured(self.name, {device: -(-mib * left // serving_before) for device, mib in charge.mib.items()})
 
     def _memory_failed(self, error: str) -> None:
         """The load failed: its reservation goes; out of memory, its next estimate is raised."""
