@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from runtime.groups import SwapGroup
 from runtime.memory_writer import MemoryWriter, measure_engines, process_rss_mib
 from runtime.on_demand import IdleClock, Waiters, Waiting
 from runtime.replicas import load_replicas, release_replicas
-from runtime.residency import ResidencyWriter
+from runtime.residency import ModelEvent, ResidencyWriter
 from runtime.scheduler import Scheduler, Ticket
 from runtime.switching import SwitchingWriter
 from runtime.state import (
@@ -120,7 +121,8 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self.last_error: str | None = None
         self.load_override: dict[str, Any] = {}
         self.replicas = entry.definition.replicas
-        self.engines: list[Engine] = []
+        self.engines: list[Engine] = []  # one per replica, by replica index, while loaded
+        self.failed_replicas: dict[int, str] = {}  # replica index -> why it failed while the others serve
         self.scheduler = Scheduler(fairness, effects=self)
         self._dispatch: dict[Ticket, asyncio.Future] = {}
         self._leases: dict[Ticket, Lease] = {}
@@ -233,10 +235,23 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         if not self._stopped:
             self._post("finish", ticket, tokens)
 
-    def engine_failed(self, message: str) -> None:
-        """A loaded engine died (a managed server exited, a device was lost)."""
+    def engine_failed(self, message: str, replica: int | None = None) -> None:
+        """A loaded engine died (a managed server exited, a device was lost): replica ``replica``'s,
+        or (None) the model's as a whole."""
         if not self._stopped:
-            self._post("engine_failed", message)
+            self._post("engine_failed", message, replica)
+
+    def timed_out(self, lease: Lease, limit: float) -> None:
+        """A request ran past the model's request_timeout_seconds (``limit``) on ``lease`` and was
+        cancelled.  Called before the request's ``finish``, so a replica found stuck gets no
+        other request meanwhile."""
+        if not self._stopped:
+            self._post("timed_out", lease, limit)
+
+    @property
+    def serving_engines(self) -> list[Engine]:
+        """The engines of the replicas that serve: every loaded one but those that failed."""
+        return [engine for index, engine in enumerate(self.engines) if index not in self.failed_replicas]
 
     async def stop(self) -> None:
         """Stop the controller (model removed or service shutting down); release its engines."""
@@ -251,6 +266,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             await asyncio.gather(self._work, return_exceptions=True)
         await release_replicas(self.engines)
         self.engines = []
+        self.failed_replicas = {}
         self._memory_release()
         gone = UnknownModel(f"model {self.name} is no longer served")
         pending: list[asyncio.Future] = []
@@ -419,6 +435,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self._work = None
         if engines is not None:
             self.engines = engines
+            self.failed_replicas = {}
             self.vram.observe(observed_mib, len(engines))
             self._memory_loaded(measured_mib)
             self.scheduler.open(len(engines), self.effective_target_inflight)
@@ -469,6 +486,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
     def _on_unload_finished(self, future, errors: list[str]) -> None:
         self._work = None
         self.engines = []
+        self.failed_replicas = {}
         self.scheduler.reset()
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
@@ -486,12 +504,32 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self._load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
 
-    def _on_engine_failed(self, future, message: str) -> None:
-        """Loaded -> failed: queued requests get backend_error, active ones fail on their own.
+    def _on_timed_out(self, future, lease: Lease, limit: float) -> None:
+        """A request's timeout ran out: an engine that did not stop within the grace of its cancel
+        (``stalled``, an engine process only) is taken out of dispatch and killed; its death then
+        fails the replica as a crash would (``engine_failed``)."""
+        future.set_result(None)
+        engine = lease.engine
+        if self.state not in (S.LOADED, S.UNLOADING) or not getattr(engine, "stalled", False):
+            return
+        if lease.replica >= len(self.engines) or self.engines[lease.replica] is not engine:
+            return  # an engine of an earlier load
+        self.scheduler.retire(lease.replica)
+        engine.kill(f"a request ran past request_timeout_seconds={limit:g}")
+
+    def _on_engine_failed(self, future, message: str, replica: int | None = None) -> None:
+        """A replica's engine died: while other replicas serve, that replica alone fails
+        (``_fail_replica``); otherwise loaded -> failed: queued requests get backend_error,
+        active ones fail on their own.
 
         While unloading the release already under way finishes the job, so nothing changes.
         """
-        if self.state is not S.LOADED:
+        if self.state is not S.LOADED or replica in self.failed_replicas:
+            future.set_result(None)
+            return
+        others = [index for index in range(len(self.engines)) if index not in self.failed_replicas]
+        if replica is not None and others != [replica]:
+            self._fail_replica(replica, message)
             future.set_result(None)
             return
         self.last_error = message
@@ -501,6 +539,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
             lease.failure = failure
         self.scheduler.reset()
         engines, self.engines = self.engines, []
+        self.failed_replicas = {}
         self.load_override = {}
         self.replicas = self.entry.definition.replicas
         self._yielding = False
@@ -510,6 +549,25 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         self._operate_when_idle()  # a wake waiting for memory (runtime.residency) does not happen
         self._work = asyncio.get_running_loop().create_task(self._release_failed(engines))
         future.set_result(None)
+
+    def _fail_replica(self, replica: int, message: str) -> None:
+        """One replica failed while the others serve on: nothing more is dispatched to it, its
+        requests fail with backend_error, its share of the memory charge goes; the model stays
+        loaded (``loaded_replicas`` one less) until it is unloaded, which releases that engine too."""
+        serving = len(self.serving_engines)
+        self.failed_replicas[replica] = message
+        self.last_error = message
+        failure = BackendError(f"model {self.name} replica {replica + 1} failed: {message}")
+        for lease in self._leases.values():
+            if lease.replica == replica:
+                lease.failure = failure
+        self.scheduler.retire(replica)
+        self._memory_replica_failed(serving)
+        logger.warning("model %s: replica %d failed, %d serve on: %s", self.name, replica + 1, serving - 1, message)
+        event = ModelEvent(self.name, "replica_failed", time.time(),
+                           {"replica": replica + 1, "reason": REASON_ENGINE_FAILURE, "error": message})
+        for listener in self.machine.listeners:
+            listener(event)
 
     async def _release_failed(self, engines: list[Engine]) -> None:
         await release_replicas(engines)

@@ -88,17 +88,19 @@ def check_embedding_request(entry: CatalogEntry, request: EmbeddingRequest, allo
         )
 
 
-async def embed_on_engine(controller, engine, request: EmbeddingRequest) -> tuple[list[list[float]], int]:
-    """``engine.embed`` within the model's request_timeout_seconds (504 past it); checks that the
-    engine answered one vector per input."""
+async def embed_on_engine(controller, lease, request: EmbeddingRequest) -> tuple[list[list[float]], int]:
+    """The embed of ``lease``'s engine within the model's request_timeout_seconds (504 past it, and
+    an engine that does not stop is killed: ``timed_out``); checks that the engine answered one
+    vector per input."""
     limit = controller.entry.definition.request_timeout_seconds
     deadline = asyncio.timeout(limit)
     try:
         async with deadline:
-            vectors, prompt_tokens = await engine.embed(request.inputs, dimensions=request.dimensions)
+            vectors, prompt_tokens = await lease.engine.embed(request.inputs, dimensions=request.dimensions)
     except TimeoutError:
         if not deadline.expired():
             raise
+        controller.timed_out(lease, limit)
         raise RequestTimeout(
             f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
         ) from None

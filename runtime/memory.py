@@ -9,8 +9,9 @@ docs/settings.md ("Memory and devices") states the rules; docs/architecture.md t
   The charge goes when its engines are released.
 - Admission (``MemoryManager.decide``): a load whose charge fits every device it is placed on
   goes ahead; otherwise, with ``eviction: "idle_lru"``, the fewest idle unpinned models on that
-  device, least recently used first, are unloaded first (reason ``memory_eviction``); a busy
-  model is never evicted (a request-triggered load waits for it, an admin load is refused), and
+  device, least recently used first, are unloaded first (reason ``memory_eviction``); a busy or
+  loading model is never evicted (a request-triggered load waits for it, bounded by its
+  requests' ``load_wait_timeout_seconds``; an admin load is refused), and
   a load that cannot fit is refused with ``insufficient_memory`` and the plan, changing nothing.
 - Relief before eviction (``idle_lru``, runtime.residency): an idle model that can give memory
   back while it stays loaded is asked first, least recently used first: its context shrunk to
@@ -144,8 +145,8 @@ class Charge:
 class Plan:
     """The admission decision for one load (the ``insufficient_memory`` details, the dry run).
 
-    ``action``: "load" (fits), "evict" (fits once ``evict`` are unloaded), "wait" (fits once busy
-    or unloading models are done: request-triggered loads only) or "refuse"."""
+    ``action``: "load" (fits), "evict" (fits once ``evict`` are unloaded), "wait" (fits once busy,
+    loading or unloading models are done: request-triggered loads only) or "refuse"."""
 
     action: str
     placement: list[str]
@@ -468,7 +469,8 @@ class MemoryManager:
 
     def _candidates(self, loader: str, device: str, skip=()) -> tuple[list[dict], list[dict], int]:
         """(evictable [{name, charge_mib, last_used}] least recently used first, blocking [{name,
-        charge_mib, why}], MiB that busy unpinned or unloading models will give back later);
+        charge_mib, why}], MiB that busy unpinned or unloading models will give back later, and
+        with ``idle_lru`` loading unpinned ones too: once loaded and idle they are evictable);
         the models of ``skip`` (counted through the swap group's slot) are in neither."""
         from runtime.state import RuntimeState as S
 
@@ -491,6 +493,8 @@ class MemoryManager:
                 why, later = "busy", later + mib
             elif state is S.UNLOADING:
                 why, later = "unloading", later + mib
+            elif state is S.LOADING and self.settings.eviction == "idle_lru":
+                why, later = "loading", later + mib
             else:
                 why = state.value
             blocking.append({"name": name, "charge_mib": mib, "why": why})

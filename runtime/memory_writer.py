@@ -2,7 +2,7 @@
 
 Before a load starts, the writer asks the pool's ``MemoryManager`` (``runtime.memory``) for a
 plan: it reserves its estimate on the devices it is placed on, waits for the models evicted
-for it to be released, waits for busy ones (a request-triggered load), or is refused
+for it to be released, waits for busy or loading ones (a request-triggered load), or is refused
 (``insufficient_memory``, nothing changed).  After the load it charges what was measured, and
 the charge goes when its engines are released.  A model asked to make room (``memory_evict``)
 decides from its own state: idle, unpinned and loaded, it unloads with reason
@@ -165,8 +165,16 @@ class MemoryWriter:
             return
         self.memory.measured(self.name, self.memory.split(measured_mib, self.placement))
         if self._memory_key is not None:
-            per_replica = -(-measured_mib // max(1, len(self.engines)))
+            per_replica = -(-measured_mib // max(1, len(self.serving_engines)))
             self.memory.learn(self.name, self._memory_key, per_replica, "measured")
+
+    def _memory_replica_failed(self, serving_before: int) -> None:
+        """One of ``serving_before`` serving replicas failed: its share of the charge goes back."""
+        charge = self.memory.charges.get(self.name) if self.memory is not None else None
+        if charge is None or serving_before < 2:
+            return
+        left = serving_before - 1
+        self.memory.measured(self.name, {device: -(-mib * left // serving_before) for device, mib in charge.mib.items()})
 
     def _memory_failed(self, error: str) -> None:
         """The load failed: its reservation goes; out of memory, its next estimate is raised."""

@@ -254,7 +254,7 @@ class _PoolCollector(Collector):
             scheduler = controller.scheduler
             gauges["queue_depth"].add_metric([name], scheduler.queue_depth)
             gauges["inflight"].add_metric([name], scheduler.inflight)
-            gauges["loaded_replicas"].add_metric([name], len(controller.engines))
+            gauges["loaded_replicas"].add_metric([name], len(controller.serving_engines))
             gauges["waiting_requests"].add_metric([name], len(controller.waiters))
             since = self.metrics._loaded_since.get(name)
             gauges["resident_seconds"].add_metric([name], max(0.0, now - since) if since is not None else 0.0)

@@ -22,7 +22,7 @@ def model_entry(controller: ModelController) -> dict:
         "is_loaded": state is RuntimeState.LOADED,
         "replicas": controller.replicas,
         "replica_max": definition.replica_max,
-        "loaded_replicas": len(controller.engines),
+        "loaded_replicas": len(controller.serving_engines),
         "inflight_requests": scheduler.queue_depth + scheduler.inflight,
         "queue_depth": scheduler.queue_depth,
         "runtime_inflight": scheduler.inflight,

@@ -34,7 +34,7 @@ def create_replica(entry: CatalogEntry, config: dict, index: int, context: dict)
 
 
 async def load_replicas(
-    entry: CatalogEntry, overrides: dict, count: int, on_engine_failure: Callable[[str], None],
+    entry: CatalogEntry, overrides: dict, count: int, on_engine_failure: Callable[[str, int], None],
     on_load_progress: ProgressCallback | None = None,
 ) -> tuple[list[Engine], int | None]:
     """Load ``count`` replicas one after the other, all or nothing.
@@ -42,6 +42,7 @@ async def load_replicas(
     Returns the engines and the GPU memory the load took (MiB, None when no GPU is
     visible).  On any failure, or when cancelled, the replicas loaded so far are
     released first; a replica's failure raises ``ReplicaLoadError`` naming it.
+    ``on_engine_failure(message, replica index)`` hears a loaded engine's death.
     ``on_load_progress`` hears each replica's stages, its fraction scaled into the whole load's
     (runtime.load_progress).
     """
@@ -50,16 +51,12 @@ async def load_replicas(
         "base_dir": entry.base_dir,
         "model_name": entry.name,
         "state_dir": state_dir(),
-        # An engine calls this (from the event loop) when it dies while loaded.
-        "on_engine_failure": on_engine_failure,
     }
     engines: list[Engine] = []
     try:
         used_before = await asyncio.to_thread(gpu.used_memory_mib)
         for index in range(count):
-            replica_context = context
-            if on_load_progress is not None:
-                replica_context = {**context, "on_load_progress": replica_reporter(on_load_progress, index, count)}
+            replica_context = _replica_context(context, index, count, on_engine_failure, on_load_progress)
             engine = create_replica(entry, config, index, replica_context)
             engines.append(engine)
             try:
@@ -71,6 +68,16 @@ async def load_replicas(
         await release_replicas(engines)
         raise
     return engines, gpu.load_delta(used_before, used_after)
+
+
+def _replica_context(context: dict, index: int, count: int, on_engine_failure: Callable[[str, int], None],
+                     on_load_progress: ProgressCallback | None) -> dict:
+    """``context`` for replica ``index``: its engine's death and its load's stages name it."""
+    # An engine calls this (from the event loop) when it dies while loaded.
+    replica = {**context, "on_engine_failure": lambda message: on_engine_failure(message, index)}
+    if on_load_progress is not None:
+        replica["on_load_progress"] = replica_reporter(on_load_progress, index, count)
+    return replica
 
 
 async def release_replicas(engines: list[Engine]) -> list[str]:

@@ -196,7 +196,7 @@ class ResidencyWriter:
         if awake:
             needed, source = sum(awake.values()), "measured"
         else:
-            needed, source, _key = self.memory.estimate(self, self.load_override, max(1, len(self.engines)))
+            needed, source, _key = self.memory.estimate(self, self.load_override, max(1, len(self.serving_engines)))
         return self.memory.decide(self, needed, list(self.placement), operator=reason == REASON_ADMIN,
                                   source=source)
 
@@ -284,7 +284,7 @@ class ResidencyWriter:
         context (its estimate less what stays asleep, ``sleeping_mib``); else break-then-make."""
         if self.memory is None or not self.placement:
             return None, False
-        count = max(1, len(self.engines))
+        count = max(1, len(self.serving_engines))
         needed, _source, key = self.memory.estimate(self, overrides, count)
         free = {}
         for device, mib in self.memory.split(needed, self.placement).items():
@@ -325,7 +325,7 @@ class ResidencyWriter:
             current = spec.effective_config(definition, self.load_override).get("gguf_n_ctx")
         if floor is not None and current is not None and current > floor:
             to = {"gguf_n_ctx": floor}
-            needed, _source, _key = self.memory.estimate(self, {**self.load_override, **to}, max(1, len(self.engines)))
+            needed, _source, _key = self.memory.estimate(self, {**self.load_override, **to}, max(1, len(self.serving_engines)))
             after = self.memory.split(needed, self.placement).get(device, 0)
             options.append({"action": "shrink", "frees_mib": held - after, "to": to})
         if spec.can_sleep(definition):
@@ -336,7 +336,7 @@ class ResidencyWriter:
         """The charge expected once asleep (the backend's ``sleeping_mib`` of the one held now)."""
         charge = self.memory.charges.get(self.name)
         awake = sum(charge.mib.values()) if charge is not None else 0
-        count = max(1, len(self.engines))
+        count = max(1, len(self.serving_engines))
         spec, definition = self.entry.spec, self.entry.definition
         config = spec.effective_config(definition, self.load_override)
         asleep = spec.sleeping_mib(definition, config, self.entry.base_dir, -(-awake // count)) * count
@@ -426,7 +426,7 @@ class ResidencyWriter:
             return
         if self.scheduler.inflight:
             return
-        operation.task = asyncio.get_running_loop().create_task(self._operate(operation, list(self.engines)))
+        operation.task = asyncio.get_running_loop().create_task(self._operate(operation, self.serving_engines))
         if self._work is None:
             self._work = operation.task  # an unload meanwhile waits for it
 

@@ -79,12 +79,15 @@ class Scheduler:
     _idle: OrderedDict = field(default_factory=OrderedDict)
     # Admission paused (runtime.residency: a reconfigure or a sleep): requests queue, none starts.
     paused: bool = False
+    # Replicas that failed while the model serves on the others: nothing is dispatched to them.
+    retired: set[int] = field(default_factory=set)
 
     # -- lifecycle ---------------------------------------------------------------------
     def open(self, replicas: int, target_per_replica: int) -> None:
         self.replicas = replicas
         self.target_per_replica = target_per_replica
         self.active = {index: set() for index in range(replicas)}
+        self.retired = set()
 
     def close(self, error: LLMPoolError) -> None:
         """Stop dispatching; every queued request is rejected with ``error``."""
@@ -109,9 +112,14 @@ class Scheduler:
         self.paused = False
         self._dispatch()
 
+    def retire(self, replica: int) -> None:
+        """Dispatch nothing more to ``replica`` (it failed); the requests it holds end as they do."""
+        self.retired.add(replica)
+
     def reset(self) -> None:
         """Forget counters and key statistics (on unload)."""
         self.paused = False
+        self.retired.clear()
         self.keys.clear()
         self._idle.clear()
         self.active.clear()
@@ -258,7 +266,7 @@ class Scheduler:
         best, best_load = None, self.target_per_replica
         for index in range(self.replicas):
             load = len(self.active[index])
-            if load < best_load:
+            if load < best_load and index not in self.retired:
                 best, best_load = index, load
         return best
 

@@ -309,7 +309,7 @@ class RuntimeService:
         try:
             lease = await dispatched
             lease.check()
-            vectors, used = await embed_on_engine(controller, lease.engine, request)
+            vectors, used = await embed_on_engine(controller, lease, request)
             lease.check()
         finally:
             controller.finish(ticket, used)
@@ -370,7 +370,8 @@ class _Run:
 
 async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, emit: Emit, run: _Run) -> None:
     """Stream the engine's events into ``run`` (and to ``emit`` when streaming), within the
-    model's request_timeout_seconds: past it the engine's generate is cancelled (504).
+    model's request_timeout_seconds: past it the engine's generate is cancelled (504), and an
+    engine that does not stop within the grace of that cancel is killed (``timed_out``).
 
     A thinking model's reasoning is split off the answer first (runtime.reasoning): it goes
     out as ``reasoning`` events, and stop sequences and logprobs are the answer's only.
@@ -447,6 +448,7 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
     except TimeoutError:
         if not deadline.expired():
             raise  # the engine's own timeout, not the model's limit
+        controller.timed_out(lease, limit)  # an engine that did not stop is killed
         raise RequestTimeout(
             f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
         ) from None

@@ -14,11 +14,13 @@ from channels.layers import get_channel_layer
 from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_LOAD_PROGRESS, EVENT_TRANSITION
 
 TRANSITION_FIELDS = ("model", "from", "to", "at", "reason", "last_error")
-# A loaded model's inference state changed (runtime.residency; additive event names).
+# A loaded model changed without a transition (additive event names): its inference state
+# (runtime.residency), or one of its replicas failed while the others serve on (runtime.controller).
 MODEL_EVENT_FIELDS = {
     "reconfigured": ("model", "at", "duration_ms", "changed", "reason"),
     "slept": ("model", "at", "duration_ms", "reason"),
     "woke": ("model", "at", "duration_ms", "reason"),
+    "replica_failed": ("model", "at", "replica", "reason", "error"),
 }
 LOAD_PROGRESS_FIELDS = ("model", "load_progress", "at")
 SSE_KEEPALIVE_SECONDS = 15.0

@@ -20,7 +20,9 @@ event's ``kind`` is one of (``models_app.transport.messages`` names them):
   and at, sent when a loading model's progress changed (sampled with the counters);
 - ``catalog``: a settings reload changed the catalog (its diff);
 - ``reconfigured``, ``slept``, ``woke`` (runtime.residency): model, at, duration_ms, reason,
-  changed (reconfigured: {field: {from, to}}), entry; the model stayed loaded.
+  changed (reconfigured: {field: {from, to}}), entry; the model stayed loaded;
+- ``replica_failed`` (runtime.controller): model, at, replica (1-based), reason, error, entry; the
+  model stayed loaded on its other replicas.
 """
 from __future__ import annotations
 

@@ -34,6 +34,9 @@ REASONING_EFFORT_THINKING = {
 THINK_TAGS = ("<think>", "</think>")
 # The kinds of tool_choice (capabilities.tool_choice): a named function is "function".
 TOOL_CHOICES = ("none", "auto", "required", "function")
+# request_timeout_seconds of a model in engine processes when its definition leaves it out: an
+# engine stuck past it is killed (runtime.controller, ``timed_out``), so it must not be unbounded.
+ENGINE_PROCESS_REQUEST_TIMEOUT_SECONDS = 600.0
 
 
 class EngineUnavailable(RuntimeError):
@@ -57,7 +60,8 @@ class CommonDefinition(BaseModel):
     target_inflight: int = Field(1, ge=1, le=4096)
     modalities: list[Modality] = Field(default_factory=lambda: ["text"])
     # The most seconds one request may hold a replica, from dispatch to its last token; when it
-    # runs out the request ends with 504 request_timeout and the engine is cancelled.
+    # runs out the request ends with 504 request_timeout and the engine is cancelled.  Left out:
+    # ENGINE_PROCESS_REQUEST_TIMEOUT_SECONDS with isolation "process", else null (no limit).
     request_timeout_seconds: float | None = Field(None, gt=0, le=86400)
     # "process": each replica's engine runs in an engine process of its own (runtime/engine_process),
     # so a native fault kills that process, not the runtime; "none": in the runtime's own process.
@@ -95,6 +99,12 @@ class CommonDefinition(BaseModel):
             self.modalities = ["text", *self.modalities]
         if self.reasoning_tags is not None and len(self.reasoning_tags) not in (0, 2):
             raise ValueError("reasoning_tags must be [] or [start, end]")
+        return self
+
+    @model_validator(mode="after")
+    def _engine_process_request_timeout(self):
+        if self.isolation == "process" and "request_timeout_seconds" not in self.model_fields_set:
+            self.request_timeout_seconds = ENGINE_PROCESS_REQUEST_TIMEOUT_SECONDS
         return self
 
 

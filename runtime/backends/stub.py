@@ -24,6 +24,7 @@ import json
 import os
 import re
 import signal
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -85,6 +86,10 @@ class StubDefinition(CommonDefinition):
     # when a generation starts.  Refused with isolation "none" (it would kill the service).
     stub_crash: Literal["on_load", "on_generate"] | None = None
     stub_crash_signal: Literal["SIGSEGV", "SIGABRT", "SIGKILL"] = "SIGSEGV"
+    # A stuck engine: a generation whose prompt text (or an embedding input) contains this string
+    # blocks the engine process's event loop for good (as a chat template that never ends rendering would), so it
+    # answers no cancel.  Refused with isolation "none" (it would block the service).
+    stub_spin_on: str | None = Field(None, min_length=1)
     thinking_modes: list[Literal["default", "enabled", "disabled"]] = Field(default_factory=lambda: ["default"])
     response_formats: list[Literal["text", "json_schema"]] = Field(default_factory=lambda: ["text"])
     multi_turn: bool = True
@@ -119,6 +124,11 @@ class StubDefinition(CommonDefinition):
             raise ValueError(
                 f"stub_crash={self.stub_crash!r} needs isolation \"process\": with isolation "
                 f"{self.isolation!r} the crash would kill the service"
+            )
+        if self.stub_spin_on is not None and self.isolation != "process":
+            raise ValueError(
+                f"stub_spin_on needs isolation \"process\": with isolation {self.isolation!r} the "
+                "stuck engine would block the service"
             )
         return self
 
@@ -210,6 +220,9 @@ class StubEngine:
         if not self.loaded:
             raise BackendError("the stub engine is not loaded")
         delay = self.config["stub_token_delay_ms"] / 1000.0
+        spin_on = self.config["stub_spin_on"]
+        if spin_on is not None and any(isinstance(item, str) and spin_on in item for item in inputs):
+            _block_forever()
         vectors, tokens = [], 0
         for item in inputs:
             if delay:
@@ -227,18 +240,15 @@ class StubEngine:
 
     async def generate(self, request: GenerationRequest):
         self._crash_if("on_generate")
+        prompt_text = _prompt_text(request)
+        spin_on = self.config["stub_spin_on"]
+        if spin_on is not None and spin_on in prompt_text:
+            _block_forever()
         calls = self._tool_call_tokens(request)
         reply = self.config["stub_reply"]
         if reply is None:
             reply = request.prompt if request.prompt is not None else _last_text(request)
         tokens = self._reasoning_tokens(request) + (calls if calls is not None else stub_tokens(reply))
-        if request.prompt is not None:
-            prompt_text = request.prompt
-        else:
-            prompt_text = " ".join(
-                [request.instructions or ""]
-                + [p.get("text", "") for m in request.messages for p in m["content"] if p.get("type") == "input_text"]
-            )
         input_tokens = len(stub_tokens(prompt_text))
         delay = self.config["stub_token_delay_ms"] / 1000.0
         fail_after = self.config["stub_fail_after_tokens"]
@@ -259,6 +269,23 @@ def stub_takes_tools(definition: dict) -> bool:
     if definition["tools"] is not None:
         return definition["tools"]
     return definition["stub_tool_calls"] is not None
+
+
+def _prompt_text(request: GenerationRequest) -> str:
+    """The raw prompt, else the instructions and every text part (what the stub counts as input)."""
+    if request.prompt is not None:
+        return request.prompt
+    return " ".join(
+        [request.instructions or ""]
+        + [p.get("text", "") for m in request.messages for p in m["content"] if p.get("type") == "input_text"]
+    )
+
+
+def _block_forever() -> None:
+    """``stub_spin_on``: never return, never yield to the event loop (short sleeps rather than a busy
+    loop, so that a test does not take a core)."""
+    while True:
+        time.sleep(0.05)
 
 
 def _last_text(request: GenerationRequest) -> str:

@@ -14,7 +14,13 @@ call fails at once with ``BackendError`` naming the signal or exit code and the
 tail of its output: a load in progress fails with it, each active generate raises
 it, and a loaded engine reports it to ``context["on_engine_failure"]``.
 ``unload`` sends ``unload``, waits for the exit, and kills the group after a grace
-period; it is safe after a failed load and twice.
+period (at once when the engine is stalled); it is safe after a failed load and twice.
+
+A cancelled generate (or embed) waits ``CANCEL_WAIT_SECONDS`` for the child to confirm it has
+stopped.  The child answers a cancel from its event loop at once (native work runs on worker
+threads), so a cancel left unanswered means that loop is blocked (a template that never ends
+rendering): the engine is ``stalled``.  ``kill`` ends such a process with SIGKILL, and its death
+is then reported as any other, naming why it was killed.
 """
 from __future__ import annotations
 
@@ -41,7 +47,7 @@ from runtime.tool_calls import format_for
 logger = logging.getLogger("llmpool.runtime")
 
 UNLOAD_GRACE_SECONDS = 30.0  # from ``unload`` to the process's exit, then SIGKILL
-CANCEL_WAIT_SECONDS = 5.0  # a cancelled generate waits this long for the engine to stop
+CANCEL_WAIT_SECONDS = 5.0  # a cancelled generate waits this long for the engine to stop (else: stalled)
 EXIT_AFTER_EOF_SECONDS = 2.0  # the socket closed: the exit should follow within this
 
 
@@ -123,6 +129,8 @@ class ProcessEngine:
         self._death: asyncio.Task | None = None
         self._loaded = False
         self._stopping = False
+        self._unanswered: set[int] = set()  # ids whose cancel the child left unanswered (``stalled``)
+        self._killed: str | None = None  # why ``kill`` ended the process
         self._tool_call_formats: dict[str, str] | None = None  # the child's engine's, from ``loaded``
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -175,7 +183,8 @@ class ProcessEngine:
         self._stopping = True
         if self.process is None:
             return
-        if self.process.running and self._failure is None:
+        # A stalled or killed process cannot answer ``unload``: it is stopped at once.
+        if self.process.running and self._failure is None and self._killed is None and not self._unanswered:
             try:
                 async with asyncio.timeout(UNLOAD_GRACE_SECONDS):
                     await self._call(p.UNLOAD, {}, p.UNLOADED)
@@ -268,13 +277,32 @@ class ProcessEngine:
             self._streams.pop(embed_id, None)
 
     async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
-        """Tell the child to stop ``generation_id`` and wait (briefly) until it has."""
+        """Tell the child to stop ``generation_id`` and wait (briefly) until it has; unanswered, the
+        engine is ``stalled`` until the answer comes."""
         try:
             await self._send({"op": p.CANCEL, "id": generation_id})
             async with asyncio.timeout(CANCEL_WAIT_SECONDS):
                 await stream.cancelled.wait()
-        except (LLMPoolError, TimeoutError):
-            pass  # the process is gone or stuck; its death report or unload deals with it
+        except LLMPoolError:
+            pass  # the process is gone; its death report deals with it
+        except TimeoutError:
+            if self._failure is None:
+                self._unanswered.add(generation_id)
+                logger.warning("%s did not stop within %g s of a cancel", self.label, CANCEL_WAIT_SECONDS)
+
+    @property
+    def stalled(self) -> bool:
+        """Whether a cancel went unanswered for ``CANCEL_WAIT_SECONDS`` (and still is): the engine
+        process's event loop is blocked, so it answers nothing else either."""
+        return bool(self._unanswered) and self._failure is None
+
+    def kill(self, reason: str) -> None:
+        """SIGKILL the engine process now (it is ``stalled``); its death is reported as a crash is,
+        with why (the unanswered cancel and ``reason``) in the message."""
+        if self.process is not None and self.process.running and self._killed is None:
+            self._killed = f"it did not stop within {CANCEL_WAIT_SECONDS:g} s of a cancel; {reason}"
+            logger.warning("%s: killing it: %s", self.label, self._killed)
+            self.process.kill()
 
     # ---- the socket ------------------------------------------------------------------
     async def _send(self, message: dict[str, Any]) -> None:
@@ -316,6 +344,8 @@ class ProcessEngine:
     def _receive(self, message: dict[str, Any]) -> None:
         op = message["op"]
         if op in (p.DELTA, p.FINISHED, p.EMBEDDED, p.CANCELLED) or (op == p.ERROR and message.get("id") is not None):
+            if op == p.CANCELLED:
+                self._unanswered.discard(message.get("id"))  # a late answer: it was not stuck after all
             stream = self._streams.get(message.get("id"))
             if stream is None:
                 return  # a generation the runtime stopped waiting for
@@ -352,7 +382,8 @@ class ProcessEngine:
             await process.stop(grace=0)
         await process.output_settled()
         when = "while unloading" if self._stopping else "while loaded" if self._loaded else "while loading"
-        death = f"{self.label} {describe_death(process.returncode)} {when}"
+        why = f" (killed: {self._killed})" if self._killed is not None else ""
+        death = f"{self.label} {describe_death(process.returncode)} {when}{why}"
         message = f"{death}; last output:\n{process.tail()}"
         serving = self._loaded and not self._stopping
         # Requests are told how it died; its output goes to last_error alone (an operator's

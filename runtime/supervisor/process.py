@@ -183,6 +183,12 @@ class ManagedProcess:
                 await self.wait_exit(min(delay, remaining))
                 delay = min(delay * 2, 0.5)
 
+    def kill(self) -> None:
+        """SIGKILL to the group now (a process that cannot be asked to stop); its exit is seen as any
+        other (``on_exit``), and ``stop`` still waits for the group to be gone."""
+        if self.process is not None and not self._exited.is_set():
+            signal_group(self.process.pid, signal.SIGKILL)
+
     async def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM to the group, SIGKILL after ``grace`` (STOP_GRACE_SECONDS); wait until the group is gone."""
         grace = STOP_GRACE_SECONDS if grace is None else grace

@@ -12,8 +12,8 @@ from runtime.errors import BackendError, ModelFailed
 from runtime.scheduler import Ticket
 from tests.conftest import write_settings
 from tests.engine_process.conftest import engine_processes
-from tests.engines.runtime_driver import generate, load, wait_for_state
-from tests.runtime.helpers import LOAD_CYCLE, moves
+from tests.engines.runtime_driver import generate, load, unload, wait_for_state
+from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves
 
 SIGNALS = ["SIGSEGV", "SIGABRT", "SIGKILL"]
 OTHER_REPLY = " ".join(f"w{i}" for i in range(20))
@@ -126,3 +126,25 @@ async def test_a_kill_of_an_idle_engine_process_fails_its_model(runtime_service)
     entry = await wait_for_state(service, "crashy", "failed")
     assert entry["last_error"].startswith("engine process for model crashy, replica 1 died of SIGKILL while loaded")
     assert moves(events, "crashy") == LOAD_CYCLE + [("loaded", "failed")]
+
+
+async def test_a_kill_of_one_of_two_replicas_fails_that_replica_and_the_other_serves_on(runtime_service):
+    """With another replica serving, the dead one is taken out of dispatch (the model stays loaded);
+    an unload releases both, and the next load has both replicas again."""
+    service, events = await runtime_service({"pair": {**models("on_load", "SIGKILL")["other"], "replicas": 2}})
+    await load(service, "pair")
+    first, second = _pids(service, "pair")
+    os.kill(first, signal.SIGKILL)
+    controller = service.pool.controller("pair")
+    async with asyncio.timeout(5):
+        while not controller.failed_replicas:
+            await asyncio.sleep(0.01)
+    entry = await service.handle("get_model", {"name": "pair"}, None)
+    assert (entry["runtime_state"], entry["loaded_replicas"]) == ("loaded", 1)
+    assert entry["last_error"].startswith("engine process for model pair, replica 1 died of SIGKILL while loaded")
+    results = await asyncio.gather(*(generate(service, "pair", max_output_tokens=2) for _ in range(3)))
+    assert [result["text"] for result, _ in results] == ["w0 w1"] * 3
+    assert [p.pid for p in engine_processes()] == [second]
+    await unload(service, "pair")
+    assert (await load(service, "pair"))["loaded_replicas"] == 2
+    assert moves(events, "pair") == LOAD_CYCLE + UNLOAD_CYCLE + LOAD_CYCLE

@@ -13,7 +13,7 @@ async def test_llama_server_reports_spawned_listening_loading_weights_healthy(
         "llama_server_n_ctx": 512, "llama_server_startup_timeout_seconds": 60.0,
     }})
     progress: list[tuple[str, float | None]] = []
-    engines, _ = await load_replicas(service.pool.controller("ls").entry, {}, 1, lambda message: None,
+    engines, _ = await load_replicas(service.pool.controller("ls").entry, {}, 1, lambda message, replica: None,
                                      on_load_progress=lambda stage, fraction: progress.append((stage, fraction)))
     assert await release_replicas(engines) == []
     stages = [stage for stage, _ in progress]

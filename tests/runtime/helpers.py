@@ -19,5 +19,6 @@ async def start_pool(folder: Path, models: dict, **sections) -> tuple[ModelPool,
     return pool, events
 
 
-def moves(events: list[TransitionEvent], model: str) -> list[tuple[str, str]]:
-    return [(e.old.value, e.new.value) for e in events if e.model == model]
+def moves(events: list, model: str) -> list[tuple[str, str]]:
+    """The transitions of ``model`` among ``events`` (the other events a listener hears left out)."""
+    return [(e.old.value, e.new.value) for e in events if isinstance(e, TransitionEvent) and e.model == model]

@@ -25,7 +25,7 @@ async def reported(service, name: str, count: int = 1) -> list[tuple[str, float 
     """What one load of ``name`` reports through load_replicas, in order; the replicas are released."""
     progress: list[tuple[str, float | None]] = []
     entry = service.pool.controller(name).entry
-    engines, _ = await load_replicas(entry, {}, count, lambda message: None,
+    engines, _ = await load_replicas(entry, {}, count, lambda message, replica: None,
                                      on_load_progress=lambda stage, fraction: progress.append((stage, fraction)))
     assert await release_replicas(engines) == []
     return progress
