@@ -221,8 +221,9 @@ class LlamaServerSpec(managed.ManagedServerSpec):
     def estimate_parts(self, definition, config, base_dir):
         """One replica, one server process (``gguf_estimate_parts``): the GGUF, its KV cache at
         ``llama_server_n_ctx`` (the total its ``--parallel`` slots share) and cache types, the
-        compute margin, and the process's GPU overhead unless no layer goes to a GPU.  A missing
-        file or one that is not GGUF: None (the file's size, ``vram_estimate``, counts then)."""
+        compute margin, and the process's GPU overhead, or on ``cpu`` (no GPU layers, or placed
+        there) its vocabulary.  A missing file or one that is not GGUF: None (the file's size,
+        ``vram_estimate``, counts then)."""
         path = locate_model_file(config["model_path"], base_dir)
         if path is None or not os.path.isfile(path):
             return None

@@ -93,11 +93,11 @@ ENGINE_PROCESS_BASELINE_MIB = 64
 LLAMA_VOCAB_ENTRY_BYTES = 256
 COMPUTE_MARGIN = 0.05
 # What a process that puts llama.cpp layers on a GPU holds there besides its weights, KV cache
-# and compute margin: the CUDA context, cuBLAS's handles and workspace, llama.cpp's CUDA memory
-# pools, and compute buffers larger than the margin for a small model.  Measured on one NVIDIA
-# H200 with CUDA 13.0 (llama.cpp of llama-cpp-python 0.3.36, docs/gpu.md "Results: one H200"):
-# NVML's figure for the llama-server process of SmolLM2 135M at -c 4096 (788 MiB) less its
-# weights, KV cache and llama.cpp's reported compute buffer (94 + 90 + 97 MiB) is 507 MiB.
+# and compute buffers: the CUDA context, cuBLAS's handles and workspace, and llama.cpp's CUDA
+# memory pools.  Measured on one NVIDIA H200 with CUDA 13.0 (the llama.cpp of llama-cpp-python
+# 0.3.36, docs/gpu.md "Results: one H200"): NVML's figure for the llama-server process of
+# SmolLM2 135M at -c 4096 (788 MiB) less its weights, KV cache and the CUDA compute buffer
+# llama.cpp reported (94 + 90 + 97 MiB) is 507 MiB.  Not a fraction: it does not grow with the model.
 GPU_PROCESS_OVERHEAD_MIB = 512
 
 
