@@ -30,7 +30,7 @@ from pydantic import Field
 
 import runtime.backends.managed as managed
 from runtime.backends.common_fields import FamilyDefinition
-from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint
+from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
 from runtime.backends.overrides import LoadOverride, PositiveInt, integer_override
 from runtime.errors import BackendError, InvalidLoadRequest
 from runtime.gguf_info import GgufError, read_gguf_info
@@ -213,6 +213,29 @@ class LlamaServerSpec(managed.ManagedServerSpec):
     def context_length(self, config):
         """What one request gets: the slots share ``-c``."""
         return config["llama_server_n_ctx"] // max(1, config["target_inflight"])
+
+    def default_device(self, definition):
+        """No layers offloaded (``llama_server_n_gpu_layers: 0``): the model lives in RAM."""
+        return "cpu" if definition.llama_server_n_gpu_layers == 0 else "auto"
+
+    def estimate_parts(self, definition, config, base_dir):
+        """One replica, one server process (``gguf_estimate_parts``): the GGUF, its KV cache at
+        ``llama_server_n_ctx`` (the total its ``--parallel`` slots share) and cache types, the
+        compute margin, and the process's GPU overhead, or on ``cpu`` (no GPU layers, or placed
+        there) its vocabulary.  A missing file or one that is not GGUF: None (the file's size,
+        ``vram_estimate``, counts then)."""
+        path = locate_model_file(config["model_path"], base_dir)
+        if path is None or not os.path.isfile(path):
+            return None
+        try:
+            info = read_gguf_info(path)
+        except (OSError, GgufError):
+            return None
+        on_gpu = layers_on_gpu(config["llama_server_n_gpu_layers"], config.get("device"))
+        return gguf_estimate_parts(
+            path, info, config["llama_server_n_ctx"], config["llama_server_type_k"], config["llama_server_type_v"],
+            on_gpu=on_gpu,
+        )
 
     def create_engine(self, model_name, config, replica_index, context):
         return LlamaServerEngine(self.profile, model_name, config, replica_index, context)

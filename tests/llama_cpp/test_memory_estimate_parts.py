@@ -1,5 +1,6 @@
 """The memory estimate in parts (issue 18): llama_cpp's weights, KV cache, compute margin and, on
-cpu, the vocabulary and the engine process's own memory; the admin entry shows them; a real
+cpu, the vocabulary and the engine process's own memory, on a GPU the process's GPU overhead;
+llama_server's the same way at its total context; the admin entry shows them; a real
 SmolLM2 engine process measures within the target (within 15%, never under by more than 5%);
 vLLM's gpu_memory_utilization as a share of the device, the configured KV budgets of vLLM,
 TensorRT-LLM and SGLang."""
@@ -8,10 +9,15 @@ from __future__ import annotations
 import json
 import math
 
-from llama_helpers import SMOLLM2_MODEL, write_settings
+from llama_helpers import SMOLLM2_MODEL, SMOLLM2_MODEL_PATH, write_settings
 
 from runtime.backends import BACKENDS
-from runtime.backends.llama_cpp.spec import COMPUTE_MARGIN, ENGINE_PROCESS_BASELINE_MIB, LLAMA_VOCAB_ENTRY_BYTES
+from runtime.backends.llama_cpp.spec import (
+    COMPUTE_MARGIN,
+    ENGINE_PROCESS_BASELINE_MIB,
+    GPU_PROCESS_OVERHEAD_MIB,
+    LLAMA_VOCAB_ENTRY_BYTES,
+)
 from runtime.gguf_info import read_gguf_info
 from runtime.model_files import locate_model_file
 from runtime.pool import ModelPool
@@ -22,11 +28,13 @@ from tests.engines.test_gpu import FakeNvml, install_nvml
 MIB = 2**20
 
 
-def expected_parts(n_ctx: int, kv: str, process: bool) -> dict:
+def expected_parts(n_ctx: int, kv: str, process: bool, gpu: bool = False) -> dict:
     info = read_gguf_info(locate_model_file(SMOLLM2_MODEL["model_path"], "/"))
     weights, cache = info.file_size, info.kv_cache_bytes(n_ctx, kv, kv)
     vocab = 49152 + 48900  # SmolLM2's tokens and BPE merges
     overhead = math.ceil(vocab * LLAMA_VOCAB_ENTRY_BYTES / MIB) + (ENGINE_PROCESS_BASELINE_MIB if process else 0)
+    if gpu:
+        overhead = GPU_PROCESS_OVERHEAD_MIB  # the vocabulary and the process stay in host RAM
     return {"weights_mib": math.ceil(weights / MIB), "kv_cache_mib": math.ceil(cache / MIB),
             "compute_mib": math.ceil((weights + cache) * COMPUTE_MARGIN / MIB), "overhead_mib": overhead}
 
@@ -45,10 +53,12 @@ async def test_llama_cpp_parts_on_cpu_in_process_and_engine_process_and_gpu(tmp_
                  "isolation": "process"},
         "inproc": {**SMOLLM2_MODEL, "gguf_n_ctx": 4096, "isolation": "none"},
         "gpu": {**SMOLLM2_MODEL, "gguf_n_gpu_layers": -1, "device": "cuda:0"},
+        # layers asked for, but placed on cpu: the cpu parts
+        "placed": {**SMOLLM2_MODEL, "gguf_n_gpu_layers": -1, "device": "cpu", "isolation": "process"},
     }
     pool = await start(tmp_path, models, {"devices": {"cuda:0": {"budget_mib": 4000}}})
     try:
-        proc, inproc, gpu = (pool.controller(name) for name in models)
+        proc, inproc, gpu, placed = (pool.controller(name) for name in models)
         parts = expected_parts(1024, "q8_0", True)
         view = proc.memory_view()
         assert view["estimate_parts"] == parts
@@ -59,9 +69,8 @@ async def test_llama_cpp_parts_on_cpu_in_process_and_engine_process_and_gpu(tmp_
         # a load override changes the parts it is made of
         override = inproc.plan_load({"gguf_n_ctx": 512}, 1, "admin").needed_mib
         assert override == sum(expected_parts(512, "f16", False).values())
-        on_gpu = gpu.memory_view()["estimate_parts"]
-        assert on_gpu["overhead_mib"] == 0  # the vocabulary and the process stay in host RAM
-        assert on_gpu["weights_mib"] == parts["weights_mib"]
+        assert gpu.memory_view()["estimate_parts"] == expected_parts(2048, "f16", True, gpu=True)
+        assert placed.memory_view()["estimate_parts"] == expected_parts(2048, "f16", True)
     finally:
         await pool.shutdown()
 
@@ -77,6 +86,54 @@ async def test_smollm2_engine_process_estimate_is_within_the_target(tmp_path):
         assert smol.state is RuntimeState.LOADED, smol.last_error
         measured = pool.memory.charges["smol"].mib["cpu"]
         assert 0.95 * measured <= estimate <= 1.15 * measured, (estimate, measured)
+    finally:
+        await pool.shutdown()
+
+
+async def test_llama_server_parts_on_a_gpu_and_on_cpu(tmp_path, monkeypatch):
+    install_nvml(monkeypatch, FakeNvml([("GPU A", 0, 10000)]))
+    server = {"backend": "llama_server", "model_path": SMOLLM2_MODEL_PATH, "llama_server_n_ctx": 1024,
+              "target_inflight": 2}
+    models = {
+        "gpu": {**server, "llama_server_type_k": "q8_0", "llama_server_type_v": "q8_0"},  # llama-server's -ngl
+        "all": {**server, "llama_server_n_gpu_layers": "all", "device": "cuda:0"},
+        "cpu": {**server, "llama_server_n_gpu_layers": 0},
+        "placed": {**server, "device": "cpu"},
+    }
+    pool = await start(tmp_path, models)
+    try:
+        gpu, all_layers, cpu, placed = (pool.controller(name) for name in models)
+        # the KV cache of the whole -c, which the two --parallel slots share
+        parts = expected_parts(1024, "q8_0", False, gpu=True)
+        assert gpu.memory_view()["estimate_parts"] == parts
+        plan = gpu.plan_load({}, 2, "admin")
+        assert (plan.placement, plan.needed_mib) == (["cuda:0"], 2 * sum(parts.values()))
+        assert all_layers.memory_view()["estimate_parts"] == expected_parts(1024, "f16", False, gpu=True)
+        override = all_layers.plan_load({"llama_server_n_ctx": 4096}, 1, "admin").needed_mib
+        assert override == sum(expected_parts(4096, "f16", False, gpu=True).values())
+        # no GPU layers: placed on cpu by default, without the GPU term; likewise a cpu placement
+        on_cpu = expected_parts(1024, "f16", False)
+        plan = cpu.plan_load({}, 1, "admin")
+        assert (plan.placement, plan.needed_mib) == (["cpu"], sum(on_cpu.values()))
+        assert cpu.memory_view()["estimate_parts"] == on_cpu
+        assert placed.memory_view()["estimate_parts"] == on_cpu
+        assert placed.plan_load({}, 1, "admin").placement == ["cpu"]
+    finally:
+        await pool.shutdown()
+
+
+async def test_llama_server_file_that_is_not_gguf_or_missing_is_sized_as_before(tmp_path):
+    (tmp_path / "w.gguf").write_bytes(b"\0" * (3 * MIB))
+    models = {
+        "other": {"backend": "llama_server", "model_path": str(tmp_path / "w.gguf")},
+        "missing": {"backend": "llama_server", "model_path": str(tmp_path / "gone.gguf")},
+    }
+    pool = await start(tmp_path, models)
+    try:
+        other, missing = pool.controller("other").memory_view(), pool.controller("missing").memory_view()
+        assert (other["estimate_parts"], other["estimate_mib"], other["estimate_source"]) == (None, 3, "estimate")
+        assert (missing["estimate_parts"], missing["estimate_mib"], missing["estimate_source"]) == (
+            None, 0, "unavailable")
     finally:
         await pool.shutdown()
 

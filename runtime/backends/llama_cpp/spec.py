@@ -22,7 +22,7 @@ from runtime.backends.base import (
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
 from runtime.backends.overrides import LoadOverride, integer_override
-from runtime.gguf_info import GgufError, read_gguf_info
+from runtime.gguf_info import GgufError, GgufInfo, read_gguf_info
 from runtime.model_files import locate_model_file
 
 GGML_CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
@@ -92,10 +92,47 @@ def cache_type_constraint(**reconfigure) -> dict:
 ENGINE_PROCESS_BASELINE_MIB = 64
 LLAMA_VOCAB_ENTRY_BYTES = 256
 COMPUTE_MARGIN = 0.05
+# What a process that puts llama.cpp layers on a GPU holds there besides its weights, KV cache
+# and compute buffers: the CUDA context, cuBLAS's handles and workspace, and llama.cpp's CUDA
+# memory pools.  Measured on one NVIDIA H200 with CUDA 13.0 (the llama.cpp of llama-cpp-python
+# 0.3.36, docs/gpu.md "Results: one H200"): NVML's figure for the llama-server process of
+# SmolLM2 135M at -c 4096 (788 MiB) less its weights, KV cache and the CUDA compute buffer
+# llama.cpp reported (94 + 90 + 97 MiB) is 507 MiB.  Not a fraction: it does not grow with the model.
+GPU_PROCESS_OVERHEAD_MIB = 512
 
 
 def _mib(size: float) -> int:
     return int(-(-size // (1024 * 1024)))
+
+
+def layers_on_gpu(n_gpu_layers: int | str | None, device: str | list[str] | None) -> bool:
+    """Whether a llama.cpp load puts layers on a GPU: any layer count but 0 (-1, "auto", "all",
+    null for llama-server's own default), unless the load is placed on ``cpu``."""
+    return n_gpu_layers != 0 and device != "cpu"
+
+
+def gguf_estimate_parts(
+    path: str, info: GgufInfo | None, n_ctx: int, type_k: str | None, type_v: str | None, *, on_gpu: bool
+) -> dict:
+    """One llama.cpp process's memory estimate in parts for the model file at ``path``: the
+    GGUF's tensors (the file), its KV cache for ``n_ctx`` tokens of the cache types, a compute
+    margin, and its overhead: ``GPU_PROCESS_OVERHEAD_MIB`` with layers on a GPU, else the
+    vocabulary it keeps in RAM (``LLAMA_VOCAB_ENTRY_BYTES`` per token and merge).  ``info``:
+    the file's GGUF header; None for a file that is not GGUF, counted by its size alone."""
+    if info is None:
+        weights, cache, vocab = os.path.getsize(path), 0, 0
+    else:
+        weights = info.file_size
+        cache = info.kv_cache_bytes(n_ctx, type_k, type_v) or 0
+        vocab = sum(
+            getattr(info.metadata.get(key), "length", 0) for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+        )
+    return {
+        "weights_mib": _mib(weights),
+        "kv_cache_mib": _mib(cache),
+        "compute_mib": _mib((weights + cache) * COMPUTE_MARGIN),
+        "overhead_mib": GPU_PROCESS_OVERHEAD_MIB if on_gpu else _mib(vocab * LLAMA_VOCAB_ENTRY_BYTES),
+    }
 
 
 class LlamaCppSpec(BackendSpec):
@@ -191,11 +228,11 @@ class LlamaCppSpec(BackendSpec):
         return "cpu" if definition.gguf_n_gpu_layers == 0 else "auto"
 
     def estimate_parts(self, definition, config, base_dir):
-        """One replica: the GGUF's tensors (the file), its KV cache at the effective n_ctx and
-        cache types, a compute margin, and on ``cpu`` (no GPU layers) what the process holds
-        besides: its vocabulary (``LLAMA_VOCAB_ENTRY_BYTES`` per token and merge) and, in an
-        engine process, the process itself (``ENGINE_PROCESS_BASELINE_MIB``).  bench/memory.py
-        measures these against the engine process's RSS; docs/settings.md has the figures."""
+        """One replica (``gguf_estimate_parts``) at the effective n_ctx and cache types, with
+        layers on a GPU the process's GPU overhead, on ``cpu`` (no GPU layers, or placed there)
+        its vocabulary and, in an engine process, the process itself
+        (``ENGINE_PROCESS_BASELINE_MIB``).  bench/memory.py measures the cpu figures against
+        the engine process's RSS; docs/settings.md has them, and the GPU one."""
         path = locate_model_file(definition.model_path, base_dir)
         if path is None or not os.path.isfile(path):
             return None
@@ -204,26 +241,14 @@ class LlamaCppSpec(BackendSpec):
         except OSError:
             return None
         except GgufError:
-            weights, cache, vocab = os.path.getsize(path), 0, 0
-        else:
-            weights = info.file_size
-            cache = info.kv_cache_bytes(config["gguf_n_ctx"], config["gguf_type_k"], config["gguf_type_v"]) or 0
-            vocab = sum(
-                getattr(info.metadata.get(key), "length", 0)
-                for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
-            )
-        weights_mib, cache_mib = _mib(weights), _mib(cache)
-        overhead = 0
-        if config["gguf_n_gpu_layers"] == 0:
-            overhead = _mib(vocab * LLAMA_VOCAB_ENTRY_BYTES)
-            if config["isolation"] == "process":
-                overhead += ENGINE_PROCESS_BASELINE_MIB
-        return {
-            "weights_mib": weights_mib,
-            "kv_cache_mib": cache_mib,
-            "compute_mib": _mib((weights + cache) * COMPUTE_MARGIN),
-            "overhead_mib": overhead,
-        }
+            info = None
+        on_gpu = layers_on_gpu(config["gguf_n_gpu_layers"], config.get("device"))
+        parts = gguf_estimate_parts(
+            path, info, config["gguf_n_ctx"], config["gguf_type_k"], config["gguf_type_v"], on_gpu=on_gpu
+        )
+        if not on_gpu and config["isolation"] == "process":
+            parts["overhead_mib"] += ENGINE_PROCESS_BASELINE_MIB
+        return parts
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         """Per replica: the GGUF file plus its KV cache at the effective n_ctx and cache types.
