@@ -18,7 +18,7 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
-from llmpool.http_protocol import bounded_httptools_protocol
+from llmpool.http_protocol import ConnectionLimits, bounded_httptools_protocol
 from models_app import diagnostics
 from models_app.host.tasks import cancel_and_wait, cancel_the_rest
 
@@ -39,27 +39,30 @@ def add_arguments(parser) -> None:
                         help="seconds requests in flight get to finish on SIGTERM (uvicorn; default 5)")
 
 
-def run(application, host: str, port: int, *, server: str = DEFAULT_SERVER, on_start: Hook = None,
-        on_stop: Hook = None, graceful_seconds: float = GRACEFUL_SECONDS,
+def run(application, host: str, port: int, *, limits: ConnectionLimits, server: str = DEFAULT_SERVER,
+        on_start: Hook = None, on_stop: Hook = None, graceful_seconds: float = GRACEFUL_SECONDS,
         ready: Callable[[], None] | None = None) -> None:
-    """Serve ``application`` on ``host:port`` until SIGTERM/SIGINT (blocks)."""
+    """Serve ``application`` on ``host:port`` until SIGTERM/SIGINT (blocks).  ``limits`` bound
+    uvicorn's connections; daphne has bounds of its own (docs/deployment.md)."""
     if server == "daphne":
         _run_daphne(application, host, port, on_start, on_stop, ready)
     elif server == "uvicorn":
-        _run_uvicorn(application, host, port, on_start, on_stop, graceful_seconds, ready)
+        _run_uvicorn(application, host, port, limits, on_start, on_stop, graceful_seconds, ready)
     else:
         raise ValueError(f"unknown server {server!r}; one of {', '.join(SERVERS)}")
 
 
-def _run_uvicorn(application, host, port, on_start: Hook, on_stop: Hook, graceful_seconds: float, ready) -> None:
+def _run_uvicorn(application, host, port, limits: ConnectionLimits, on_start: Hook, on_stop: Hook,
+                 graceful_seconds: float, ready) -> None:
     import uvicorn
     import uvloop
 
     async def main() -> None:
         config = uvicorn.Config(
-            application, host=host, port=port, loop="none", http=bounded_httptools_protocol(), ws="websockets-sansio", lifespan="off",
-            access_log=False, log_config=None, log_level="warning", server_header=False,
-            timeout_graceful_shutdown=graceful_seconds,
+            application, host=host, port=port, loop="none", http=bounded_httptools_protocol(limits),
+            ws="websockets-sansio", lifespan="off", access_log=False, log_config=None, log_level="warning",
+            server_header=False, timeout_graceful_shutdown=graceful_seconds,
+            timeout_keep_alive=limits.keep_alive_timeout,
             # The admin's WebSocket carries small JSON frames: compression costs more than it saves.
             ws_per_message_deflate=False,
         )
