@@ -1,12 +1,16 @@
 """Clients that hold connections: heads sent a byte a second (slowloris), connections that send
-nothing, more connections than the service takes.  Under uvicorn (llmpool/http_protocol.py) a
+nothing, more connections than the service takes; and clients that reuse an idle connection.  Under uvicorn (llmpool/http_protocol.py) a
 request head must arrive within ``service.http_head_timeout_seconds`` (else 408
 ``request_head_timeout`` and the close), and at most ``service.max_connections`` connections are
 open (the next is answered 503 ``too_many_connections`` and closed), so requests on other
-connections go on being served.  Daphne has neither bound (docs/deployment.md).
+connections go on being served.  Between requests a connection stays open
+``service.http_keep_alive_timeout_seconds``, longer than the common clients keep an idle one, so
+none sends a request on a connection the service is closing (which drops it unanswered).
+Daphne has none of these bounds (docs/deployment.md).
 """
 from __future__ import annotations
 
+import http.client
 import json
 import resource
 import socket
@@ -19,6 +23,8 @@ import pytest
 from tests.conftest import ROOT, TEST_SERVER, LiveService, wait_until, write_settings
 
 MODELS = {"m": {"backend": "stub", "enabled": True}}
+# How long httpx (and the openai SDK, built on it) reuses an idle connection: httpx.Limits().
+CLIENT_IDLE_EXPIRY_SECONDS = 5.0
 BODY = {"model": "m", "input": "meanwhile"}
 uvicorn_only = pytest.mark.skipif(TEST_SERVER == "daphne", reason="the bounds are uvicorn's (llmpool/http_protocol.py)")
 pytestmark = uvicorn_only
@@ -161,3 +167,25 @@ def test_with_72_files_64_slow_heads_get_clean_refusals_and_then_the_service_ser
         for sock in heads:
             sock.close()
         assert live.stop() == 0, live.log()[-3000:]
+
+
+def test_an_idle_connection_stays_open_longer_than_clients_reuse_one(live_service):
+    """A client reuses a connection idle up to its expiry: the service must not be closing it then."""
+    assert httpx.Limits().keepalive_expiry == CLIENT_IDLE_EXPIRY_SECONDS
+    live = live_service(MODELS)
+    connection = http.client.HTTPConnection("127.0.0.1", live.port, timeout=10)
+    try:
+        assert healthz(connection) == 200
+        opened = connection.sock
+        time.sleep(CLIENT_IDLE_EXPIRY_SECONDS + 1)
+        assert healthz(connection) == 200  # http.client sends it on the same socket, open or not
+        assert connection.sock is opened
+    finally:
+        connection.close()
+
+
+def healthz(connection: http.client.HTTPConnection) -> int:
+    connection.request("GET", "/healthz")
+    answer = connection.getresponse()
+    answer.read()
+    return answer.status
