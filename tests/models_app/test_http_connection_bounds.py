@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import pytest
 import uvicorn
 import uvloop
+from websockets.sync.client import connect
 
 from llmpool.http_protocol import ConnectionLimits, bounded_httptools_protocol
 from tests.conftest import free_port
@@ -24,12 +25,22 @@ GET = b"GET / HTTP/1.1\r\nHost: test\r\n\r\n"
 
 async def app(scope, receive, send) -> None:
     """200 ``ok``; ``/busy`` answers, then keeps the event loop busy as a loaded process would
-    (``busy_loop``)."""
+    (``busy_loop``); a WebSocket echoes."""
+    if scope["type"] == "websocket":
+        await echo(receive, send)
+        return
     await receive()
     if scope["path"] == "/busy":
         busy_loop(asyncio.get_running_loop())
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def echo(receive, send) -> None:
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    while (message := await receive())["type"] == "websocket.receive":
+        await send({"type": "websocket.send", "text": message["text"]})
 
 
 def busy_loop(loop) -> None:
@@ -46,7 +57,7 @@ def serving(*, head_timeout: float = 10.0, keep_alive: float = 20.0, max_connect
     """``app`` served on a free port by uvicorn with llm-pool's protocol, in a thread of its own."""
     limits = ConnectionLimits(head_timeout=head_timeout, keep_alive_timeout=keep_alive, max_connections=max_connections)
     config = uvicorn.Config(app, port=free_port(), loop="none", http=bounded_httptools_protocol(limits),
-                            lifespan="off", log_config=None, timeout_keep_alive=keep_alive)
+                            ws="websockets-sansio", lifespan="off", log_config=None, timeout_keep_alive=keep_alive)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=uvloop.run, args=(server.serve(),), daemon=True)
     thread.start()
@@ -141,3 +152,10 @@ def test_the_connection_over_the_cap_is_answered_503_and_a_freed_place_serves_ag
             assert answer(sock).startswith(b"HTTP/1.1 200")
         for sock in held:
             sock.close()
+
+
+def test_a_websocket_outlives_the_head_timeout_of_its_upgrade_request():
+    with serving(head_timeout=0.3) as port, connect(f"ws://127.0.0.1:{port}/ws") as websocket:
+        time.sleep(0.6)
+        websocket.send("still here")
+        assert websocket.recv(timeout=5) == "still here"
