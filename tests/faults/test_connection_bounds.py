@@ -112,9 +112,9 @@ def test_requests_are_served_while_heads_trickle_in_on_forty_other_connections(l
 def test_a_connection_over_max_connections_is_answered_503_and_the_service_serves_again_once_one_closes(
         live_service, mode):
     live = live_service(MODELS, service={"max_connections": 4}, mode=mode)
-    held = [socket.create_connection(("127.0.0.1", live.port)) for _ in range(4)]
+    held = [http.client.HTTPConnection("127.0.0.1", live.port, timeout=10) for _ in range(4)]
     try:
-        time.sleep(0.2)  # all four accepted
+        assert [healthz(connection) for connection in held] == [200] * 4  # four open, kept alive
         refused = httpx.post(live.url + "/v1/responses", json=BODY, timeout=10)
         assert refused.status_code == 503, refused.text
         assert refused.json()["error"]["code"] == "too_many_connections"
@@ -123,8 +123,8 @@ def test_a_connection_over_max_connections_is_answered_503_and_the_service_serve
         served = wait_until(lambda: httpx.post(live.url + "/v1/responses", json=BODY, timeout=10).status_code == 200, 5)
         assert served
     finally:
-        for sock in held:
-            sock.close()
+        for connection in held:
+            connection.close()
 
 
 class ServiceWithFewFiles(LiveService):
