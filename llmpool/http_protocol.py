@@ -170,6 +170,7 @@ def bounded_httptools_protocol(limits: ConnectionLimits | None = None):
         _head_bytes = 0  # bytes received while the head is not complete
         _parsed_head = 0  # the request line's URL and the headers parsed so far
         _head_timer: asyncio.TimerHandle | None = None
+        _head_begun = False  # a byte of the next request's head has been parsed
 
         def connection_made(self, transport) -> None:
             if len(self.connections) >= limits.max_connections:
@@ -195,6 +196,7 @@ def bounded_httptools_protocol(limits: ConnectionLimits | None = None):
                 self.send_400_response("Request header too large.")
 
         def on_message_begin(self) -> None:
+            self._head_begun = True
             if self._head_timer is None:  # a later request: timed from its first byte
                 self._head_timer = self.loop.call_later(head_timeout, self.head_timed_out)
             super().on_message_begin()
@@ -212,7 +214,7 @@ def bounded_httptools_protocol(limits: ConnectionLimits | None = None):
 
         def on_headers_complete(self) -> None:
             self._stop_head_timer()  # before an upgrade hands the transport to the WebSocket
-            self._reading_head = False
+            self._reading_head = self._head_begun = False
             cycle = self.cycle
             super().on_headers_complete()
             if self.cycle is not cycle:  # a request's cycle (not an upgrade to a WebSocket)
@@ -228,15 +230,18 @@ def bounded_httptools_protocol(limits: ConnectionLimits | None = None):
             self._head_timer = None
             if self.transport.is_closing():
                 return
-            if self.flow.read_paused:  # the server stopped reading (pipelined requests), not the client
+            if self.flow.read_paused or not (self.cycle is None or self.cycle.response_complete):
+                # The server is still answering a request before this one (pipelined): the
+                # connection waits on the server, not on the client.
                 self._head_timer = self.loop.call_later(head_timeout, self.head_timed_out)
                 return
-            if self._head_bytes:
+            if self._head_begun:
                 self.transport.write(head_too_slow)
             self.transport.close()
 
         def timeout_keep_alive_handler(self) -> None:
-            if input_pending(self.transport):  # the next request is here: read it, do not close
+            if not self.transport.is_closing() and input_pending(self.transport):
+                # The next request is here: read it, do not close.
                 self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
                                                                     self.timeout_keep_alive_handler)
                 return

@@ -1,11 +1,13 @@
 """The bounds llm-pool's uvicorn protocol puts on connections (llmpool/http_protocol.py), on a real
 socket and uvloop, as ``manage.py serve`` and ``manage.py api`` run it, with a small ASGI app in
-front of it: the head timeout from a later request's first byte, and the keep-alive close that
-never drops a request already received.  tests/faults/test_connection_bounds.py checks the same
+front of it: the head timeout (from the connection's start, from a later request's first byte,
+never while the server still answers the request before), the cap on connections, and the
+keep-alive close that never drops a request already received.  tests/faults/test_connection_bounds.py checks the same
 bounds on a live service, set from settings.json."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import threading
 import time
@@ -17,21 +19,23 @@ import uvicorn
 import uvloop
 from websockets.sync.client import connect
 
-from llmpool.http_protocol import ConnectionLimits, bounded_httptools_protocol
+from llmpool.http_protocol import ConnectionLimits, RefusalLog, bounded_httptools_protocol
 from tests.conftest import free_port
 
 GET = b"GET / HTTP/1.1\r\nHost: test\r\n\r\n"
 
 
 async def app(scope, receive, send) -> None:
-    """200 ``ok``; ``/busy`` answers, then keeps the event loop busy as a loaded process would
-    (``busy_loop``); a WebSocket echoes."""
+    """200 ``ok``, after a second for ``/slow``; ``/busy`` answers, then keeps the event loop busy
+    as a loaded process would (``busy_loop``); a WebSocket echoes."""
     if scope["type"] == "websocket":
         await echo(receive, send)
         return
     await receive()
     if scope["path"] == "/busy":
         busy_loop(asyncio.get_running_loop())
+    elif scope["path"] == "/slow":
+        await asyncio.sleep(1)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -122,6 +126,17 @@ def test_a_later_request_is_timed_from_its_first_byte():
         assert 0.4 < time.monotonic() - began < 3
 
 
+def test_a_pipelined_head_waits_for_the_answer_before_it_without_a_timeout():
+    """The server answers the first request for a second; the second's head, begun meanwhile, is
+    timed from when the server is free to read it: the first answer comes whole, then the 408."""
+    with serving(head_timeout=0.3) as port, socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /slow HTTP/1.1\r\nHost: test\r\n\r\nGET / HTTP/1.1\r\nHo")
+        first = answer(sock)
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"ok"), first
+        refused = answer(sock)
+        assert refused.startswith(b"HTTP/1.1 408"), refused
+
+
 @pytest.mark.parametrize("sent", [b"", b"POST /v1/responses HTTP/1.1\r\nContent-"])
 def test_a_first_head_is_timed_from_the_connection_start(sent):
     """Nothing sent: closed unanswered, as an idle connection; a head begun: 408 and closed."""
@@ -161,3 +176,14 @@ def test_a_websocket_outlives_the_head_timeout_of_its_upgrade_request():
         time.sleep(0.6)
         websocket.send("still here")
         assert websocket.recv(timeout=5) == "still here"
+
+
+def test_refused_connections_are_logged_once_a_minute_with_their_count(caplog):
+    refusals = RefusalLog(max_connections=4)
+    with caplog.at_level(logging.WARNING, logger="llmpool.http"):
+        for now in (100.0, 100.5, 130.0, 160.0, 161.0):
+            refusals.refused_one(now)
+    assert [record.getMessage() for record in caplog.records] == [
+        "1 connection(s) refused with 503 too_many_connections: 4 are open (service.max_connections)",
+        "3 connection(s) refused with 503 too_many_connections: 4 are open (service.max_connections)",
+    ]
