@@ -89,6 +89,10 @@ BackendError = _error("BackendError", "backend_error", 502)
 RequestTimeout = _error("RequestTimeout", "request_timeout", 504)
 # The client did not send its whole body within service.request_body_timeout_seconds.
 RequestBodyTimeout = _error("RequestBodyTimeout", "request_body_timeout", 408)
+# The request head did not arrive within service.http_head_timeout_seconds (the HTTP server's answer).
+RequestHeadTimeout = _error("RequestHeadTimeout", "request_head_timeout", 408)
+# A connection over service.max_connections (the HTTP server's answer, then the close).
+TooManyConnections = _error("TooManyConnections", "too_many_connections", 503, retry_after=1)
 ContextLengthExceeded = _error("ContextLengthExceeded", "context_length_exceeded", 400)
 # A remote OpenAI-compatible API (openai_remote) failed or timed out.
 UpstreamError = _error("UpstreamError", "upstream_error", 502)

@@ -10,6 +10,7 @@ import sys
 from django.core.management.base import BaseCommand
 
 from llmpool import http_server
+from llmpool.http_protocol import ConnectionLimits
 from models_app.conf import startup_service_settings
 
 
@@ -37,5 +38,5 @@ class Command(BaseCommand):
             self.stdout.write(f"llm-pool API listening on http://{host}:{port}/")
             self.stdout.flush()
 
-        http_server.run(application, host, port, server=options["server"],
-                        graceful_seconds=options["graceful_timeout"], ready=ready)
+        http_server.run(application, host, port, limits=ConnectionLimits.from_service(service),
+                        server=options["server"], graceful_seconds=options["graceful_timeout"], ready=ready)

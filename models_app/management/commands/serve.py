@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from llmpool import http_server
+from llmpool.http_protocol import ConnectionLimits
 from models_app.conf import startup_migrate, startup_service_settings
 
 
@@ -33,6 +34,7 @@ class Command(BaseCommand):
             self.stdout.write(f"llm-pool listening on http://{host}:{port}/ (settings: {settings.LLMPOOL_SETTINGS})")
             self.stdout.flush()
 
-        http_server.run(application, host, port, server=options["server"], on_start=run_runtime_worker,
+        http_server.run(application, host, port, limits=ConnectionLimits.from_service(service),
+                        server=options["server"], on_start=run_runtime_worker,
                         on_stop=runtime_host.shutdown_runtime, graceful_seconds=options["graceful_timeout"],
                         ready=ready)
