@@ -74,6 +74,15 @@ class RuntimeService:
         self.observer = RequestObserver(self.metrics)  # runtime.activity: each request's record
         self.reload_listeners = list(reload_listeners or [])
         self._requests: dict[str, asyncio.Task] = {}
+        self._ops: dict[str, Callable[[dict, Emit], Awaitable[dict]]] = {
+            "list_models": self.op_list_models, "get_model": self.op_get_model, "load": self.op_load,
+            "unload": self.op_unload, "reconfigure": self.op_reconfigure, "sleep": self.op_sleep,
+            "wake": self.op_wake, "reload_settings": self.op_reload_settings,
+            "reload_prepare": self.op_reload_prepare, "reload_commit": self.op_reload_commit,
+            "reload_abort": self.op_reload_abort, "gpu_memory": self.op_gpu_memory, "catalog": self.op_catalog,
+            "metrics": self.op_metrics, "activity": self.op_activity, "model_logs": self.op_model_logs,
+            "generate": self.op_generate, "embed": self.op_embed,
+        }
 
     async def start(self, *, load_enabled: bool = True) -> None:
         # Managed servers a crashed runtime left behind die before anything loads.
@@ -89,7 +98,7 @@ class RuntimeService:
         await self.pool.shutdown()
 
     async def handle(self, op: str, payload: dict, emit: Emit) -> dict:
-        handler = getattr(self, f"op_{op}", None)
+        handler = self._ops.get(op)
         if handler is None:
             raise UnknownOperation(f"unknown runtime operation {op!r}")
         return await handler(payload, emit)

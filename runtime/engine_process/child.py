@@ -49,10 +49,15 @@ class EngineHost:
         self.loading: asyncio.Task | None = None
         self.done = asyncio.Event()  # set once unloaded: the process exits
         self._tasks: set[asyncio.Task] = set()
+        self._handlers = {
+            p.LOAD: self._on_load, p.GENERATE: self._on_generate, p.EMBED: self._on_embed,
+            p.CANCEL: self._on_cancel, p.STATS: self._on_stats, p.RECONFIGURE: self._on_reconfigure,
+            p.SLEEP: self._on_sleep, p.WAKE: self._on_wake, p.UNLOAD: self._on_unload,
+        }
 
     def dispatch(self, message: dict[str, Any]) -> None:
         """Handle one frame in a task of its own; a failing handler answers ``error``."""
-        handler = getattr(self, f"_on_{message['op']}", None)
+        handler = self._handlers.get(message.get("op"))
         if handler is None:
             self.outbox.send(p.unknown_op(message))
             return
