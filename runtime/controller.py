@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.backends.base import Engine
+from runtime import commands as cmd
 from runtime.catalog import CatalogEntry
 from runtime.config import FairnessSettings
 from runtime.errors import (
@@ -63,7 +64,6 @@ OPERATOR_SEES_WHY = "an operator can see why in its last_error (GET /v1/admin/mo
 
 # The commands a caller's task handles itself when the writer is idle (``_writer_idle``): a
 # request's admission, on the path of every request.
-INLINE_COMMANDS = frozenset({"admit"})
 
 
 @dataclass(eq=False)
@@ -132,7 +132,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         # While a settings reload holds this model, loads wait here (a load would make it active
         # after its writer voted on the reload); the reload's commit or release replays them.
         self._reload_held = False
-        self._held_loads: list[tuple] = []
+        self._held_loads: list[tuple[cmd.Load, asyncio.Future]] = []
         self._work: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
         self._stopped = False
@@ -164,16 +164,16 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         """Start a load (or join/ignore per the state rules); returns once it has settled.
 
         In a swap group the load first waits for a slot (the model is ``loading`` meanwhile)."""
-        await self._post("load", overrides, replicas, REASON_ADMIN)
+        await self._post(cmd.Load(overrides, replicas, REASON_ADMIN))
 
     async def plan(self, overrides: dict[str, Any], replicas: int | None) -> dict:
         """The dry run of ``load``: the memory plan it would follow (runtime.memory), changing nothing."""
-        return await self._post("plan", overrides, replicas)
+        return await self._post(cmd.Plan(overrides, replicas))
 
     def begin_load(self) -> asyncio.Future:
         """Start a load with the configured definition without waiting (start-up loading); a load
         that does not fit keeps the model unloaded with ``insufficient_memory`` as its last_error."""
-        started = self._post("load", {}, None, REASON_STARTUP)
+        started = self._post(cmd.Load({}, None, REASON_STARTUP))
         started.add_done_callback(self._startup_outcome)
         return started
 
@@ -186,7 +186,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
     async def unload(self) -> RuntimeState:
         """Unload (or join the unload under way); returns the state the unload produced, as the
         writer saw it then (a load that starts right after cannot show in the answer)."""
-        return await self._post("unload")
+        return await self._post(cmd.Unload())
 
     async def admit(self, ticket: Ticket, on_wait: Callable[[], Awaitable[None]] | None = None) -> asyncio.Future:
         """Queue a request; returns a future resolving to the ``Lease`` of the replica it runs on.
@@ -198,7 +198,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         (ModelFailed, 409, which points to last_error without quoting it).  Any other refusal
         raises at once.
         """
-        admitted = self._post("admit", ticket)
+        admitted = self._post(cmd.Admit(ticket))
         try:
             answer = await asyncio.shield(admitted)
         except asyncio.CancelledError:
@@ -233,20 +233,20 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
 
     def _post_finish(self, ticket: Ticket, tokens: int | None) -> None:
         if not self._stopped:
-            self._post("finish", ticket, tokens)
+            self._post(cmd.Finish(ticket, tokens))
 
     def engine_failed(self, message: str, replica: int | None = None) -> None:
         """A loaded engine died (a managed server exited, a device was lost): replica ``replica``'s,
         or (None) the model's as a whole."""
         if not self._stopped:
-            self._post("engine_failed", message, replica)
+            self._post(cmd.EngineFailed(message, replica))
 
     def timed_out(self, lease: Lease, limit: float) -> None:
         """A request ran past the model's request_timeout_seconds (``limit``) on ``lease`` and was
         cancelled.  Called before the request's ``finish``, so a replica found stuck gets no
         other request meanwhile."""
         if not self._stopped:
-            self._post("timed_out", lease, limit)
+            self._post(cmd.TimedOut(lease, limit))
 
     @property
     def serving_engines(self) -> list[Engine]:
@@ -271,8 +271,8 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         gone = UnknownModel(f"model {self.name} is no longer served")
         pending: list[asyncio.Future] = []
         while not self._inbox.empty():
-            pending.append(self._inbox.get_nowait()[2])
-        held = [waiter for *_, waiter in self._held_loads]
+            pending.append(self._inbox.get_nowait()[1])
+        held = [waiter for _, waiter in self._held_loads]
         waiting = self.waiters.futures()
         for future in [*pending, *held, *waiting, *self._load_waiters, *self._unload_waiters, *self._dispatch.values()]:
             if not future.done():
@@ -282,27 +282,27 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
     def hold_for_reload(self, entry: CatalogEntry | None) -> asyncio.Future:
         """Vote on a reload that would give this model ``entry`` (None: remove it) and hold it:
         loads wait until ``commit_reload`` or ``release_reload``.  Resolves to a ``ReloadVote``."""
-        return self._post("hold_for_reload", entry)
+        return self._post(cmd.HoldForReload(entry))
 
     def commit_reload(
         self, entry: CatalogEntry, fairness: FairnessSettings, group: SwapGroup | None = None
     ) -> asyncio.Future:
         """Take the reloaded entry, fairness settings and swap group, then release the hold."""
-        return self._post("commit_reload", entry, fairness, group)
+        return self._post(cmd.CommitReload(entry, fairness, group))
 
     def release_reload(self) -> asyncio.Future:
         """The reload was refused: release the hold, changing nothing."""
-        return self._post("release_reload")
+        return self._post(cmd.ReleaseReload())
 
     # ---- the writer --------------------------------------------------------------------
-    def _post(self, command: str, *args) -> asyncio.Future:
+    def _post(self, command: cmd.Command) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         if self._stopped:
             future.set_exception(UnknownModel(f"model {self.name} is no longer served"))
-        elif command in INLINE_COMMANDS and self._writer_idle():
-            self._handle(command, args, future)
+        elif isinstance(command, cmd.Admit) and self._writer_idle():
+            self._handle(command, future)
         else:
-            self._inbox.put_nowait((command, args, future))
+            self._inbox.put_nowait((command, future))
         return future
 
     def _writer_idle(self) -> bool:
@@ -310,35 +310,99 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
 
         The writer handles a command synchronously between two waits on its inbox, so while
         another task runs, an empty inbox means the writer's next step would be this command: the
-        caller may take that step itself (``INLINE_COMMANDS``), in the same order and with the
+        caller may take that step itself (an ``Admit``), in the same order and with the
         same handler, one wake-up of the writer task and one of the caller fewer."""
         return (not self._handling and self._inbox.empty()
                 and self._task is not None and not self._task.done())
 
     async def _run(self) -> None:
         while True:
-            command, args, future = await self._inbox.get()
-            self._handle(command, args, future)
+            command, future = await self._inbox.get()
+            self._handle(command, future)
 
-    def _handle(self, command: str, args: tuple, future: asyncio.Future) -> None:
+    def _handle(self, command: cmd.Command, future: asyncio.Future) -> None:
         """One command: its handler answers ``future``; then the state settles."""
         self._handling = True
         try:
             try:
-                getattr(self, f"_on_{command}")(future, *args)
+                self._apply(command, future)
             except LLMPoolError as exc:
                 if not future.done():
                     future.set_exception(exc)
             except Exception as exc:  # a bug must not kill the writer
-                logger.exception("model %s: command %s failed", self.name, command)
+                logger.exception("model %s: command %s failed", self.name, type(command).__name__)
                 if not future.done():
                     future.set_exception(exc)
             try:
                 self._settle()
             except Exception:
-                logger.exception("model %s: settling after %s failed", self.name, command)
+                logger.exception("model %s: settling after %s failed", self.name, type(command).__name__)
         finally:
             self._handling = False
+
+    def _apply(self, command: cmd.Command, future: asyncio.Future) -> None:
+        """The handler of ``command``, with its fields."""
+        match command:
+            case cmd.Admit(ticket):
+                self._on_admit(future, ticket)
+            case cmd.Finish(ticket, tokens):
+                self._on_finish(future, ticket, tokens)
+            case cmd.Load(overrides, replicas, reason):
+                self._on_load(future, overrides, replicas, reason)
+            case cmd.Plan(overrides, replicas):
+                self._on_plan(future, overrides, replicas)
+            case cmd.LoadProgress(stage, fraction):
+                self._on_load_progress(future, stage, fraction)
+            case cmd.LoadFinished(engines, error, observed_mib, measured):
+                self._on_load_finished(future, engines, error, observed_mib, measured)
+            case cmd.Unload():
+                self._on_unload(future)
+            case cmd.UnloadFinished(errors):
+                self._on_unload_finished(future, errors)
+            case cmd.TimedOut(lease, limit):
+                self._on_timed_out(future, lease, limit)
+            case cmd.EngineFailed(message, replica):
+                self._on_engine_failed(future, message, replica)
+            case cmd.FailedReleased():
+                self._on_failed_released(future)
+            case cmd.HoldForReload(entry):
+                self._on_hold_for_reload(future, entry)
+            case cmd.CommitReload(entry, fairness, group):
+                self._on_commit_reload(future, entry, fairness, group)
+            case cmd.ReleaseReload():
+                self._on_release_reload(future)
+            case cmd.Reconfigure(body):
+                self._on_reconfigure(future, body)
+            case cmd.Sleep():
+                self._on_sleep(future)
+            case cmd.Wake():
+                self._on_wake(future)
+            case cmd.OperationFinished(operation, error, measured):
+                self._on_operation_finished(future, operation, error, measured)
+            case cmd.MemoryEvict():
+                self._on_memory_evict(future)
+            case cmd.MemoryReady():
+                self._on_memory_ready(future)
+            case cmd.MemoryReplan():
+                self._on_memory_replan(future)
+            case cmd.MemoryRelieve():
+                self._on_memory_relieve(future)
+            case cmd.MemoryGrow():
+                self._on_memory_grow(future)
+            case cmd.TtlExpired(idle_since):
+                self._on_ttl_expired(future, idle_since)
+            case cmd.SlotGranted():
+                self._on_slot_granted(future)
+            case cmd.SwapOut():
+                self._on_swap_out(future)
+            case cmd.EndTurn():
+                self._on_end_turn(future)
+            case cmd.ResumeTurn():
+                self._on_resume_turn(future)
+            case cmd.WarmUp():
+                self._on_warm_up(future)
+            case _:
+                raise TypeError(f"not a command: {command!r}")
 
     def checked_load_body(self, overrides: dict, replicas: int | None) -> tuple[int, dict]:
         """A load's replica count and accepted overrides (400 invalid_load_request otherwise)."""
@@ -353,7 +417,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
 
     def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None, reason: str) -> None:
         if self._reload_held:
-            self._held_loads.append((overrides, replicas, reason, future))
+            self._held_loads.append((cmd.Load(overrides, replicas, reason), future))
             return
         state = self.state
         if state in (S.LOADED, S.LOADING):
@@ -416,12 +480,12 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._post("load_finished", None, str(exc) or type(exc).__name__)
+            self._post(cmd.LoadFinished(None, str(exc) or type(exc).__name__))
             return
-        self._post("load_finished", engines, None, observed_mib, measured)
+        self._post(cmd.LoadFinished(engines, None, observed_mib, measured))
 
     def _report_load_progress(self, stage: str, fraction: float | None) -> None:
-        self._post("load_progress", stage, fraction)
+        self._post(cmd.LoadProgress(stage, fraction))
 
     def _on_load_progress(self, future, stage: str, fraction: float | None) -> None:
         if self.state is S.LOADING and self._work is not None:  # not a late report of a load that ended
@@ -481,7 +545,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
 
     async def _release_engines(self, engines: list[Engine]) -> None:
         errors = await release_replicas(engines)
-        self._post("unload_finished", errors)
+        self._post(cmd.UnloadFinished(errors))
 
     def _on_unload_finished(self, future, errors: list[str]) -> None:
         self._work = None
@@ -571,7 +635,7 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
 
     async def _release_failed(self, engines: list[Engine]) -> None:
         await release_replicas(engines)
-        self._post("failed_released")
+        self._post(cmd.FailedReleased())
 
     def _on_failed_released(self, future) -> None:
         if self._work is not None and self._work.done():  # a new load may already be running
@@ -611,8 +675,8 @@ class ModelController(SwitchingWriter, MemoryWriter, ResidencyWriter):
 
     def _on_release_reload(self, future) -> None:
         self._reload_held = False
-        for overrides, replicas, reason, waiter in self._held_loads:
-            self._inbox.put_nowait(("load", (overrides, replicas, reason), waiter))
+        for load, waiter in self._held_loads:
+            self._inbox.put_nowait((load, waiter))
         self._held_loads.clear()
         self._load_for_waiters()
         future.set_result(None)

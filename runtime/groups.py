@@ -2,8 +2,8 @@
 
 A ``SwapGroup`` owns its slots: which members hold one (loading, loaded or unloading), which
 wait for one (first come, first served) and when each holder's turn began.  It never changes
-a member's state: it asks the member's writer (``ModelController``) to ``swap_out`` or to
-``end_turn``, and that writer decides from its own state, so a member that became busy in
+a member's state: it asks the member's writer (``ModelController``) to ``SwapOut`` or to
+``EndTurn``, and that writer decides from its own state, so a member that became busy in
 the meantime declines.  Every method is synchronous and runs on the event loop, called from
 a member's writer or from the group's own turn timer, so nothing interleaves inside one.
 
@@ -18,7 +18,7 @@ The rules (docs/settings.md, "Swap groups"):
   finishes what it has, and is swapped out.  So with continuous demand for two members, a slot
   changes hands at most once per ``max_turn_seconds`` plus the drain, and requests that arrive
   interleaved are served grouped, every waiting request of a member in the same turn;
-- ``keep_warm`` members come back into a slot nobody waits for (``warm_up``), never by eviction.
+- ``keep_warm`` members come back into a slot nobody waits for (``WarmUp``), never by eviction.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from runtime import commands as cmd
 from runtime.config import GroupSettings
 
 logger = logging.getLogger("llmpool.runtime")
@@ -60,7 +61,7 @@ class SwapGroup:
     # ---- called by a member's writer ---------------------------------------------------
     def want(self, name: str) -> bool:
         """``name`` is about to load: True when it holds a slot now; otherwise it waits and is
-        told with ``slot_granted`` (a command to its writer) once a slot is free."""
+        told with ``SlotGranted`` (a command to its writer) once a slot is free."""
         if name in self.holders or self._grant(name):
             return True
         self.waiting.setdefault(name, time.monotonic())
@@ -85,7 +86,7 @@ class SwapGroup:
         while self.waiting and self._grant(next(iter(self.waiting))):
             granted = next(iter(self.waiting))
             del self.waiting[granted]
-            self._tell(granted, "slot_granted")
+            self._tell(granted, cmd.SlotGranted())
         if self.waiting:
             self._rebalance()
         else:
@@ -108,12 +109,12 @@ class SwapGroup:
             self._rebalance()
 
     def swapping_out(self, name: str) -> None:
-        """``name`` accepted ``swap_out``: it is unloading for a waiting member."""
+        """``name`` accepted ``SwapOut``: it is unloading for a waiting member."""
         self.swaps += 1
         logger.info("group %s: %s swapped out for %s", self.name, name, ", ".join(self.waiting) or "-")
 
     def declined(self, name: str) -> None:
-        """``name`` refused ``swap_out`` (it became busy or pinned meanwhile)."""
+        """``name`` refused ``SwapOut`` (it became busy or pinned meanwhile)."""
         holder = self.holders.get(name)
         if holder is not None:
             holder.asked = False
@@ -155,11 +156,11 @@ class SwapGroup:
         for name, holder in sorted(self._candidates(), key=lambda item: item[1].last_used):
             if holder.drained and (holder.yielding or self._needed() > 0):
                 holder.asked = True
-                self._tell(name, "swap_out")
+                self._tell(name, cmd.SwapOut())
         for name, holder in self.holders.items():
             if holder.yielding and not holder.asked and self._needed() < 0:
                 holder.yielding = False  # nobody needs its slot any more: it serves again
-                self._tell(name, "resume_turn")
+                self._tell(name, cmd.ResumeTurn())
         if self._needed() <= 0:
             return
         busy = [name for name, holder in self._candidates() if not holder.yielding]
@@ -171,7 +172,7 @@ class SwapGroup:
             self._turn_timer = asyncio.get_running_loop().call_later(delay, self._rebalance)
             return
         self.holders[name].yielding = True
-        self._tell(name, "end_turn")
+        self._tell(name, cmd.EndTurn())
         self._rebalance()
 
     def _warm_up(self) -> None:
@@ -181,14 +182,14 @@ class SwapGroup:
                 return
             controller = self._member(name)
             if name not in self.holders and controller is not None and controller.entry.definition.keep_warm:
-                self._tell(name, "warm_up")
+                self._tell(name, cmd.WarmUp())
 
     # ---- effects ----------------------------------------------------------------------
     def _pinned(self, name: str) -> bool:
         controller = self._member(name)
         return controller is not None and controller.entry.definition.pinned
 
-    def _tell(self, name: str, command: str) -> None:
+    def _tell(self, name: str, command: cmd.Command) -> None:
         controller = self._member(name)
         if controller is not None:
             controller.group_command(command)

@@ -37,6 +37,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runtime import commands as cmd
+
 logger = logging.getLogger("llmpool.runtime")
 
 MIB = 1024 * 1024
@@ -347,9 +349,9 @@ class MemoryManager:
                     del self.victims[loader]
                     if loader in self._relief_loaders:
                         self._relief_loaders.discard(loader)
-                        self._tell(loader, "memory_replan")
+                        self._tell(loader, cmd.MemoryReplan())
                     else:
-                        self._tell(loader, "memory_ready")
+                        self._tell(loader, cmd.MemoryReady())
 
     def device_report(self) -> list[dict]:
         report = []
@@ -525,9 +527,9 @@ class MemoryManager:
         for item in relieve:
             logger.info("model %s: asking %s to %s (frees about %d MiB)", loader, item["name"], item["action"],
                         item["frees_mib"])
-            self._tell(item["name"], "memory_relieve")
+            self._tell(item["name"], cmd.MemoryRelieve())
         for victim in victims:
-            self._tell(victim, "memory_evict")
+            self._tell(victim, cmd.MemoryEvict())
 
     def declined(self, victim: str) -> None:
         """``victim`` refused to be evicted (it became busy or pinned meanwhile): its charge comes
@@ -540,7 +542,7 @@ class MemoryManager:
         if loader is not None:
             self.victims.pop(loader, None)
             self._relief_loaders.discard(loader)
-            self._tell(loader, "memory_replan")
+            self._tell(loader, cmd.MemoryReplan())
 
     def wait(self, loader: str) -> None:
         self.waiting.add(loader)
@@ -549,7 +551,7 @@ class MemoryManager:
         """Memory was given back or a model became idle: loaders that wait plan again; with none
         waiting or making room, the models shrunk under pressure try to grow back."""
         for loader in sorted(self.waiting):
-            self._tell(loader, "memory_replan")
+            self._tell(loader, cmd.MemoryReplan())
         self._grow_back()
 
     def model_idle(self) -> None:
@@ -564,9 +566,9 @@ class MemoryManager:
         if self.waiting or self.victims:
             return
         for name in sorted(self.shrunk):
-            self._tell(name, "memory_grow")
+            self._tell(name, cmd.MemoryGrow())
 
-    def _tell(self, name: str, command: str) -> None:
+    def _tell(self, name: str, command: cmd.Command) -> None:
         controller = self._controllers().get(name)
         if controller is not None:
             controller.memory_command(command)

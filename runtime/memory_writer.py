@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from runtime import commands as cmd
 from runtime.errors import InsufficientMemory
 from runtime.memory import Plan, measure_process_memory
 from runtime.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, RuntimeState
@@ -21,7 +22,6 @@ logger = logging.getLogger("llmpool.runtime")
 S = RuntimeState
 # memory_relieve: sleep or shrink to make room; memory_grow: grow back once memory frees
 # (runtime.residency, ``_on_memory_relieve`` / ``_on_memory_grow``).
-MEMORY_COMMANDS = frozenset({"memory_evict", "memory_ready", "memory_replan", "memory_relieve", "memory_grow"})
 MIB = 1024 * 1024
 
 
@@ -34,9 +34,9 @@ class MemoryWriter:
     _memory_plan: Plan | None = None
     _memory_key: str | None = None  # the effective config the charge was estimated for
 
-    def memory_command(self, command: str) -> None:
-        if command not in MEMORY_COMMANDS:
-            raise ValueError(f"unknown memory command {command!r}")
+    def memory_command(self, command: cmd.Command) -> None:
+        if not isinstance(command, cmd.MEMORY_COMMANDS):
+            raise ValueError(f"not a memory command: {command!r}")
         if not self._stopped:
             self._post(command)
 
@@ -116,7 +116,7 @@ class MemoryWriter:
         """The models evicted for this load are released: its engines start (a wake: it runs)."""
         future.set_result(None)
         if self.state is S.LOADED:
-            self._wake_memory("memory_ready")
+            self._wake_memory(replan=False)
         elif self.state is S.LOADING and self._awaiting_memory:
             self._awaiting_memory = False
             self._after_memory()
@@ -125,7 +125,7 @@ class MemoryWriter:
         """Memory was given back, a model became idle, or a model refused eviction: plan again."""
         future.set_result(None)
         if self.state is S.LOADED and self.memory is not None:
-            self._wake_memory("memory_replan")
+            self._wake_memory(replan=True)
             return
         if self.state is not S.LOADING or not self._awaiting_memory or self.memory is None:
             return

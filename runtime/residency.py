@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime import commands as cmd
 from runtime.errors import (
     BackendError,
     InsufficientMemory,
@@ -114,13 +115,13 @@ class ResidencyWriter:
     # ---- commands (any task) ---------------------------------------------------------
     async def reconfigure(self, body: dict[str, Any]) -> dict:
         """Change reconfigurable fields while loaded; answers ``{duration_ms, changed, reason}``."""
-        return await self._post("reconfigure", body)
+        return await self._post(cmd.Reconfigure(body))
 
     async def sleep(self) -> dict:
-        return await self._post("sleep")
+        return await self._post(cmd.Sleep())
 
     async def wake(self) -> dict:
-        return await self._post("wake")
+        return await self._post(cmd.Wake())
 
     # ---- handlers (in the writer) ----------------------------------------------------
     def _on_reconfigure(self, future, body: dict[str, Any]) -> None:
@@ -226,13 +227,13 @@ class ResidencyWriter:
                 logger.info("model %s: evicting %s to wake on %s", self.name, ", ".join(plan.evict), plan.device)
             self.memory.claim(self.name, plan.evict, plan.relieve)
 
-    def _wake_memory(self, command: str) -> None:
-        """``memory_ready`` / ``memory_replan`` for a wake that waits for memory."""
+    def _wake_memory(self, *, replan: bool) -> None:
+        """``MemoryReady`` (``replan`` false) / ``MemoryReplan`` for a wake that waits for memory."""
         operation = self._operation
         if operation is None or operation.kind != "wake" or not operation.awaiting_memory:
             return
         operation.awaiting_memory = False
-        if command == "memory_replan":
+        if replan:
             self.memory.waiting.discard(self.name)
             try:
                 self._plan_wake(operation)
@@ -452,9 +453,9 @@ class ResidencyWriter:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._post("operation_finished", operation, exc, None)
+            self._post(cmd.OperationFinished(operation, exc, None))
             return
-        self._post("operation_finished", operation, None, measured)
+        self._post(cmd.OperationFinished(operation, None, measured))
 
     def _on_operation_finished(self, future, operation: _Operation, error: Exception | None, measured) -> None:
         future.set_result(None)
@@ -489,7 +490,7 @@ class ResidencyWriter:
             failure = error if isinstance(error, LLMPoolError) else BackendError(str(error) or type(error).__name__)
             _settle(operation.callers, failure)
             if loaded and not isinstance(error, ROLLBACK_ERRORS):  # no configuration left to serve with
-                self._post("engine_failed", f"{operation.kind} failed: {failure.message}")
+                self._post(cmd.EngineFailed(f"{operation.kind} failed: {failure.message}"))
         if operation.reason == REASON_MEMORY_PRESSURE and self.memory is not None:
             self.memory.relieved(self.name, error is None and loaded)  # its loader plans again
         if self.state is S.LOADED:

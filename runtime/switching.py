@@ -8,6 +8,7 @@ command and tells the idle clock and the group what the step left.
 """
 from __future__ import annotations
 
+from runtime import commands as cmd
 from runtime.errors import InsufficientMemory
 from runtime.state import (
     ACTIVE_STATES,
@@ -21,17 +22,16 @@ from runtime.state import (
 
 S = RuntimeState
 # The commands a swap group sends a member (``SwapGroup._tell``).
-GROUP_COMMANDS = frozenset({"slot_granted", "swap_out", "end_turn", "resume_turn", "warm_up"})
 
 
 class SwitchingWriter:
     """Handlers of ``ModelController`` (which provides the state, the clock, the waiters, the
     scheduler, the group and ``_begin_load`` / ``_start_engines`` / ``_start_unload``)."""
 
-    def group_command(self, command: str) -> None:
-        """A command from the model's swap group (``GROUP_COMMANDS``); its writer decides."""
-        if command not in GROUP_COMMANDS:
-            raise ValueError(f"unknown group command {command!r}")
+    def group_command(self, command: cmd.Command) -> None:
+        """A command from the model's swap group (``cmd.GROUP_COMMANDS``); its writer decides."""
+        if not isinstance(command, cmd.GROUP_COMMANDS):
+            raise ValueError(f"not a group command: {command!r}")
         if not self._stopped:
             self._post(command)
 
@@ -138,7 +138,7 @@ class SwitchingWriter:
 
     def _ttl_expired(self, idle_since: float) -> None:
         if not self._stopped:
-            self._post("ttl_expired", idle_since)
+            self._post(cmd.TtlExpired(idle_since))
 
     @property
     def idle_expires_at(self) -> float | None:

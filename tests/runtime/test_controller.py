@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from runtime import commands as cmd
 from runtime.backends.stub import StubEngine, StubSpec
 from runtime.errors import (
     BackendError,
@@ -234,7 +235,7 @@ async def test_an_admission_the_idle_writer_would_take_next_is_answered_in_the_c
     controller = pool.controller("m")
     await controller.load({}, None)
     ticket = Ticket("now", None)
-    admitted = controller._post("admit", ticket)
+    admitted = controller._post(cmd.Admit(ticket))
     assert admitted.done()
     dispatched = admitted.result()
     assert dispatched.done() and dispatched.result().replica == 0
@@ -248,8 +249,8 @@ async def test_an_admission_behind_a_queued_command_waits_its_turn(tmp_path):
     pool, _ = await start_pool(tmp_path, {"m": {"backend": "stub"}})
     controller = pool.controller("m")
     await controller.load({}, None)
-    unloading = controller._post("unload")
-    admitted = controller._post("admit", Ticket("late", None))
+    unloading = controller._post(cmd.Unload())
+    admitted = controller._post(cmd.Admit(Ticket("late", None)))
     assert not admitted.done()  # queued behind the unload
     with pytest.raises((ModelUnloading, ModelNotLoaded)):
         await admitted
