@@ -65,7 +65,7 @@ class RuntimeClient:
         """One request, one result (heartbeats keep it alive up to ``deadline`` seconds).
 
         A pool call (``pool_calls.is_pool_call``) asks every alive node and answers the merge; a
-        model's AdminModelEntry answered by its node says which (``node``, additive)."""
+        model's AdminModelEntry answered by its node says which (``node``)."""
         payload = payload or {}
         if self.channel is None and pool_calls.is_pool_call(op, payload):
             return await pool_calls.call_pool(self.for_channel, op, payload, deadline)
