@@ -169,10 +169,10 @@ class RuntimeClient:
         simpler form is safe on Python 3.11:
 
         - ``asyncio.wait_for`` returns a message that arrived together with the cancel and drops
-          the cancel, so a client that went away just as a heartbeat came kept its slot until the
-          generation ended;
+          the cancel, so a client that goes away just as a heartbeat comes keeps its slot until the
+          generation ends;
         - ``asyncio.timeout`` throws the cancel down into channels-redis's blocking pop, where it
-          was seen to be lost until the pop returned, up to 5 s.
+          can be lost until the pop returns, up to 5 s.
 
         A layer with a ``receive_within`` (the embedded in-memory one, whose receive is a plain
         queue wait that a cancel ends at once, losing nothing) waits in this task instead: one task
