@@ -32,7 +32,7 @@ from runtime.errors import LLMPoolError, RequestHeadTimeout, TooManyConnections
 logger = logging.getLogger("llmpool.http")
 
 # A request's head (request line and headers) larger than this is a bare 400 and the connection
-# closed (httptools has no limit of its own; Twisted's was the same 16 KiB).
+# closed (httptools has no limit of its own; Twisted's is the same 16 KiB).
 MAX_HEAD_BYTES = 16 * 1024
 # service.max_connections when unset: half the file-descriptor limit (the other half is the
 # process's own: database, Redis, engine pipes, logs), and never more than this.

@@ -20,7 +20,7 @@ async def models_list() -> list[dict]:
 
 
 async def models_answer() -> dict:
-    """GET /v1/admin/models's answer: ``models``, and with several nodes ``nodes`` (additive)."""
+    """GET /v1/admin/models's answer: ``models``, and with several nodes ``nodes``."""
     return await RuntimeClient().call(OP_LIST_MODELS)
 
 

@@ -38,7 +38,7 @@ class LLMPoolError(Exception):
 
 
 def _public_details(details) -> bool:
-    """Details the envelope carries (additive): settings problems with a machine-readable ``code``
+    """Details the envelope carries: settings problems with a machine-readable ``code``
     each (a model's ``node``), and a reload that nodes refused (``refused_by``, docs/api.md)."""
     if isinstance(details, dict):
         return "refused_by" in details
@@ -116,7 +116,7 @@ NotSleepable = _error("NotSleepable", "not_sleepable", 400)
 class InsufficientMemory(LLMPoolError):
     """A load that does not fit its device's free budget (runtime.memory): 409, and the plan
     ``{"device", "needed_mib", "free_mib", "evictable", "blocking"}`` in the envelope's
-    ``details`` (an additive key of this error's envelope only; docs/api.md)."""
+    ``details`` (a key of this error's envelope only; docs/api.md)."""
 
     code = "insufficient_memory"
     http_status = 409

@@ -3,9 +3,9 @@
 Every answer and every streamed chunk is encoded once per request or token (the edge's
 ``json_bytes``, the upstream client's bodies), and every upstream chunk decoded once
 (``forwarding``, ``openai_chat``); orjson does both several times faster than ``json``.  Its output
-is the compact UTF-8 JSON the edge wrote before (``separators=(",", ":")``, ``ensure_ascii=False``).
+is the same compact UTF-8 JSON as ``json``'s with ``separators=(",", ":")`` and ``ensure_ascii=False``.
 Where orjson refuses what ``json`` takes (a dict key that is not a string, an integer beyond 64
-bits; NaN or Infinity in a document), the standard library answers as it always did.
+bits; NaN or Infinity in a document), the standard library answers.
 """
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ class Plan:
     blocking: list[dict]
     evict: list[str] = field(default_factory=list)
     estimate_source: str = "unavailable"
-    # Models that give memory back while they stay loaded, before any eviction (additive):
+    # Models that give memory back while they stay loaded, before any eviction:
     # [{name, action: "sleep" | "shrink", frees_mib, (shrink) to: {field: value}}].
     relieve: list[dict] = field(default_factory=list)
     # MiB on ``device`` that the loader's swap group gives back before its engines start (the

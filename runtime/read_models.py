@@ -42,22 +42,22 @@ def model_entry(controller: ModelController) -> dict:
         "load_override": dict(controller.load_override),
         "capabilities": spec.capabilities(definition),
         "definition": entry.definition_dict(),
-        # Switching by itself (additive to the contract; docs/api.md): the definition carries
+        # Switching by itself (docs/api.md): the definition carries
         # load_on_request, ttl_seconds, pinned, keep_warm, aliases and load_wait_timeout_seconds.
         "group": controller.group.name if controller.group is not None else None,
         "idle_expires_at": iso_time(controller.idle_expires_at),
         "last_request_at": iso_time(controller.clock.last_request_at),
         "waiting_requests": len(controller.waiters),
         "last_reason": controller.reason,
-        # Memory-aware placement (additive; docs/api.md): the devices of the current or last load,
+        # Memory-aware placement (docs/api.md): the devices of the current or last load,
         # and the next load's estimate with the charge held now (runtime.memory).
         "placement": controller.placement,
         "memory": controller.memory_view(),
-        # Load progress (additive; docs/observability.md): {stage, fraction} while loading, else null.
+        # Load progress (docs/observability.md): {stage, fraction} while loading, else null.
         "load_progress": controller.load_progress if state is RuntimeState.LOADING else None,
-        # The warm tier (additive; docs/api.md, runtime.residency): "active" or "sleeping".
+        # The warm tier (docs/api.md, runtime.residency): "active" or "sleeping".
         "residency": controller.residency,
-        # Whether its backend can sleep (additive; docs/api.md): POST .../sleep is not 400 not_sleepable.
+        # Whether its backend can sleep (docs/api.md): POST .../sleep is not 400 not_sleepable.
         "sleepable": spec.can_sleep(definition),
     }
 

@@ -1,8 +1,8 @@
 """One typed inference request, from the protocol parser at the edge to the engine.
 
-Each API protocol's parser (``models_app/api/responses/protocol.py`` today, chat
-completions next) builds a ``GenerationRequest`` from its body; it crosses the
-channel layer as ``to_wire()`` and the runtime rebuilds it with ``from_wire``.
+Each API protocol's parser (``models_app/api/<protocol>/protocol.py``) builds a
+``GenerationRequest`` from its body; it crosses the channel layer as ``to_wire()`` and
+the runtime rebuilds it with ``from_wire``.
 Sampling fields the client left out stay ``None`` until the runtime applies the
 service's decoding defaults (``resolved``, with ``DecodingSettings``: the settings'
 ``engine.decoding``), so an engine always gets concrete values.  The events a

@@ -14,7 +14,7 @@ from channels.layers import get_channel_layer
 from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_LOAD_PROGRESS, EVENT_TRANSITION
 
 TRANSITION_FIELDS = ("model", "from", "to", "at", "reason", "last_error")
-# A loaded model changed without a transition (additive event names): its inference state
+# A loaded model changed without a transition (events of their own): its inference state
 # (runtime.residency), or one of its replicas failed while the others serve on (runtime.controller).
 MODEL_EVENT_FIELDS = {
     "reconfigured": ("model", "at", "duration_ms", "changed", "reason"),

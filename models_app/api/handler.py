@@ -3,7 +3,7 @@
 Django's ``ASGIHandler`` hops to a thread several times per request, and the first hop of a
 request starts a thread of its own (its ThreadSensitiveContext): for the ``request_started``
 signal, to render a DRF response, and to close the response (``request_finished``).  On a fast
-admin call those hops were most of the time Django took.  ``ApiHandler``:
+admin call those hops are most of the time Django takes.  ``ApiHandler``:
 
 - loads ``settings.API_MIDDLEWARE`` (empty) instead of the browser's session, auth, CSRF and
   messages middleware, each of which would hop to a thread too;

@@ -6,8 +6,8 @@ Each protocol (``api/responses/``, ``api/chat/``) parses its body into the same
 one path to the runtime (admission, capability checks, scheduler and error codes all live
 there).  ``inference_app`` serves a protocol's ``create`` function straight from ASGI: Django's
 request handling costs a new thread-sensitive executor per request and several thread hops
-(the request_started/request_finished signals, rendering a DRF response, closing it), which
-took about 4.5 ms of a 5.3 ms answer of a fast model.
+(the request_started/request_finished signals, rendering a DRF response, closing it), about
+4.5 ms of a 5.3 ms answer of a fast model.
 
 A stream whose model loads for it (``load_on_request``) opens before the runtime admits it:
 the runtime says it waits (its ``waiting`` chunk), the front answers the stream's headers and

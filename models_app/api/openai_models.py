@@ -5,7 +5,7 @@ The OpenAI keys (``id``, ``object``, ``created``, ``owned_by``) come first; llm-
 OpenAI clients ignore.  llm-pool keeps no creation time per model: ``created`` is when this API
 process started, the same for every model.  A model's aliases (``aliases`` in its definition)
 are listed as models of their own, each with ``alias_of`` naming the model it resolves to; the
-object of a model that has aliases lists them (``aliases``).  ``node`` (additive) names the node
+object of a model that has aliases lists them (``aliases``).  ``node`` names the node
 that serves it; a model several nodes serve is listed once, from a node where it is loaded if any.
 """
 from __future__ import annotations

@@ -79,7 +79,7 @@ class AdminModelEntrySerializer(serializers.Serializer):
     load_override = serializers.DictField(help_text="Sparse runtime-only patch; key presence matters.")
     capabilities = serializers.DictField()
     definition = serializers.DictField(help_text="Common fields plus the resolved backend's fields.")
-    # Additive: models that switch by themselves (docs/api.md, docs/settings.md).
+    # Models that switch by themselves (docs/api.md, docs/settings.md).
     group = serializers.CharField(allow_null=True, help_text="The swap group the model is a member of.")
     idle_expires_at = serializers.DateTimeField(
         allow_null=True, help_text="When ttl_seconds unloads the idle model if no request comes (UTC); null when "
@@ -90,14 +90,14 @@ class AdminModelEntrySerializer(serializers.Serializer):
         help_text="Requests waiting for the model to load (load_on_request), not yet queued."
     )
     stats = serializers.DictField(
-        help_text="Rolling figures of the last 5 minutes (additive; docs/observability.md): window_seconds, "
+        help_text="Rolling figures of the last 5 minutes (docs/observability.md): window_seconds, "
         "requests, errors, ttft_p50_ms, ttft_p95_ms, output_tokens, tokens_per_second."
     )
     last_reason = serializers.ChoiceField(
         ["admin", "startup", "request", "ttl", "group_swap", "keep_warm", "engine_failure", "memory_eviction"],
         allow_null=True, help_text="Why the last lifecycle operation (load or unload) happened.",
     )
-    # Additive: memory-aware placement (docs/api.md, docs/settings.md "Memory and devices").
+    # Memory-aware placement (docs/api.md, docs/settings.md "Memory and devices").
     placement = serializers.ListField(
         child=serializers.CharField(), allow_null=True,
         help_text="The devices of the current or last load (cpu, cuda:N); null before any load.",
@@ -107,12 +107,12 @@ class AdminModelEntrySerializer(serializers.Serializer):
         "unavailable) of the next load, charge_mib per device and charge (reserved, measured or null) held now, "
         "awaiting_memory.",
     )
-    # Additive: load progress (docs/observability.md).
+    # Load progress (docs/observability.md).
     load_progress = serializers.DictField(
         allow_null=True, help_text="While loading: {stage, fraction} (fraction 0..1 or null where the stage has "
         "no measure); null otherwise or before the first report.",
     )
-    # Additive: the warm tier (docs/api.md "Reconfigure and sleep").
+    # The warm tier (docs/api.md "Reconfigure and sleep").
     residency = serializers.ChoiceField(
         ["active", "sleeping"], help_text="sleeping: loaded, its inference state (KV cache) freed, its weights kept; "
         "a request wakes it. active otherwise.",
@@ -120,7 +120,7 @@ class AdminModelEntrySerializer(serializers.Serializer):
     sleepable = serializers.BooleanField(
         required=False, help_text="Whether its backend can sleep (POST .../sleep is not 400 not_sleepable)."
     )
-    # Additive: several nodes, one pool (docs/api.md "Several nodes").
+    # Several nodes, one pool (docs/api.md "Several nodes").
     node = serializers.CharField(
         help_text="The node whose runtime answered this entry (LLMPOOL_NODE_ID, default the host name)."
     )
@@ -226,7 +226,7 @@ class ModelUnloadApi(AdminApi):
 
 class ModelReconfigureApi(AdminApi):
     @extend_schema(
-        summary="Reconfigure a loaded model (additive; docs/api.md)",
+        summary="Reconfigure a loaded model (docs/api.md)",
         description=(
             "Changes the fields whose load_constraints entry says \"reconfigurable\": true while the model stays "
             "loaded and its weights stay in memory: admission pauses (new requests queue), active requests finish, "
@@ -248,7 +248,7 @@ class ModelSleepApi(AdminApi):
     op = "sleep"
 
     @extend_schema(
-        summary="Put a loaded model to sleep, or wake it (additive; docs/api.md)",
+        summary="Put a loaded model to sleep, or wake it (docs/api.md)",
         description=(
             "sleep: once its active requests finish, the model frees its inference state (llama_cpp: the context "
             "and KV cache) and keeps its weights; it stays loaded with residency \"sleeping\", and a request "
@@ -274,7 +274,7 @@ class GpuMemoryApi(AdminApi):
         gpus = serializers.ListField(child=serializers.DictField())
         models = serializers.ListField(child=serializers.DictField())
         error = serializers.CharField(allow_null=True)
-        # Additive: each device's budget and charges (docs/api.md "GET /v1/admin/gpu-memory").
+        # Each device's budget and charges (docs/api.md "GET /v1/admin/gpu-memory").
         devices = serializers.ListField(child=serializers.DictField(), required=False)
 
     @extend_schema(
@@ -353,7 +353,7 @@ class AdminEventStreamApi(AdminApi):
             "`last_error` (the error when `to` is failed, else null). Example:\n\n"
             "```\nevent: transition\ndata: {\"model\":\"stub-echo\",\"from\":\"loading\",\"to\":\"failed\","
             "\"at\":\"2026-01-01T12:00:00.123Z\",\"last_error\":\"weights are corrupt\"}\n```\n\n"
-            "Requires the admin token like every /v1/admin endpoint. Additive: with ?progress=true the stream "
+            "Requires the admin token like every /v1/admin endpoint. With ?progress=true the stream "
             "also carries `load_progress` events, {model, load_progress: {stage, fraction}, at}, while a model "
             "loads (docs/observability.md)."
         ),

@@ -136,8 +136,8 @@ class _Heartbeat:
     A timer, not a task: most requests end before their first beat, and a timer costs a
     fraction of a task (and of the extra task ``wait_for`` makes) per request.  It ends on a
     flag, and a beat being sent when the request ends is waited for, never cancelled: over the
-    Redis layer a cancelled send was seen to go on sending, so cancelling it hung the request
-    (its caller received heartbeats but never the result).
+    Redis layer a cancelled send can go on sending, so cancelling it hangs the request (its
+    caller receives heartbeats but never the result).
     """
 
     def __init__(self, send, interval: float):

@@ -17,7 +17,7 @@ waiting message the same way: channels-redis restores its backup key (messages p
 receive that was cancelled), pops with BZPOPMIN and copies the message into the backup, three
 round trips in a row before the message is handed on; one script does the three atomically when
 a message is waiting (which also closes the window where a cancel between the pop and the copy
-lost the message), and an empty channel waits in the blocking pop and hands the message on at
+would lose the message), and an empty channel waits in the blocking pop and hands the message on at
 once.  A receive cancelled while it waits there (its client left) lets the pop finish and puts
 back a message it brings, which may be another request's reply.  Everything else (groups, the
 backup's clean-up after a receive, the message format) is channels-redis's own.
@@ -222,7 +222,7 @@ class RedisChannelLayer(_RedisChannelLayer):
             raise
         # Not copied into the backup, as channels-redis does next: that copy is one more round trip
         # before the message is handed on, and a cancel could only come during the copy itself,
-        # which lost the message or not; handed on at once, nothing can cancel it.  The backup
+        # which would lose the message or not; handed on at once, nothing can cancel it.  The backup
         # stays empty (the script above emptied it), so the clean-up after the receive pops nothing.
         return result[1] if result is not None else None
 

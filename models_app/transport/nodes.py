@@ -179,10 +179,9 @@ async def route(model: str | None, fairness_key: str | None = None) -> Node:
     Among the alive nodes that serve it: one where it is loaded with the fewest requests of
     ``fairness_key`` in flight, then the fewest in flight and queued in all, else the first by
     name.  Served only by nodes that are down (in the registry as read now, not the cached view):
-    RuntimeUnavailable at once.  Served by no node the
-    registry knows: the first alive node (it answers 404
-    unknown_model), or, with none alive yet, this process's own node's channel (the request
-    waits there for a runtime that starts, as before nodes existed).
+    RuntimeUnavailable at once.  Served by no node the registry knows: the first alive node (it
+    answers 404 unknown_model), or, with none alive yet, this process's own node's channel (the
+    request waits there for a runtime that starts, as on a single node).
     """
     nodes = await REGISTRY.nodes()
     if len(nodes) == 1 and not is_split():

@@ -2,7 +2,7 @@
 
 ``RuntimeClient.call`` sends these operations here; everything else names one model and goes to the
 node that serves it (``models_app.transport.nodes.route``).  With one node the answer is that node's,
-each entry with an additive ``node``; with several, the entries of all of them (docs/api.md):
+each entry with its ``node``; with several, the entries of all of them (docs/api.md):
 
 - ``list_models``: every node's entries; a node that does not answer is listed in ``nodes`` with
   its error, and every other node's entries are answered (all failing: the first error);

@@ -65,7 +65,7 @@ class RuntimeClient:
         """One request, one result (heartbeats keep it alive up to ``deadline`` seconds).
 
         A pool call (``pool_calls.is_pool_call``) asks every alive node and answers the merge; a
-        model's AdminModelEntry answered by its node says which (``node``, additive)."""
+        model's AdminModelEntry answered by its node says which (``node``)."""
         payload = payload or {}
         if self.channel is None and pool_calls.is_pool_call(op, payload):
             return await pool_calls.call_pool(self.for_channel, op, payload, deadline)
@@ -169,10 +169,10 @@ class RuntimeClient:
         simpler form is safe on Python 3.11:
 
         - ``asyncio.wait_for`` returns a message that arrived together with the cancel and drops
-          the cancel, so a client that went away just as a heartbeat came kept its slot until the
-          generation ended;
+          the cancel, so a client that goes away just as a heartbeat comes keeps its slot until the
+          generation ends;
         - ``asyncio.timeout`` throws the cancel down into channels-redis's blocking pop, where it
-          was seen to be lost until the pop returned, up to 5 s.
+          can be lost until the pop returns, up to 5 s.
 
         A layer with a ``receive_within`` (the embedded in-memory one, whose receive is a plain
         queue wait that a cancel ends at once, losing nothing) waits in this task instead: one task

@@ -12,7 +12,7 @@ nodes): its replicas are spread over them, all or nothing.
 
 The answer is the first node's entry with the totals over the nodes (``replicas``,
 ``loaded_replicas``, ``inflight_requests``, ``queue_depth``) and ``nodes``: each node's ``node``,
-``runtime_state``, ``replicas`` and ``loaded_replicas`` (additive).
+``runtime_state``, ``replicas`` and ``loaded_replicas``.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The model page's playground and live log pane (the workbench's own parts of issue 20).
+"""The model page's playground and live log pane.
 
 The playground is the browser talking to ``POST /v1/chat/completions`` itself, as any client
 does (``static/llmpool_admin/playground.js``); the page only says which decoding fields the

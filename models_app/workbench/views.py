@@ -64,7 +64,7 @@ async def models_page(request: HttpRequest) -> HttpResponse:
     except LLMPoolError as exc:
         answer, runtime_error = {}, error_of(exc)
     entries = answer.get("models", [])
-    # Several nodes (issue 22): each node known to the pool, and whether it answered.
+    # Several nodes: each node known to the pool, and whether it answered.
     nodes = answer.get("nodes") or []
     shown = [
         entry

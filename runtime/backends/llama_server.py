@@ -150,7 +150,7 @@ LLAMA_SERVER = managed.ServerProfile(
 )
 
 
-# The constraint keys of a field POST .../reconfigure changes by restarting the server (additive).
+# The constraint keys of a field POST .../reconfigure changes by restarting the server.
 RESTART = {"reconfigurable": True, "reconfigure_mode": "restart"}
 
 
@@ -199,7 +199,7 @@ class LlamaServerSpec(managed.ManagedServerSpec):
         LoadOverride(
             "llama_server_spec_draft_p_min", float, {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0}
         ),
-        # Additive (not in the contract's list): the rest of the reconfigurable server flags.
+        # Not in the contract's list: the rest of the reconfigurable server flags.
         LoadOverride("llama_server_type_k", str, cache_type_constraint(**RESTART)),
         LoadOverride("llama_server_type_v", str, cache_type_constraint(**RESTART)),
         LoadOverride(

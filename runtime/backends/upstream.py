@@ -3,9 +3,8 @@ the small part of httpx's interface the OpenAI-protocol code uses.
 
 ``managed.server_client`` makes one per loaded server replica.  The benchmarks measure it
 (bench/asgi_relay.py, bench/upstream_client.py) and tests/managed/test_upstream_client.py checks it.
-(It was held back a while because a non-streamed pass-through request whose client left did not
-free llama-server's slot in full test runs; the cause was llama-server's, not this client's: see
-``runtime.backends.forwarding``, which now streams such a request from llama-server.)
+A client that leaves a non-streamed pass-through request frees llama-server's slot because
+``runtime.backends.forwarding`` streams such a request from llama-server, not because of this client.
 
 Why not httpx: on this hot path (every request to a managed server) httpx costs about 0.57 ms
 of CPU per call, aiohttp's client about 0.13 ms (docs/performance.md, bench/upstream_client.py).
@@ -23,9 +22,9 @@ goes out on a session that never pools (``Connection: close``, aiohttp's ``force
 its connection is closed when the stream ends.  llama-server closes a connection right after
 a stream (its content provider returns false once it has ended the stream, which cpp-httplib
 reads as a cancelled response, so it drops the connection it had offered to keep alive), and a
-pooled one would then fail the next request that takes it before the close is seen: the failure
-the first aiohttp attempt had (117 of 300 calls, docs/performance.md).  A stream costs one new
-loopback connection instead (tens of microseconds against a stream's seconds).  A server's ``Connection: close`` is honoured by
+pooled one would then fail the next request that takes it before the close is seen (117 of 300
+calls, docs/performance.md).  A stream costs one new loopback connection instead (tens of
+microseconds against a stream's seconds).  A server's ``Connection: close`` is honoured by
 aiohttp itself (the connection is not reused).
 """
 from __future__ import annotations

@@ -171,8 +171,8 @@ async def _stop_spare(task: asyncio.Task[EngineProcessHandle]) -> None:
     except BaseException:
         return  # it never started (a cancelled start kills what it had spawned)
     # A spare reads its socket only once its warm-up is over, and the warm-up runs under
-    # SCHED_IDLE: on a busy machine a spare still importing its engine library took longer than
-    # the grace to notice a closed socket.  Back to the normal policy, so that it dies promptly.
+    # SCHED_IDLE: on a busy machine a spare still importing its engine library can take longer
+    # than the grace to notice a closed socket.  Back to the normal policy, so that it dies promptly.
     _normal_policy(spare.process.pid)
     spare.sock.close()
     await spare.process.stop(grace=STOP_GRACE_SECONDS)

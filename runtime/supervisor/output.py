@@ -3,10 +3,10 @@ bounded ring of its last lines, read from that file when asked for.
 
 The process's stdout and stderr are the log file itself (opened ``O_APPEND``), as supervisord's
 ``stdout_logfile`` and systemd's ``StandardOutput=append:`` make them: the kernel appends each
-write, and nothing of llm-pool's runs per line.  The output went through a pipe before, copied
-line by line by a thread of the runtime process: llama-server writes about nine lines a request,
-each one woke that thread and took the interpreter's lock from the event loop (about 0.5 ms of the
-runtime's CPU a request, docs/performance.md).  Now the file is read when something asks for its
+write, and nothing of llm-pool's runs per line.  Not a pipe copied line by line by a thread of
+the runtime process: llama-server writes about nine lines a request, and each would wake that
+thread and take the interpreter's lock from the event loop (about 0.5 ms of the runtime's CPU a
+request, docs/performance.md).  The file is read when something asks for its
 lines (``tail``, ``since``: a crash's message, the logs endpoint, a start's progress) and by
 ``check_size``, which the owner calls every few seconds off the event loop: it takes the new lines
 into the ring (so an answer never has much to read) and keeps the file under its cap.

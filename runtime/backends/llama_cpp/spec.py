@@ -73,7 +73,7 @@ class LlamaCppDefinition(CommonDefinition):
 
 def cache_type_constraint(**reconfigure) -> dict:
     """The load_constraints entry of a KV cache type override (llama_cpp's, llama_server's), with
-    its additive reconfigure keys (default ``"reconfigurable": true``)."""
+    its reconfigure keys, llm-pool's own beyond the contract (default ``"reconfigurable": true``)."""
     return {
         "kind": "string_or_null",
         "format": "ggml_type_name",
