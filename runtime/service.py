@@ -228,7 +228,7 @@ class RuntimeService:
         }
 
     def entry(self, controller) -> dict:
-        """The admin entry with its rolling ``stats`` (additive; runtime.activity)."""
+        """The admin entry with its rolling ``stats`` (runtime.activity)."""
         return {**model_entry(controller), "stats": self.observer.ring.stats(controller.name)}
 
     # ---- observability (runtime.metrics, runtime.activity) ---------------------------
