@@ -26,6 +26,7 @@ import select
 from dataclasses import dataclass
 from http import HTTPStatus
 
+from models_app.api.errors import error_headers
 from runtime.config import ServiceSettings
 from runtime.errors import LLMPoolError, RequestHeadTimeout, TooManyConnections
 
@@ -68,9 +69,8 @@ def error_answer(exc: LLMPoolError) -> bytes:
     """A whole HTTP answer carrying ``exc``'s error envelope, for a connection about to close."""
     body = json.dumps(exc.envelope(), separators=(",", ":")).encode()
     lines = [f"HTTP/1.1 {exc.http_status} {HTTPStatus(exc.http_status).phrase}",
-             "content-type: application/json", f"content-length: {len(body)}", "connection: close"]
-    if exc.retry_after is not None:
-        lines.append(f"retry-after: {exc.retry_after}")
+             "content-type: application/json", f"content-length: {len(body)}", "connection: close",
+             *(f"{name.lower()}: {value}" for name, value in error_headers(exc).items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 

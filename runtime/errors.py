@@ -2,9 +2,10 @@
 
 Every error carries a machine-readable ``code`` and the ``http_status`` the API
 answers with (plus ``retry_after`` seconds where a retry makes sense).  Errors
-cross the channel layer as plain dicts (``to_dict`` / ``error_from_dict``) and
-one DRF exception handler turns them into the envelope
-``{"error": {"code", "message", "param"}}``.
+cross the channel layer as plain dicts (``to_dict`` / ``error_from_dict``).
+``envelope()`` is the one writer of the error envelope
+``{"error": {"code", "message", "param"}}``: ``models_app.api.errors`` frames it (and the
+headers) for each HTTP stack, and a stream sends it as its last event.
 """
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ RequestTooLarge = _error("RequestTooLarge", "request_too_large", 413)
 # A fairness key (a fairness header or the body's user) longer than the edge's limit.
 FairnessKeyTooLong = _error("FairnessKeyTooLong", "fairness_key_too_long", 400)
 NotFound = _error("NotFound", "not_found", 404)  # a path under /v1 that names no endpoint
+# A method the endpoint does not have (answered with its Allow header).
+MethodNotAllowed = _error("MethodNotAllowed", "method_not_allowed", 405)
+# DRF's permission refusal (an admin view whose permission says no without raising).
+Forbidden = _error("Forbidden", "forbidden", 403)
+# A DRF refusal this service has no code of its own for: an Accept header none of an admin
+# view's renderers satisfies (its status is DRF's, 406 there).
+ApiError = _error("ApiError", "api_error", 406)
 FileInputUnsupported = _error("FileInputUnsupported", "file_input_unsupported", 400)
 ModalityUnsupported = _error("ModalityUnsupported", "modality_unsupported", 400)
 ThinkingUnsupported = _error("ThinkingUnsupported", "thinking_unsupported", 400)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from models_app.api.errors import error_headers
 from models_app.conf import service_settings
 from runtime.errors import LLMPoolError, RequestBodyTimeout
 
@@ -80,11 +79,6 @@ def with_client_timeouts(app):
 
 
 async def _refuse(send, exc: LLMPoolError) -> None:
-    from models_app.api.inference import json_bytes
+    from models_app.api.inference import send_error  # it imports stream_write from here
 
-    body = json_bytes(exc.envelope())
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close"),
-               *((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in error_headers(exc).items())]
-    await send({"type": "http.response.start", "status": exc.http_status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, exc, {"Connection": "close"})

@@ -31,7 +31,7 @@ from models_app.api.limits import parse_json
 from models_app.conf import service_settings
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
-from runtime.errors import LLMPoolError, RequestTooLarge
+from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
 from runtime.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
 
@@ -178,8 +178,7 @@ def inference_app(create: Create, path: str):
 
     async def app(scope, receive, send) -> None:
         if scope["method"] != "POST":
-            error = {"code": "method_not_allowed", "message": f'Method "{scope["method"]}" not allowed.', "param": None}
-            await _send_json(send, 405, {"error": error}, {"Allow": "POST"})
+            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"})
             return
         try:
             # The key first: a caller without one is refused before its body is read.
@@ -188,7 +187,7 @@ def inference_app(create: Create, path: str):
         except _Disconnected:
             return
         except LLMPoolError as exc:
-            await _send_error(send, exc)
+            await send_error(send, exc)
             return
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
@@ -219,10 +218,10 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         data = (await asyncio.to_thread(parse_json, body) if large else parse_json(body)) if body else {}
         answer = await create(data, caller)
     except LLMPoolError as exc:
-        await _send_error(send, exc)
+        await send_error(send, exc)
         return
     except Exception:
-        await _send_error(send, internal_error(f"POST {path}"))
+        await send_error(send, internal_error(f"POST {path}"))
         return
     finally:
         _EARLY.reset(token)
@@ -280,8 +279,9 @@ async def _watch_disconnect(receive, task: asyncio.Task) -> None:
             return
 
 
-async def _send_error(send, exc: LLMPoolError) -> None:
-    await _send_json(send, exc.http_status, exc.envelope(), error_headers(exc))
+async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None) -> None:
+    """``exc``'s answer over ASGI; ``headers`` are the app's own (an ``Allow``, a ``Connection: close``)."""
+    await _send_json(send, exc.http_status, exc.envelope(), {**(headers or {}), **error_headers(exc)})
 
 
 async def _send_json(send, status: int, data, headers: dict[str, str] | None = None) -> None:

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import hmac
 
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from models_app.api.errors import error_headers
+from models_app.api.errors import error_json_response
 from models_app.conf import service_settings
 from models_app.transport.messages import OP_METRICS
 from models_app.transport.runtime_client import RuntimeClient
-from runtime.errors import RuntimeUnavailable, Unauthorized
+from runtime.errors import MethodNotAllowed, RuntimeUnavailable, Unauthorized
 
 _API_PROCESS = ProcessCollector(namespace="llmpool_api", registry=None)
 
@@ -53,16 +53,11 @@ def _authorized(request) -> bool:
     return scheme.lower() == "bearer" and any(hmac.compare_digest(given, token.encode()) for token in tokens)
 
 
-def _error(exc) -> JsonResponse:
-    return JsonResponse(exc.envelope(), status=exc.http_status, headers=error_headers(exc))
-
-
 async def metrics_view(request) -> HttpResponse:
     if request.method not in ("GET", "HEAD"):
-        error = {"code": "method_not_allowed", "message": f'Method "{request.method}" not allowed.', "param": None}
-        return JsonResponse({"error": error}, status=405, headers={"Allow": "GET, HEAD"})
+        return error_json_response(MethodNotAllowed(f'Method "{request.method}" not allowed.'), {"Allow": "GET, HEAD"})
     if not _authorized(request):
-        return _error(Unauthorized("GET /metrics requires Authorization: Bearer <service.metrics_token or admin_token>"))
+        return error_json_response(Unauthorized("GET /metrics requires Authorization: Bearer <service.metrics_token or admin_token>"))
     try:
         text = (await RuntimeClient().call(OP_METRICS))["text"]
     except RuntimeUnavailable:

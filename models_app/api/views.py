@@ -2,7 +2,7 @@
 they validate input, send one message to the runtime and shape its answer."""
 from __future__ import annotations
 
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -26,7 +26,7 @@ from models_app.api.completions.endpoint import create_completion
 from models_app.api.completions.protocol import CompletionBody
 from models_app.api.embeddings.endpoint import create_embedding
 from models_app.api.embeddings.protocol import EmbeddingBody
-from models_app.api.errors import error_response
+from models_app.api.errors import error_json_response, error_response
 from models_app.api.inference import ENDPOINT
 from models_app.api.model_logs import logs_follow, logs_tail
 from models_app.api.event_stream import sse_event, transition_stream
@@ -531,8 +531,7 @@ class OpenAIModelApi(APIView):
 
 async def unknown_path(request, *args, **kwargs):
     """Every path under /v1 that names no endpoint: the error envelope, never Django's HTML page."""
-    error = NotFound(f"no endpoint at {request.path}")
-    return JsonResponse(error.envelope(), status=error.http_status)
+    return error_json_response(NotFound(f"no endpoint at {request.path}"))
 
 
 class HealthApi(APIView):

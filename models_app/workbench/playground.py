@@ -7,8 +7,9 @@ model's capabilities allow and whether an inference key is needed.  The log pane
 behind the staff login (the browser has the session, not the admin token)."""
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
+from models_app.api.errors import error_json_response
 from models_app.api.model_logs import logs_follow, logs_tail
 from models_app.conf import service_settings
 from runtime.errors import LLMPoolError
@@ -59,7 +60,7 @@ async def model_logs(request: HttpRequest, name: str) -> HttpResponse:
     try:
         first = await logs_tail(name, None)
     except LLMPoolError as exc:
-        return JsonResponse(exc.envelope(), status=exc.http_status)
+        return error_json_response(exc)
     response = StreamingHttpResponse(logs_follow(first, name), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

@@ -27,9 +27,10 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from models_app import selectors, services
+from models_app.api.errors import error_json_response
 from models_app.selectors import effective_values
 from models_app.workbench.forms import LoadForm, ReconfigureForm, reconfigurable_constraints
-from runtime.errors import LLMPoolError, UnknownModel
+from runtime.errors import InvalidRequest, LLMPoolError, UnknownModel
 
 STATES = ["unloaded", "loading", "loaded", "unloading", "failed"]
 ACTIONS = {"load": "Load", "unload": "Unload"}
@@ -116,7 +117,7 @@ async def models_action(request: HttpRequest) -> HttpResponse:
     if action not in ACTIONS or not names:
         problem = "Choose an action and at least one model."
         if wants_json(request):
-            return JsonResponse({"error": {"code": "invalid_request", "message": problem, "param": None}}, status=400)
+            return error_json_response(InvalidRequest(problem))
         messages.warning(request, problem)
         return redirect(_back(request, reverse("llmpool_admin:models")))
     results = await asyncio.gather(*(_run_action(action, name) for name in names))
