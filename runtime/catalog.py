@@ -1,6 +1,15 @@
-"""The catalog: configured models from the merged settings, keyed by public name."""
+"""The catalog: configured models from the merged settings, keyed by public name; and the one rule
+that says which model a name given by a client means.
+
+A model is asked for by its name or by one of its ``aliases``.  ``model_names`` indexes both,
+``canonical_model`` resolves a name through that index.  Every place that needs the model a name
+means uses the two: the runtime's lookup (``ModelPool.lookup``), the API's routing over the nodes'
+records (``models_app.transport.nodes``) and its key check (``models_app.api.keys``), so the three
+never disagree on what a name means.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from runtime.backends import BACKENDS, BackendSpec
@@ -42,3 +51,22 @@ def build_catalog(loaded: LoadedSettings) -> dict[str, CatalogEntry]:
         )
         for name, definition in loaded.settings.models.items()
     }
+
+
+def model_names(models: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """Each name a client may give a model, mapped to that model: ``models`` maps a model's name to
+    its aliases.  A model's name means itself, each alias its model.  The settings keep aliases
+    unique and apart from every model name (``runtime.config.alias_problems``); should two sources
+    disagree all the same (two nodes' records read a moment apart), a model's name wins over an
+    alias, and the first model to declare an alias keeps it."""
+    names = {name: name for name in models}
+    for name, aliases in models.items():
+        for alias in aliases:
+            names.setdefault(alias, name)
+    return names
+
+
+def canonical_model(name: str, names: Mapping[str, str]) -> str | None:
+    """The configured model ``name`` means, by ``names`` (``model_names``): a model's name is
+    itself, an alias is its model, any other name None."""
+    return names.get(name)

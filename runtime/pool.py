@@ -4,8 +4,8 @@ Reads (snapshots) go straight to the controllers.  A settings reload reads and
 validates the files first, then asks every model's writer to vote on the change
 (holding its loads until the reload ends), and swaps the catalog only when no
 vote is a conflict: all or nothing.  The pool also holds the swap groups
-(``runtime.groups``) and the aliases: ``lookup`` is how every inference operation
-finds the model a request names.
+(``runtime.groups``) and the names a client may give its models: ``lookup`` is how every
+inference operation finds the model a request names (``runtime.catalog.canonical_model``).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from runtime.catalog import CatalogEntry, build_catalog
+from runtime.catalog import CatalogEntry, build_catalog, canonical_model, model_names
 from runtime.config import (
     FairnessSettings,
     LoadedSettings,
@@ -43,7 +43,7 @@ class ModelPool:
         self.key_weights: dict[str, float] = {}
         self.controllers: dict[str, ModelController] = {}
         self.groups: dict[str, SwapGroup] = {}
-        self.aliases: dict[str, str] = {}  # alias -> model name
+        self.names: dict[str, str] = {}  # each model's name and alias -> the model (runtime.catalog.model_names)
         self.memory: MemoryManager | None = None  # device budgets and charges (runtime.memory)
         self._reload_lock = asyncio.Lock()
 
@@ -61,7 +61,7 @@ class ModelPool:
         self.groups = self._build_groups(self.current.settings, {})
         for name, entry in build_catalog(self.current).items():
             self._add(entry)
-        self.aliases = _aliases(self.current.settings)
+        self.names = _names(self.current.settings)
         self._keep_spares()
         if load_enabled:
             for controller in self.controllers.values():
@@ -91,7 +91,7 @@ class ModelPool:
 
         Every inference operation finds its model here (admin operations use ``controller``,
         which takes names only)."""
-        controller = self.controllers.get(name) or self.controllers.get(self.aliases.get(name, ""))
+        controller = self.controllers.get(canonical_model(name, self.names) or "")
         if controller is None:
             raise UnknownModel(f"model {name!r} is not configured", param="model")
         return controller
@@ -168,7 +168,7 @@ class ModelPool:
             ))
             for name in diff["added_models"]:
                 self._add(new_catalog[name])
-            self.aliases = _aliases(loaded.settings)
+            self.names = _names(loaded.settings)
             self._keep_spares()
             await asyncio.gather(*(controller.stop() for controller in removed))
         diff["service_restart_required"] = loaded.settings.service.model_dump() != self.startup_service
@@ -217,5 +217,5 @@ def _same_slots(old, new) -> bool:
     return old.members == new.members and old.max_loaded == new.max_loaded
 
 
-def _aliases(settings: Settings) -> dict[str, str]:
-    return {alias: name for name, definition in settings.models.items() for alias in definition.aliases}
+def _names(settings: Settings) -> dict[str, str]:
+    return model_names({name: definition.aliases for name, definition in settings.models.items()})

@@ -95,9 +95,11 @@ def with_endpoint(wire: dict) -> dict:
     return wire if endpoint is None else {**wire, "endpoint": endpoint}
 
 
-async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
-    """Run ``request`` in the runtime: its result (``text``, ``finish_reason``, ``usage``), or,
-    for a stream, an iterator of the runtime's messages (``chunk`` deltas, then the ``result``).
+async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterator[dict]:
+    """Run ``request`` in the runtime on ``model``, the model its name means (``Caller.resolve``;
+    the request keeps the client's name, which the answer shows): its result (``text``,
+    ``finish_reason``, ``usage``), or, for a stream, an iterator of the runtime's messages
+    (``chunk`` deltas, then the ``result``).
 
     Raises the request's error (LLMPoolError) before anything is sent: a stream is returned
     only once the runtime has admitted the request (its ``admitted`` chunk), or, under the ASGI
@@ -106,7 +108,7 @@ async def generate(request: GenerationRequest) -> dict | AsyncIterator[dict]:
     by the stream's iterator; closing it early cancels the request in the runtime.
     """
     client = RuntimeClient()
-    wire = with_endpoint(request.to_wire())
+    wire = with_endpoint({**request.to_wire(), "model": model})
     if not request.stream:
         return await client.call(OP_GENERATE, wire)
     exchange = client.exchange(OP_GENERATE, wire)

@@ -12,6 +12,12 @@ GET /v1/models and /v1/models/{id}) asks ``key_ring().caller(header)`` once per 
   (``fairness_key``, else its name) is the fairness key, whatever the ``user`` field or a
   fairness header say, so a caller cannot leave its share.
 
+A request's model is resolved once, here (``Caller.resolve``), by the one rule
+(``runtime.catalog.canonical_model``) over the pool's names as the nodes announce them: the key
+check compares the models meant on both sides (a key that lists a model may use it by any of its
+aliases, one that lists an alias may use the model by its name and its other aliases), and the
+request goes on to routing and the runtime under the model's own name.
+
 A presented key is hashed (sha256) and compared with ``hmac.compare_digest`` to every configured
 hash, all of them, so the time taken does not tell which key nearly matched.  The API process
 reads the keys once (``models_app.conf.service_settings``): a change needs a restart.
@@ -20,11 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
+from models_app.transport import nodes
+from runtime.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
 from runtime.errors import InvalidApiKey, ModelNotAllowed
 
@@ -39,16 +47,32 @@ class Caller:
     # The fairness key the request gets: the API key's bucket, else a fairness header's value; None
     # leaves it to the body's ``user`` field.
     fairness_key: str | None
-    # The models the caller may use; None: every model.
+    # The models the caller may use, as its key lists them (names or aliases); None: every model.
     models: frozenset[str] | None = None
 
-    def allows(self, model: str) -> bool:
-        return self.models is None or model in self.models
+    def allows(self, model: str, names: Mapping[str, str]) -> bool:
+        """Whether the key lists the model ``model`` (a name or an alias) means, every name on
+        both sides resolved over ``names`` (``runtime.catalog.model_names``); a name ``names``
+        does not know stands for itself."""
+        if self.models is None:
+            return True
+        wanted = _meant(model, names)
+        return any(_meant(listed, names) == wanted for listed in self.models)
 
-    def check_model(self, model: str) -> None:
-        """Raises 403 model_not_allowed for a model the caller's key may not use."""
-        if not self.allows(model):
+    async def resolve(self, model: str) -> str:
+        """The model a request's ``model`` means, once the key may use it: its configured name,
+        or ``model`` as given when the pool knows no such name (the runtime then answers 404).
+
+        Raises 403 model_not_allowed for a model the key may not use, before the model is looked
+        up, so a key learns nothing of the models it may not use."""
+        names = await nodes.REGISTRY.model_names()
+        if not self.allows(model, names):
             raise ModelNotAllowed(f"this API key may not use the model {model!r}", param="model")
+        return _meant(model, names)
+
+
+def _meant(name: str, names: Mapping[str, str]) -> str:
+    return canonical_model(name, names) or name
 
 
 class KeyRing:

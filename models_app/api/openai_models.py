@@ -15,7 +15,7 @@ import time
 from models_app import selectors
 from models_app.api.keys import Caller
 from models_app.conf import service_settings
-from runtime.errors import UnknownModel
+from models_app.transport import nodes
 
 OWNED_BY = "llm-pool"
 STARTED_AT = int(time.time())
@@ -61,11 +61,12 @@ async def model_list(caller: Caller) -> dict:
     entries = once_per_model(await selectors.models_list())
     if service_settings().list_models == "loaded":
         entries = [entry for entry in entries if entry["runtime_state"] == "loaded"]
+    names = await nodes.REGISTRY.model_names()
     data = [
         model_object(entry, model_id)
         for entry in entries
+        if caller.allows(entry["name"], names)
         for model_id in (entry["name"], *_aliases(entry))
-        if caller.allows(model_id)
     ]
     return {"object": "list", "data": data}
 
@@ -74,11 +75,5 @@ async def model_get(model_id: str, caller: Caller) -> dict:
     """Any configured model (or alias) the caller's key may use (ModelNotAllowed, 403, before the model is
     looked up, so a key learns nothing of the others), whatever ``list_models`` lists;
     UnknownModel (404) otherwise."""
-    caller.check_model(model_id)
-    try:
-        return model_object(await selectors.model_get(model_id))
-    except UnknownModel:
-        for entry in await selectors.models_list():
-            if model_id in _aliases(entry):
-                return model_object(entry, model_id)
-        raise
+    model = await caller.resolve(model_id)
+    return model_object(await selectors.model_get(model), model_id)

@@ -26,9 +26,9 @@ def openai_create(parse: Callable[[Any, str | None], Any], builder: Callable[[An
 
     async def create(data, caller: Caller) -> dict | AsyncIterator[bytes]:
         request = await parsed(parse, data, caller.fairness_key)
-        caller.check_model(request.generation.model)
+        resolved = await caller.resolve(request.generation.model)
         shapes = builder(request)
-        outcome = await generate(request.generation)
+        outcome = await generate(request.generation, resolved)
         model = request.generation.model
         if request.generation.stream:
             return relay(outcome, model, lambda messages: _sse(shapes, messages))

@@ -6,6 +6,10 @@ Every ``HEARTBEAT_SECONDS`` (and right after each settings reload) the worker wr
 (expiry ``EXPIRY_SECONDS``); a worker that stops deletes the alive key, a killed one stops renewing
 it, so either way the API sees the node down within ``EXPIRY_SECONDS``.  The record itself stays
 (a week) so the API answers 503 runtime_unavailable for a down node's models, not 404.
+
+Embedded, the runtime's node is this process's own: ``announce_here`` hands the registry the
+models and their aliases when the runtime starts and after each reload, which is all the API
+reads of it (it resolves a request's model by them).
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from models_app.transport.nodes import (
     HEARTBEAT_SECONDS,
     RECORD_TTL_SECONDS,
     REDIS_TIMEOUT_SECONDS,
+    REGISTRY,
     keys,
     node_channel,
 )
@@ -46,6 +51,13 @@ def node_record(node: str, service, started_at: float) -> dict:
     devices = service.pool.memory.device_report() if service.pool.memory is not None else []
     return {"node": node, "channel": node_channel(node), "models": models, "devices": devices,
             "started_at": started_at, "at": time.time()}
+
+
+async def announce_here(service) -> None:
+    """Embedded: ``service``'s models and their aliases in this process's registry (also a reload
+    listener, so the API resolves names by the reloaded catalog before the reload is answered)."""
+    models = [{"name": c.name, "aliases": list(c.entry.definition.aliases)} for c in service.pool.controllers.values()]
+    REGISTRY.announce_here({"models": models})
 
 
 class NodeAnnouncer:

@@ -9,6 +9,7 @@ from django.conf import settings
 
 from models_app.conf import service_settings
 from models_app.host import catalog_mirror
+from models_app.host.announcer import announce_here
 from models_app.host.event_publisher import RuntimeEventPublisher
 from models_app.transport import nodes
 from runtime.service import RuntimeService
@@ -48,11 +49,13 @@ async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
     async with _lock:
         if _service is None:
             publisher = RuntimeEventPublisher(channel_layer())
-            # Split: this node serves the models whose ``node`` includes it; embedded: every model.
+            # Split: this node serves the models whose ``node`` includes it (its announcer tells the
+            # API); embedded: every model, told to this process's registry.
             node = nodes.this_node() if nodes.is_split() else None
+            announce = [] if nodes.is_split() else [announce_here]
             service = RuntimeService(
-                settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition], reload_listeners=[catalog_mirror.sync],
-                node=node,
+                settings.LLMPOOL_SETTINGS, listeners=[publisher.on_transition],
+                reload_listeners=[*announce, catalog_mirror.sync], node=node,
             )
             publisher.attach(service.pool, event_entry(service))
             publisher.start()
@@ -62,6 +65,8 @@ async def ensure_runtime(*, load_enabled: bool = True) -> RuntimeService:
                 await publisher.stop()
                 raise
             _service, _publisher = service, publisher
+            for listener in announce:
+                await listener(service)
             await catalog_mirror.sync(service)
             logger.info("runtime started with %d configured models", len(service.pool.controllers))
     return _service
@@ -71,6 +76,7 @@ async def shutdown_runtime() -> None:
     global _service, _publisher
     if _service is not None:
         service, _service = _service, None
+        nodes.REGISTRY.announce_here(None)
         await service.shutdown()
     if _publisher is not None:
         publisher, _publisher = _publisher, None

@@ -14,7 +14,13 @@ prefix (``LLMPOOL_CHANNEL_PREFIX``) on one Redis.  Each node announces itself ev
 
 The API reads all of it in one round trip, at most every ``CACHE_SECONDS`` per process.  The
 embedded shape (``manage.py serve``, in-memory layer) has one node, in-process: its channel is the
-plain ``llmpool-runtime`` and it serves every model.
+plain ``llmpool-runtime`` and it serves every model; its runtime hands this process's registry its
+record (``Registry.announce_here``: its models and their aliases) when it starts and after each
+reload, as a split node writes its record to Redis.
+
+The records are the API's view of the catalog: ``Registry.model_names`` resolves the name a request gives
+(a model's name or an alias, ``runtime.catalog.canonical_model``) over every node's record, and
+routing finds a node's model by the same rule.
 """
 from __future__ import annotations
 
@@ -24,10 +30,12 @@ import re
 import time
 import weakref
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from django.conf import settings
 
 from models_app.transport.messages import RUNTIME_CHANNEL
+from runtime.catalog import canonical_model, model_names
 from runtime.errors import RuntimeUnavailable
 
 HEARTBEAT_SECONDS = 1.0
@@ -81,17 +89,22 @@ class Node:
     alive: bool
     record: dict = field(default_factory=dict)
 
-    def model_names(self) -> set[str]:
-        """The names and aliases of the models this node serves."""
-        names = set()
-        for model in self.record.get("models", ()):
-            names.add(model["name"])
-            names.update(model.get("aliases") or ())
-        return names
+    @cached_property
+    def _models(self) -> dict[str, dict]:
+        return {m["name"]: m for m in self.record.get("models", ())}
+
+    @cached_property
+    def names(self) -> dict[str, str]:
+        """The name and aliases of each model this node serves -> the model (``runtime.catalog``)."""
+        return _names_in([self])
+
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` (a model's name or an alias) means a model this node serves."""
+        return canonical_model(name, self.names) is not None
 
     def model(self, name: str) -> dict | None:
-        return next((m for m in self.record.get("models", ()) if name == m["name"] or name in (m.get("aliases") or ())),
-                    None)
+        """This node's record of the model ``name`` (a name or an alias) means, or None."""
+        return self._models.get(canonical_model(name, self.names) or "")
 
     def describe(self) -> dict:
         """What GET /v1/admin/nodes and the merged answers say of this node."""
@@ -126,6 +139,8 @@ class Registry:
         self._cached: list[Node] | None = None
         self._cached_at = 0.0
         self._refreshing: asyncio.Future | None = None
+        self._here: list[Node] | None = None  # embedded: the in-process runtime's node, its record included
+        self._names: tuple[list[Node], dict[str, str]] | None = None  # the nodes read last, their names
 
     def _redis(self):
         from redis import asyncio as aioredis
@@ -141,7 +156,7 @@ class Registry:
     async def nodes(self) -> list[Node]:
         """Every node known to the pool, sorted by name (embedded: the one, alive)."""
         if not is_split():
-            return [Node(this_node(), RUNTIME_CHANNEL, True)]
+            return self._here or [Node(this_node(), RUNTIME_CHANNEL, True)]
         if self._cached is not None and time.monotonic() - self._cached_at < CACHE_SECONDS:
             return self._cached
         try:
@@ -169,8 +184,31 @@ class Registry:
         """The next ``nodes`` reads Redis again (the last view stays for when Redis is away)."""
         self._cached_at = 0.0
 
+    def announce_here(self, record: dict | None) -> None:
+        """Embedded: the in-process runtime's record (``models``: each model's ``name`` and
+        ``aliases``), what a split node's announcer writes to Redis; None once it stopped."""
+        self._here = None if record is None else [Node(this_node(), RUNTIME_CHANNEL, True, record)]
+
+    async def model_names(self) -> dict[str, str]:
+        """Each name a client may give a model of the pool -> the model, over every node this
+        process knows, down ones too (their models answer 503, not 404).  Built once per view of
+        the nodes."""
+        nodes = await self.nodes()
+        if self._names is None or self._names[0] is not nodes:
+            self._names = (nodes, _names_in(nodes))
+        return self._names[1]
+
 
 REGISTRY = Registry()
+
+
+def _names_in(nodes: list[Node]) -> dict[str, str]:
+    """``runtime.catalog.model_names`` over the models of ``nodes``' records."""
+    models: dict[str, list[str]] = {}
+    for node in nodes:
+        for model in node.record.get("models", ()):
+            models.setdefault(model["name"], []).extend(model.get("aliases") or ())
+    return model_names(models)
 
 
 async def route(model: str | None, fairness_key: str | None = None) -> Node:
@@ -186,13 +224,13 @@ async def route(model: str | None, fairness_key: str | None = None) -> Node:
     nodes = await REGISTRY.nodes()
     if len(nodes) == 1 and not is_split():
         return nodes[0]
-    serving = [n for n in nodes if model is not None and model in n.model_names()]
+    serving = [n for n in nodes if model is not None and n.serves(model)]
     if model is not None and not any(n.alive for n in serving):
         # Perhaps added by a reload, or its node back, since the cached view: read again (a
         # restarted worker answers as soon as it has announced itself, not a cache period later).
         REGISTRY.forget_cache()
         nodes = await REGISTRY.nodes()
-        serving = [n for n in nodes if model in n.model_names()]
+        serving = [n for n in nodes if n.serves(model)]
     alive = [n for n in serving if n.alive]
     if alive:
         return min(alive, key=lambda n: _load_key(n, model, fairness_key))

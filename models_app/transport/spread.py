@@ -30,7 +30,7 @@ async def serving(model: str | None) -> list[pool_nodes.Node]:
     """The alive nodes that serve ``model``, by name (a spread call needs two or more)."""
     if model is None or not pool_nodes.is_split():
         return []
-    return [n for n in await pool_nodes.REGISTRY.nodes() if n.alive and model in n.model_names()]
+    return [n for n in await pool_nodes.REGISTRY.nodes() if n.alive and n.serves(model)]
 
 
 def shares(replicas: int, count: int) -> list[int]:

@@ -1,7 +1,8 @@
 """Inference keys (service.api_keys) against a live service: 401 without a valid key on every
-inference endpoint, 403 for a model the key may not use, the models list filtered, the fairness
-bucket chosen by the key whatever ``user`` and the fairness header say, the official client, the
-admin token's rule unchanged; service.fairness_key_headers without keys; create_api_key."""
+inference endpoint, 403 for a model the key may not use, a model and its aliases granted alike
+whichever of its names the key lists, the models list filtered, the fairness bucket chosen by the
+key whatever ``user`` and the fairness header say, the official client, the admin token's rule
+unchanged; service.fairness_key_headers without keys; create_api_key."""
 from __future__ import annotations
 
 import hashlib
@@ -21,9 +22,12 @@ MODELS = {
     "echo": {"backend": "stub"},
     "fixed": {"backend": "stub", "stub_reply": "alpha beta"},
     "slow": {"backend": "stub", "stub_reply": SLOW_REPLY, "stub_token_delay_ms": 100},
+    "qwen": {"backend": "stub", "stub_reply": "from qwen", "aliases": ["gpt-4o-mini", "qwen-latest"]},
 }
 ADMIN_TOKEN = "admin-secret"
 BOB_KEY = secrets.token_urlsafe(32)
+MODEL_KEY = secrets.token_urlsafe(32)  # lists the model "qwen"
+ALIAS_KEY = secrets.token_urlsafe(32)  # lists qwen's alias "gpt-4o-mini"
 REALM = 'Bearer realm="llm-pool"'
 ENDPOINTS = [
     ("POST", "/v1/responses", {"model": "echo", "input": "x"}),
@@ -58,7 +62,11 @@ def service(tmp_path_factory, api_shape, alice):
         "name": "bob", "key_sha256": hashlib.sha256(BOB_KEY.encode()).hexdigest(), "models": "*",
         "fairness_key": "team-b", "weight": 3,
     }
-    settings = write_settings(folder, MODELS, service={"admin_token": ADMIN_TOKEN, "api_keys": [alice[1], bob]})
+    by_model = {"name": "by-model", "key_sha256": hashlib.sha256(MODEL_KEY.encode()).hexdigest(), "models": ["qwen"]}
+    by_alias = {"name": "by-alias", "key_sha256": hashlib.sha256(ALIAS_KEY.encode()).hexdigest(),
+                "models": ["gpt-4o-mini"]}
+    keys = [alice[1], bob, by_model, by_alias]
+    settings = write_settings(folder, MODELS, service={"admin_token": ADMIN_TOKEN, "api_keys": keys})
     live = LiveService(settings, folder / "db.sqlite3").start()
     try:
         with admin_client(live) as http:
@@ -152,9 +160,63 @@ def test_a_key_may_use_only_its_models(as_alice, as_bob):
     assert as_bob.post("/v1/responses", json={"model": "nope", "input": "x"}).status_code == 404
 
 
+@pytest.mark.parametrize("key", [MODEL_KEY, ALIAS_KEY], ids=["lists-the-model", "lists-an-alias"])
+def test_a_key_may_use_its_model_by_every_name_and_the_answer_keeps_the_name_asked(service, key):
+    """Listing a model grants its aliases, listing an alias grants the model and its other aliases:
+    the key check compares the models both names mean."""
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    with service.client(headers={"Authorization": f"Bearer {key}"}) as http:
+        for name in ("qwen", "gpt-4o-mini", "qwen-latest"):
+            answer = http.post("/v1/responses", json={"model": name, "input": "x"})
+            assert answer.status_code == 200, (name, answer.text)
+            assert (answer.json()["model"], answer.json()["output"][0]["content"][0]["text"]) == (name, "from qwen")
+            chat_answer = http.post("/v1/chat/completions", json={"model": name, **chat})
+            assert chat_answer.status_code == 200, (name, chat_answer.text)
+            assert chat_answer.json()["model"] == name
+            with http.stream("POST", "/v1/chat/completions", json={"model": name, "stream": True, **chat}) as stream:
+                assert stream.status_code == 200
+                chunks = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: {")]
+            assert chunks and {c["model"] for c in chunks} == {name}
+            one = http.get(f"/v1/models/{name}")
+            assert one.status_code == 200 and one.json()["id"] == name
+        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["qwen", "gpt-4o-mini", "qwen-latest"]
+        for name in ("echo", "nope"):  # any other model, configured or not, as before
+            refused = http.post("/v1/responses", json={"model": name, "input": "x"})
+            assert refused.status_code == 403
+            assert refused.json() == {"error": {
+                "code": "model_not_allowed", "message": f"this API key may not use the model {name!r}", "param": "model",
+            }}
+
+
+def test_an_alias_added_by_a_reload_is_granted_at_once(service, admin):
+    """The key check resolves by the catalog the runtime serves, reloaded, not by the one it started with."""
+    original = service.settings_path.read_text()
+    settings = json.loads(original)
+    settings["models"]["qwen"]["aliases"].append("qwen-next")
+    try:
+        service.settings_path.write_text(json.dumps(settings))
+        assert admin.post("/v1/admin/settings/reload").json()["updated_models"] == ["qwen"]
+        with service.client(headers={"Authorization": f"Bearer {MODEL_KEY}"}) as http:
+            answer = http.post("/v1/responses", json={"model": "qwen-next", "input": "x"})
+            assert (answer.status_code, answer.json()["model"]) == (200, "qwen-next")
+    finally:
+        service.settings_path.write_text(original)
+        assert admin.post("/v1/admin/settings/reload").status_code == 200
+
+
+def test_a_key_that_lists_none_of_a_models_names_is_refused_every_one(as_alice):
+    for name in ("qwen", "gpt-4o-mini", "qwen-latest"):
+        refused = as_alice.post("/v1/chat/completions", json={"model": name, "messages": [{"role": "user", "content": "x"}]})
+        assert refused.status_code == 403
+        assert refused.json() == {"error": {
+            "code": "model_not_allowed", "message": f"this API key may not use the model {name!r}", "param": "model",
+        }}
+        assert as_alice.get(f"/v1/models/{name}").status_code == 403
+
+
 def test_the_models_list_holds_only_the_keys_models(as_alice, as_bob):
     assert [m["id"] for m in as_alice.get("/v1/models").json()["data"]] == ["echo", "slow"]
-    assert [m["id"] for m in as_bob.get("/v1/models").json()["data"]] == list(MODELS)
+    assert [m["id"] for m in as_bob.get("/v1/models").json()["data"]] == [*MODELS, "gpt-4o-mini", "qwen-latest"]
     assert as_alice.get("/v1/models/echo").json()["id"] == "echo"
     refused = as_alice.get("/v1/models/fixed")
     assert refused.status_code == 403

@@ -56,6 +56,38 @@ def test_routing_prefers_an_alive_node_where_the_model_is_loaded_and_least_busy(
         raise AssertionError("a model served only by a down node must be 503")
 
 
+def test_the_api_resolves_a_models_names_over_every_nodes_record(monkeypatch, settings):
+    """The edge's key check and routing resolve a name by the same rule as the runtime, over the
+    records of every node, a down one's too."""
+    import asyncio
+
+    settings.REDIS_URL = "redis://unused"
+    listed = [Node("a", node_channel("a"), True, {"models": [{"name": "m", "aliases": ["m2"]}]}),
+              Node("b", node_channel("b"), False, {"models": [{"name": "n", "aliases": ["n2", "n3"]}, {"name": "m"}]})]
+
+    async def nodes():
+        return listed
+
+    monkeypatch.setattr(pool_nodes.REGISTRY, "nodes", nodes)
+    names = asyncio.run(pool_nodes.REGISTRY.model_names())
+    assert names == {"m": "m", "m2": "m", "n": "n", "n2": "n", "n3": "n"}
+    assert [n.serves("m2") for n in listed] == [True, False]
+    assert listed[1].model("n3") == {"name": "n", "aliases": ["n2", "n3"]}
+    assert listed[0].model("n3") is None
+
+
+def test_the_embedded_node_is_the_record_its_runtime_announced(settings):
+    import asyncio
+
+    settings.REDIS_URL = ""
+    registry = pool_nodes.Registry()
+    assert asyncio.run(registry.model_names()) == {}  # no runtime in this process yet
+    registry.announce_here({"models": [{"name": "m", "aliases": ["m2"]}]})
+    assert asyncio.run(registry.model_names()) == {"m": "m", "m2": "m"}
+    registry.announce_here(None)
+    assert asyncio.run(registry.model_names()) == {}
+
+
 def test_a_model_missing_from_the_cached_view_is_looked_up_again(monkeypatch, settings):
     import asyncio
 

@@ -24,8 +24,8 @@ from models_app.transport.runtime_client import RuntimeClient
 async def create_embedding(data, caller: Caller) -> dict:
     """Run one embeddings request; raises its error (LLMPoolError)."""
     call = await parsed(parse_embedding_body, data, caller.fairness_key)
-    caller.check_model(call.embedding.model)
-    result = await RuntimeClient().call(OP_EMBED, with_endpoint(call.embedding.to_wire()))
+    model = await caller.resolve(call.embedding.model)
+    result = await RuntimeClient().call(OP_EMBED, with_endpoint({**call.embedding.to_wire(), "model": model}))
     encode = _base64 if call.encoding_format == "base64" else list
     tokens = result["usage"]["prompt_tokens"]
     return {

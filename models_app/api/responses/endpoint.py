@@ -23,9 +23,9 @@ async def create_response(data, caller: Caller) -> dict | AsyncIterator[bytes]:
     Raises the request's error (LLMPoolError) before anything is sent (see ``generate``).
     """
     request = await parsed(parse_responses_body, data, caller.fairness_key)
-    caller.check_model(request.model)
+    model = await caller.resolve(request.model)
     builder = ResponseBuilder(request)
-    outcome = await generate(request)
+    outcome = await generate(request, model)
     if request.stream:
         return _sse(builder, outcome)
     return builder.final(outcome)
