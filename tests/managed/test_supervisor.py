@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -56,6 +57,24 @@ async def test_a_server_runs_in_its_own_process_group_with_a_pidfile(fake_bin, s
     assert await process.stop() == 0
     assert pidfiles(state_dir) == [] and not alive(process.pid)
     assert "shutting down on SIGTERM" in process.tail()
+
+
+async def test_readiness_is_noticed_within_a_poll_of_the_server_answering(fake_bin, state_dir, tmp_path):
+    """The health checks keep one short interval through a long load (no back-off), so the first
+    200 is seen about one interval after the server is ready, however long it loaded."""
+    checks_log = tmp_path / "health.jsonl"
+    process = await started(fake_bin, state_dir, {"FAKE_READY_AFTER": "1.5", "FAKE_HEALTH_LOG": str(checks_log)})
+    noticed = time.monotonic()
+    try:
+        checks = [json.loads(line) for line in checks_log.read_text().splitlines()]
+        loading = [check["at"] for check in checks if check["status"] == 503]
+        gaps = [later - earlier for earlier, later in zip(loading, loading[1:])]
+        assert checks[-1]["status"] == 200 and len(gaps) > 10
+        assert statistics.median(gaps) < 5 * supervisor_process.READY_POLL_SECONDS
+        # Generous for a busy machine: a back-off to 0.5 s would be late by up to that.
+        assert noticed - checks[-1]["ready_at"] < 0.25
+    finally:
+        await process.stop()
 
 
 async def test_exit_before_ready_reports_the_exit_code_and_the_output_tail(fake_bin, state_dir):

@@ -11,6 +11,8 @@ Knobs, all from the environment (the model definition's ``*_env``):
   ``FAKE_*`` variables, LD_LIBRARY_PATH and (trtllm) the parsed YAML;
 - ``FAKE_REQUEST_LOG``: a file to append every chat request body to;
 - ``FAKE_READY_AFTER``: seconds /health answers 503 first (a loading model);
+- ``FAKE_HEALTH_LOG``: a file to append one JSON line to per /health request: when it came
+  (``time.monotonic()``, the same clock in every process), the status answered and ``ready_at``;
 - ``FAKE_EXIT_AT_START``: print a fatal line and exit with this code before serving;
 - ``FAKE_TOKEN_DELAY_MS``: delay before each streamed token (a non-streamed answer waits for all of them);
 - ``FAKE_DROP_REQUESTS``: close the connection of this many first chat requests without answering;
@@ -255,10 +257,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self._sleep_route("GET"):
             return
         if self.path == "/health":
-            if time.monotonic() < self.state["ready_at"]:
-                self._error(503, "Loading model", "unavailable_error")
-            else:
+            now = time.monotonic()
+            ready = now >= self.state["ready_at"]
+            log = os.environ.get("FAKE_HEALTH_LOG")
+            if log:
+                with open(log, "a", encoding="utf-8") as target:
+                    target.write(json.dumps({"at": now, "status": 200 if ready else 503,
+                                             "ready_at": self.state["ready_at"]}) + "\n")
+            if ready:
                 self._json(200, {"status": "ok"})
+            else:
+                self._error(503, "Loading model", "unavailable_error")
         elif self.path == "/v1/models" and self._authorized():
             self._json(200, {"object": "list", "data": [{"id": self.state["settings"]["model"], "object": "model"}]})
         elif self.path == "/v1/files" and self._authorized():
