@@ -15,7 +15,14 @@ import aiohttp
 
 from runtime.supervisor.command import ServerCommand, ServerStartError
 from runtime.supervisor.output import TAIL_LINES, OutputLog
-from runtime.supervisor.pidfiles import GROUP_GONE_SECONDS, group_members, signal_group, sweep_once, write_pidfile
+from runtime.supervisor.pidfiles import (
+    GROUP_GONE_SECONDS,
+    group_empty,
+    group_members,
+    signal_group,
+    sweep_once,
+    write_pidfile,
+)
 from runtime.supervisor.spawner import SPAWNER, kill_unclaimed, spawn
 
 logger = logging.getLogger("llmpool.runtime")
@@ -212,6 +219,8 @@ class ManagedProcess:
                 path.unlink(missing_ok=True)
 
     async def _wait_group_gone(self) -> bool:
+        if group_empty(self.process.pid):  # the usual end: the leader, reaped, was the group's only process
+            return True
         deadline = time.monotonic() + GROUP_GONE_SECONDS
         while await asyncio.to_thread(group_members, self.process.pid):
             if time.monotonic() > deadline:

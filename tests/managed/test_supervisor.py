@@ -26,6 +26,7 @@ from runtime.supervisor import (
 )
 from runtime.supervisor import output as supervisor_output
 from runtime.supervisor import process as supervisor_process
+from runtime.supervisor.pidfiles import group_empty
 from runtime.supervisor.spawner import SPAWNER
 from tests.conftest import free_port
 from tests.managed.helpers import ROOT, alive, eventually, pidfiles, process_state, records, wait_until
@@ -159,6 +160,19 @@ async def test_when_the_leader_exits_its_workers_are_killed(fake_bin, state_dir,
     await eventually(lambda: not alive(worker), 5, message="worker killed with its leader")
     await process.stop()
     assert pidfiles(state_dir) == []
+
+
+def test_a_group_is_empty_only_once_its_last_process_is_reaped():
+    leader = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert not group_empty(leader.pid)
+        leader.kill()
+        os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        assert not group_empty(leader.pid)  # its group id is still taken
+    finally:
+        leader.kill()
+        leader.wait()
+    assert group_empty(leader.pid)
 
 
 async def test_output_goes_to_a_bounded_ring_and_a_log_file_that_keeps_the_previous_run(state_dir):
