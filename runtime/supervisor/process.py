@@ -30,11 +30,14 @@ logger = logging.getLogger("llmpool.runtime")
 STOP_GRACE_SECONDS = 10.0
 KILL_WAIT_SECONDS = 10.0
 OUTPUT_CHECK_SECONDS = 5.0  # how often a running process's log is read and kept under its cap
-# How often a starting server's health is asked for: a load (a swap's second half) ends at most
-# this long after the server is ready.  One check costs about 0.13 ms of the runtime's CPU (a
-# kept-alive connection; a refused connect before the server listens costs less), so 50 a second
-# take under 1 % of a core from the load they wait for.
+# How often a starting server's health is asked for at least: a load (a swap's second half) ends
+# at most this long after the server is ready.  One check costs about 0.13 ms of the runtime's
+# CPU (a kept-alive connection; a refused connect before the server listens costs less), so 50
+# a second take under 1 % of a core from the load they wait for.
 READY_POLL_SECONDS = 0.02
+# How often a starting server's log size is looked at between two checks (an fstat, about 1 µs):
+# output the server wrote brings the next check forward to the next tick.
+OUTPUT_WATCH_SECONDS = 0.005
 HEALTH_TIMEOUT_SECONDS = 2.0
 
 
@@ -173,9 +176,13 @@ class ManagedProcess:
         return True
 
     async def wait_ready(self, url: str, timeout: float, headers: dict | None = None) -> None:
-        """Ask ``url`` every ``READY_POLL_SECONDS`` until it answers 200; raise ServerStartError on
-        exit or timeout.  The interval is fixed, so readiness is noticed as soon after the server
-        reaches it at the end of a long load as at the start of a short one."""
+        """Ask ``url`` until it answers 200; raise ServerStartError on exit or timeout.
+
+        It is asked again ``READY_POLL_SECONDS`` after each answer, or sooner, one
+        ``OUTPUT_WATCH_SECONDS`` tick after the server writes output: llama-server says "model
+        loaded" as its /health turns 200, so a swap's load ends a few ms after the server is
+        ready.  The interval is fixed (no back-off), so the end of a long load is noticed as soon
+        as the end of a short one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with _health_session(headers) as session:
@@ -183,6 +190,7 @@ class ManagedProcess:
                 if self._exited.is_set():
                     await self.output_settled()
                     raise ServerStartError(self.exit_report("before it was ready"))
+                written = self._output_size()  # before asking: output during the check counts
                 if await _answers_ok(session, url):
                     return
                 remaining = deadline - loop.time()
@@ -191,7 +199,18 @@ class ManagedProcess:
                         f"{self.command.label} was not ready within {timeout:g} s ({url} never answered 200); "
                         f"last output:\n{self.tail()}"
                     )
-                await self.wait_exit(min(READY_POLL_SECONDS, remaining))
+                await self._output_or_exit(written, min(READY_POLL_SECONDS, remaining))
+
+    def _output_size(self) -> int:
+        return self._output.size() if self._output is not None else 0
+
+    async def _output_or_exit(self, written: int, seconds: float) -> None:
+        """Wait ``seconds``, or less: until the log is no longer ``written`` bytes long (checked
+        every ``OUTPUT_WATCH_SECONDS``: a size, no read) or the process exits."""
+        end = asyncio.get_running_loop().time() + seconds
+        while (left := end - asyncio.get_running_loop().time()) > 0:
+            if await self.wait_exit(min(OUTPUT_WATCH_SECONDS, left)) or self._output_size() != written:
+                return
 
     async def stop(self, grace: float | None = None) -> int | None:
         """SIGTERM to the group, SIGKILL after ``grace`` (STOP_GRACE_SECONDS); wait until the group is gone."""

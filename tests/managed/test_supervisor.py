@@ -78,6 +78,20 @@ async def test_readiness_is_noticed_within_a_poll_of_the_server_answering(fake_b
         await process.stop()
 
 
+async def test_a_server_that_says_it_is_ready_is_asked_again_at_once(fake_bin, state_dir, monkeypatch):
+    """Output from a starting server brings the next health check forward: with checks every
+    30 s, a server that prints its ready line as its /health turns 200 is still noticed then."""
+    monkeypatch.setattr(supervisor_process, "READY_POLL_SECONDS", 30.0)
+    env = {"FAKE_READY_AFTER": "1.0", "FAKE_READY_LINE": "INFO model loaded"}
+    began = time.monotonic()
+    process = await started(fake_bin, state_dir, env, timeout=20)
+    try:
+        assert time.monotonic() - began < 10
+        assert "INFO model loaded" in process.tail()
+    finally:
+        await process.stop()
+
+
 async def test_exit_before_ready_reports_the_exit_code_and_the_output_tail(fake_bin, state_dir):
     port = free_port()
     process = ManagedProcess(fake_command(fake_bin, state_dir, port, {"FAKE_EXIT_AT_START": "3"}), state_dir)

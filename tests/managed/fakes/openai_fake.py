@@ -11,6 +11,7 @@ Knobs, all from the environment (the model definition's ``*_env``):
   ``FAKE_*`` variables, LD_LIBRARY_PATH and (trtllm) the parsed YAML;
 - ``FAKE_REQUEST_LOG``: a file to append every chat request body to;
 - ``FAKE_READY_AFTER``: seconds /health answers 503 first (a loading model);
+- ``FAKE_READY_LINE``: a line to print when /health turns 200 (llama-server's "model loaded");
 - ``FAKE_HEALTH_LOG``: a file to append one JSON line to per /health request: when it came
   (``time.monotonic()``, the same clock in every process), the status answered and ``ready_at``;
 - ``FAKE_EXIT_AT_START``: print a fatal line and exit with this code before serving;
@@ -188,6 +189,12 @@ def serve(settings: dict) -> None:
         "sleeping": False,
     }
     handler = type("Handler", (_Handler,), {"state": state})
+    ready_line = os.environ.get("FAKE_READY_LINE")
+    if ready_line:
+        delay = max(0.0, state["ready_at"] - time.monotonic())
+        announce = threading.Timer(delay, lambda: print(ready_line, flush=True))
+        announce.daemon = True
+        announce.start()
     server = ThreadingHTTPServer((settings["host"], int(settings["port"])), handler)
     server.daemon_threads = True
     print(f"INFO listening on {settings['host']}:{settings['port']}", flush=True)
@@ -199,7 +206,8 @@ class _Handler(BaseHTTPRequestHandler):
     state: dict
 
     def log_message(self, format, *args):  # noqa: A002 - the base class names it so
-        print("HTTP " + format % args, flush=True)
+        if self.path != "/health":  # llama-server leaves its health checks out of its log too
+            print("HTTP " + format % args, flush=True)
 
     # -- helpers --
     def _json(self, status: int, payload: dict) -> None:
