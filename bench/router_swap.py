@@ -116,11 +116,27 @@ def chat(http: httpx.Client, model: str) -> float:
     body = {"model": model, "max_tokens": 1, "temperature": 0,
             "messages": [{"role": "user", "content": "Say hello."}]}
     began = time.perf_counter()
-    response = http.post("/v1/chat/completions", json=body)
+    try:
+        response = http.post("/v1/chat/completions", json=body)
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"{model}: {exc!r}") from None
     elapsed = time.perf_counter() - began
     if response.status_code != 200:
         raise RuntimeError(f"{model}: {response.status_code} {response.text[:500]}")
     return elapsed
+
+
+def warm_up(http: httpx.Client, model: str, tries: int = 3) -> None:
+    """``chat`` until it answers, at most ``tries`` times: the router sometimes drops the
+    connection of the first request to a model it has just started (the child answers, the client
+    gets no response), which a warm-up, timed by nobody, may retry."""
+    for attempt in range(tries):
+        try:
+            chat(http, model)
+            return
+        except RuntimeError:
+            if attempt == tries - 1:
+                raise
 
 
 def summary(samples: list[float]) -> dict:
@@ -138,12 +154,16 @@ def measure(binary: str, files: dict[str, str], args: argparse.Namespace) -> dic
             "llama_server": stack.enter_context(running_service(pool_settings(files, "llama_server", args))),
             "llama_cpp": stack.enter_context(running_service(pool_settings(files, "llama_cpp", args))),
         }
-        clients = {system: stack.enter_context(httpx.Client(base_url=url, timeout=300)) for system, url in urls.items()}
+        # A new connection per request, for every system alike: on a kept-alive connection the
+        # router now and then dropped a request's answer after its child had given it.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        clients = {system: stack.enter_context(httpx.Client(base_url=url, timeout=300, limits=fresh))
+                   for system, url in urls.items()}
         failed: dict[str, str] = {}  # a system that fails is reported and left out; the others go on
         for system in SYSTEMS:  # warm-up: every file read once (page cache), then the first model loaded
             try:
                 for name in order + order[:1]:
-                    chat(clients[system], name)
+                    warm_up(clients[system], name)
             except RuntimeError as exc:
                 failed[system] = str(exc)[:1000]
         for turn in range(args.swaps):

@@ -85,6 +85,11 @@ class OutputLog:
             os.truncate(self.path, 0)
             self._reader.seek(0)
 
+    def size(self) -> int:
+        """The log file's length in bytes (0 once closed): it changes as the process writes.  No
+        lock: the reader is closed only by its owner's thread, and a size needs no consistent ring."""
+        return 0 if self._reader.closed else os.fstat(self._reader.fileno()).st_size
+
     def tail(self, count: int = TAIL_LINES) -> str:
         with self._lock:
             self._read_new()

@@ -48,6 +48,18 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_empty(pgid: int) -> bool:
+    """True when group ``pgid`` has no process at all, not even a zombie: one signal 0 answers
+    it, where ``group_members`` reads every process's /proc/<pid>/stat (a few ms)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,7 @@ from runtime.supervisor import (
 )
 from runtime.supervisor import output as supervisor_output
 from runtime.supervisor import process as supervisor_process
+from runtime.supervisor.pidfiles import group_empty
 from runtime.supervisor.spawner import SPAWNER
 from tests.conftest import free_port
 from tests.managed.helpers import ROOT, alive, eventually, pidfiles, process_state, records, wait_until
@@ -56,6 +58,38 @@ async def test_a_server_runs_in_its_own_process_group_with_a_pidfile(fake_bin, s
     assert await process.stop() == 0
     assert pidfiles(state_dir) == [] and not alive(process.pid)
     assert "shutting down on SIGTERM" in process.tail()
+
+
+async def test_readiness_is_noticed_within_a_poll_of_the_server_answering(fake_bin, state_dir, tmp_path):
+    """The health checks keep one short interval through a long load (no back-off), so the first
+    200 is seen about one interval after the server is ready, however long it loaded."""
+    checks_log = tmp_path / "health.jsonl"
+    process = await started(fake_bin, state_dir, {"FAKE_READY_AFTER": "1.5", "FAKE_HEALTH_LOG": str(checks_log)})
+    noticed = time.monotonic()
+    try:
+        checks = [json.loads(line) for line in checks_log.read_text().splitlines()]
+        loading = [check["at"] for check in checks if check["status"] == 503]
+        gaps = [later - earlier for earlier, later in zip(loading, loading[1:])]
+        assert checks[-1]["status"] == 200 and len(gaps) > 10
+        assert statistics.median(gaps) < 5 * supervisor_process.READY_POLL_SECONDS
+        # Generous for a busy machine: a back-off to 0.5 s would be late by up to that.
+        assert noticed - checks[-1]["ready_at"] < 0.25
+    finally:
+        await process.stop()
+
+
+async def test_a_server_that_says_it_is_ready_is_asked_again_at_once(fake_bin, state_dir, monkeypatch):
+    """Output from a starting server brings the next health check forward: with checks every
+    30 s, a server that prints its ready line as its /health turns 200 is still noticed then."""
+    monkeypatch.setattr(supervisor_process, "READY_POLL_SECONDS", 30.0)
+    env = {"FAKE_READY_AFTER": "1.0", "FAKE_READY_LINE": "INFO model loaded"}
+    began = time.monotonic()
+    process = await started(fake_bin, state_dir, env, timeout=20)
+    try:
+        assert time.monotonic() - began < 10
+        assert "INFO model loaded" in process.tail()
+    finally:
+        await process.stop()
 
 
 async def test_exit_before_ready_reports_the_exit_code_and_the_output_tail(fake_bin, state_dir):
@@ -140,6 +174,19 @@ async def test_when_the_leader_exits_its_workers_are_killed(fake_bin, state_dir,
     await eventually(lambda: not alive(worker), 5, message="worker killed with its leader")
     await process.stop()
     assert pidfiles(state_dir) == []
+
+
+def test_a_group_is_empty_only_once_its_last_process_is_reaped():
+    leader = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert not group_empty(leader.pid)
+        leader.kill()
+        os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+        assert not group_empty(leader.pid)  # its group id is still taken
+    finally:
+        leader.kill()
+        leader.wait()
+    assert group_empty(leader.pid)
 
 
 async def test_output_goes_to_a_bounded_ring_and_a_log_file_that_keeps_the_previous_run(state_dir):

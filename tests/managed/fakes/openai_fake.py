@@ -11,6 +11,9 @@ Knobs, all from the environment (the model definition's ``*_env``):
   ``FAKE_*`` variables, LD_LIBRARY_PATH and (trtllm) the parsed YAML;
 - ``FAKE_REQUEST_LOG``: a file to append every chat request body to;
 - ``FAKE_READY_AFTER``: seconds /health answers 503 first (a loading model);
+- ``FAKE_READY_LINE``: a line to print when /health turns 200 (llama-server's "model loaded");
+- ``FAKE_HEALTH_LOG``: a file to append one JSON line to per /health request: when it came
+  (``time.monotonic()``, the same clock in every process), the status answered and ``ready_at``;
 - ``FAKE_EXIT_AT_START``: print a fatal line and exit with this code before serving;
 - ``FAKE_TOKEN_DELAY_MS``: delay before each streamed token (a non-streamed answer waits for all of them);
 - ``FAKE_DROP_REQUESTS``: close the connection of this many first chat requests without answering;
@@ -186,6 +189,12 @@ def serve(settings: dict) -> None:
         "sleeping": False,
     }
     handler = type("Handler", (_Handler,), {"state": state})
+    ready_line = os.environ.get("FAKE_READY_LINE")
+    if ready_line:
+        delay = max(0.0, state["ready_at"] - time.monotonic())
+        announce = threading.Timer(delay, lambda: print(ready_line, flush=True))
+        announce.daemon = True
+        announce.start()
     server = ThreadingHTTPServer((settings["host"], int(settings["port"])), handler)
     server.daemon_threads = True
     print(f"INFO listening on {settings['host']}:{settings['port']}", flush=True)
@@ -197,7 +206,8 @@ class _Handler(BaseHTTPRequestHandler):
     state: dict
 
     def log_message(self, format, *args):  # noqa: A002 - the base class names it so
-        print("HTTP " + format % args, flush=True)
+        if self.path != "/health":  # llama-server leaves its health checks out of its log too
+            print("HTTP " + format % args, flush=True)
 
     # -- helpers --
     def _json(self, status: int, payload: dict) -> None:
@@ -255,10 +265,17 @@ class _Handler(BaseHTTPRequestHandler):
         if self._sleep_route("GET"):
             return
         if self.path == "/health":
-            if time.monotonic() < self.state["ready_at"]:
-                self._error(503, "Loading model", "unavailable_error")
-            else:
+            now = time.monotonic()
+            ready = now >= self.state["ready_at"]
+            log = os.environ.get("FAKE_HEALTH_LOG")
+            if log:
+                with open(log, "a", encoding="utf-8") as target:
+                    target.write(json.dumps({"at": now, "status": 200 if ready else 503,
+                                             "ready_at": self.state["ready_at"]}) + "\n")
+            if ready:
                 self._json(200, {"status": "ok"})
+            else:
+                self._error(503, "Loading model", "unavailable_error")
         elif self.path == "/v1/models" and self._authorized():
             self._json(200, {"object": "list", "data": [{"id": self.state["settings"]["model"], "object": "model"}]})
         elif self.path == "/v1/files" and self._authorized():
