@@ -86,10 +86,15 @@ def _processes(settings: dict, split: bool):
         logs = os.environ.get("LLMPOOL_BENCH_LOGS")  # a folder: each process's output is kept there
 
         def start(command: list[str], extra: dict) -> None:
-            output = subprocess.DEVNULL
-            if logs:
-                output = open(Path(logs) / f"{Path(command[2]).name if len(command) > 2 else 'process'}-{len(processes)}-{os.getpid()}.log", "ab")
-            processes.append(subprocess.Popen(command, cwd=ROOT, env={**env, **extra}, stdout=output, stderr=subprocess.STDOUT))
+            if not logs:
+                output = subprocess.DEVNULL
+                processes.append(subprocess.Popen(command, cwd=ROOT, env={**env, **extra}, stdout=output,
+                                                  stderr=subprocess.STDOUT))
+                return
+            name = Path(logs) / f"{command[2] if len(command) > 2 else 'process'}-{len(processes)}-{os.getpid()}.log"
+            with open(name, "ab") as output:  # the child keeps its own copy of the descriptor
+                processes.append(subprocess.Popen(command, cwd=ROOT, env={**env, **extra}, stdout=output,
+                                                  stderr=subprocess.STDOUT))
 
         try:
             yield free_port(), env, start

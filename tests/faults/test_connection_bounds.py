@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, TEST_SERVER, LiveService, wait_until, write_settings
+from tests.faults.test_slow_clients import read_all
 
 MODELS = {"m": {"backend": "stub", "enabled": True}}
 # How long httpx (and the openai SDK, built on it) reuses an idle connection: httpx.Limits().
@@ -46,17 +47,6 @@ def trickle_one_byte(heads: list[socket.socket]) -> None:
             sock.sendall(b"a")
         except OSError:
             pass  # closed by the server
-
-
-def read_until_closed(sock: socket.socket, timeout: float) -> bytes:
-    sock.settimeout(timeout)
-    chunks = []
-    try:
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    except OSError:
-        pass
-    return b"".join(chunks)
 
 
 def envelope(answer: bytes) -> dict:
@@ -158,7 +148,7 @@ def test_with_72_files_64_slow_heads_get_clean_refusals_and_then_the_service_ser
             if answer.status_code == 503:
                 assert answer.json()["error"]["code"] == "too_many_connections"
             statuses.append(answer.status_code)
-        refused = [sock for sock in heads if read_until_closed(sock, 0.05).startswith(b"HTTP/1.1 503")]
+        refused = [sock for sock in heads if read_all(sock, 0.05).startswith(b"HTTP/1.1 503")]
         assert len(refused) == 64 - ServiceWithFewFiles.FILE_LIMIT // 2, len(refused)
         time.sleep(3.5)  # the heads' timeout
         statuses_after = [httpx.post(live.url + "/v1/responses", json=BODY, timeout=10).status_code for _ in range(10)]
