@@ -7,7 +7,7 @@ proxy built on that server and that client pays on this machine, before llm-pool
 SERVER is ``uvicorn`` (uvloop and httptools, with llm-pool's own protocol class: a response's head
 sent with its body, ``llmpool.http_protocol.HeadWithBody``, as ``manage.py serve`` runs it), ``daphne`` (Twisted)
 or ``granian`` (its Rust HTTP server, one worker, asyncio in Python); CLIENT is ``httpx`` (httpx's
-own pool, the managed engines' client) or ``upstream`` (``runtime.backends.upstream``, the
+own pool, the managed engines' client) or ``upstream`` (``runtime.backends.shared.upstream``, the
 aiohttp-based candidate).  Non-streamed POSTs only.
 Run: python bench/asgi_relay.py SERVER CLIENT LISTEN_PORT TARGET_PORT  (prints "ready")
 """
@@ -31,7 +31,7 @@ def _make_client():
         return httpx.AsyncClient(base_url=target, timeout=httpx.Timeout(None, connect=10.0), trust_env=False,
                                  limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
                                                      keepalive_expiry=4.0))
-    from runtime.backends.upstream import UpstreamClient
+    from runtime.backends.shared.upstream import UpstreamClient
 
     return UpstreamClient(target)
 

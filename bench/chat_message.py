@@ -38,7 +38,7 @@ django.setup()
 from bench.common import percentiles, running_service  # noqa: E402
 from models_app.api.limits import parse_json  # noqa: E402
 from models_app.api.chat.protocol import parse_chat_body  # noqa: E402
-from runtime.request import GenerationRequest  # noqa: E402
+from runtime.inputs.request import GenerationRequest  # noqa: E402
 
 
 def conversation(kib: int, messages: int) -> bytes:

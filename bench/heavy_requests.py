@@ -1,6 +1,6 @@
 """What one heavy request costs everyone else, and what the stop-sequence search costs per piece.
 
-``stop_watch``: the microseconds ``runtime.stop_sequences.StopWatch.feed`` takes for one piece of
+``stop_watch``: the microseconds ``runtime.inference.stop_sequences.StopWatch.feed`` takes for one piece of
 four characters, with three ordinary stop sequences, and at the bounds (16 stop sequences of
 1,000 characters, each a run of one character that the text keeps matching: the search's worst
 case), over ``--pieces`` pieces.
@@ -29,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import percentiles, running_service  # noqa: E402
-from runtime.stop_sequences import StopWatch  # noqa: E402
+from runtime.inference.stop_sequences import StopWatch  # noqa: E402
 
 MAX_MESSAGES, MAX_STOP_SEQUENCES, MAX_STOP_LENGTH = 10_000, 16, 1_000  # models_app.api.limits
 

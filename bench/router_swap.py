@@ -46,7 +46,7 @@ SYSTEMS = ("router", "llama_server", "llama_cpp")
 
 def local_file(path: str) -> str:
     """An absolute file path for ``path`` (``package:<module>/<file>`` resolved as the runtime does)."""
-    from runtime.model_files import locate_model_file
+    from runtime.pool.model_files import locate_model_file
 
     return locate_model_file(path, str(Path.cwd()))
 
@@ -94,7 +94,7 @@ def running_router(binary: str, files: dict[str, str], args: argparse.Namespace)
 def prompt_format(path: str, backend: str) -> dict:
     """``generic`` for a llama_cpp model whose GGUF has no chat template (Gemma 3 270M's file):
     llama-server falls back to its own default template there, llama_cpp would refuse the load."""
-    from runtime.gguf_info import read_gguf_info
+    from runtime.pool.gguf_info import read_gguf_info
 
     return {"prompt_format": "generic"} if backend == "llama_cpp" and not read_gguf_info(path).chat_template else {}
 

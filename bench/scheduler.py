@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import http_latencies, percentiles, running_nodes, running_service  # noqa: E402
 from runtime.config import FairnessSettings  # noqa: E402
-from runtime.scheduler import Scheduler, Ticket  # noqa: E402
+from runtime.model.scheduler import Scheduler, Ticket  # noqa: E402
 
 
 class Recorder:

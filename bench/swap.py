@@ -5,7 +5,7 @@ streamed reply): ``--clients`` closed-loop clients for ``--seconds`` each, every
 two models in turn (a b a b ...), through
 
 * ``turns``: a ``max_loaded: 1`` swap group of two ``load_on_request`` members (the runtime's
-  rule, runtime/groups.py);
+  rule, runtime/pool/groups.py);
 * ``naive_fifo``: the same models without a group, swapped by a FIFO gate in front of the
   runtime (what a plain swapping proxy does): requests pass in arrival order; one for the model
   that is loaded starts at once, one for the other waits for the loaded model's requests to

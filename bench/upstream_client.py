@@ -3,7 +3,7 @@
 One process, one event loop: a minimal HTTP/1.1 server answering a chat completion, and the
 clients calling it over a kept-alive connection in turn: ``httpx`` (httpcore over anyio,
 ``openai_remote``'s client), ``httpcore`` alone (httpx's transport, without httpx's client layer),
-``aiohttp`` (its client, bare) and ``upstream`` (``runtime.backends.upstream.UpstreamClient``:
+``aiohttp`` (its client, bare) and ``upstream`` (``runtime.backends.shared.upstream.UpstreamClient``:
 aiohttp's behind httpx's interface, the managed engines' client).  Each figure includes the test server's share (the same for
 all).  Prints one JSON object.
 Run: .venv/bin/python bench/upstream_client.py [--calls 3000]
@@ -23,7 +23,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.backends.upstream import UpstreamClient  # noqa: E402
+from runtime.backends.shared.upstream import UpstreamClient  # noqa: E402
 
 ANSWER = json.dumps({
     "id": "chatcmpl-1", "object": "chat.completion", "model": "smol",

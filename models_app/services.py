@@ -79,7 +79,7 @@ async def model_unload(name: str) -> dict:
 
 
 async def model_reconfigure(name: str, body: dict | None) -> dict:
-    """Change a loaded model's reconfigurable fields without reloading its weights (runtime.residency);
+    """Change a loaded model's reconfigurable fields without reloading its weights (runtime.model.residency);
     answers its entry with ``reconfigured`` {duration_ms, changed, reason}."""
     return await RuntimeClient().call(
         OP_RECONFIGURE, {"name": name, "body": body}, deadline=service_settings().admin_call_timeout_seconds

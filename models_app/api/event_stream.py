@@ -15,7 +15,7 @@ from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_LOAD_PROGRES
 
 TRANSITION_FIELDS = ("model", "from", "to", "at", "reason", "last_error")
 # A loaded model changed without a transition (events of their own): its inference state
-# (runtime.residency), or one of its replicas failed while the others serve on (runtime.controller).
+# (runtime.model.residency), or one of its replicas failed while the others serve on (runtime.model.writer).
 MODEL_EVENT_FIELDS = {
     "reconfigured": ("model", "at", "duration_ms", "changed", "reason"),
     "slept": ("model", "at", "duration_ms", "reason"),

@@ -33,7 +33,7 @@ from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
-from runtime.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
+from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
 
 logger = logging.getLogger("llmpool.api")
 

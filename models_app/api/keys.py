@@ -13,7 +13,7 @@ GET /v1/models and /v1/models/{id}) asks ``key_ring().caller(header)`` once per 
   fairness header say, so a caller cannot leave its share.
 
 A request's model is resolved once, here (``Caller.resolve``), by the one rule
-(``runtime.catalog.canonical_model``) over the pool's names as the nodes announce them: the key
+(``runtime.pool.catalog.canonical_model``) over the pool's names as the nodes announce them: the key
 check compares the models meant on both sides (a key that lists a model may use it by any of its
 aliases, one that lists an alias may use the model by its name and its other aliases), and the
 request goes on to routing and the runtime under the model's own name.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
 from models_app.transport import nodes
-from runtime.catalog import canonical_model
+from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
 from runtime.errors import InvalidApiKey, ModelNotAllowed
 
@@ -52,7 +52,7 @@ class Caller:
 
     def allows(self, model: str, names: Mapping[str, str]) -> bool:
         """Whether the key lists the model ``model`` (a name or an alias) means, every name on
-        both sides resolved over ``names`` (``runtime.catalog.model_names``); a name ``names``
+        both sides resolved over ``names`` (``runtime.pool.catalog.model_names``); a name ``names``
         does not know stands for itself."""
         if self.models is None:
             return True

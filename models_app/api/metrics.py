@@ -1,6 +1,6 @@
 """GET /metrics: the Prometheus text format, rendered by prometheus-client.
 
-The runtime's figures live in the runtime process (runtime.metrics); this view asks for them
+The runtime's figures live in the runtime process (runtime.observe.metrics); this view asks for them
 over the channel layer (the ``metrics`` operation) at each scrape and hands the parsed families
 to a registry of its own (``RuntimeFigures``), next to this API process's own process figures
 (``llmpool_api_process_*``) and ``llmpool_runtime_up``.  Asking the runtime rather than giving

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from models_app.api.inference import DONE, sse_data
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
-from runtime.request import GENERATE_UPSTREAM
+from runtime.inputs.request import GENERATE_UPSTREAM
 
 Messages = AsyncIterator[dict]
 

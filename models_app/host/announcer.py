@@ -30,7 +30,7 @@ from models_app.transport.nodes import (
     keys,
     node_channel,
 )
-from runtime.read_models import model_entry
+from runtime.observe.read_models import model_entry
 
 logger = logging.getLogger("llmpool.runtime")
 

@@ -11,17 +11,17 @@ Every group message is ``{"type": "admin.event", "event": {...}}`` where the
 event's ``kind`` is one of (``models_app.transport.messages`` names them):
 
 - ``transition``: model, from, to, at (ISO 8601 UTC), reason (why: admin, startup,
-  request, ttl, group_swap, keep_warm, engine_failure; see ``runtime.state``),
+  request, ttl, group_swap, keep_warm, engine_failure; see ``runtime.model.state``),
   last_error (set when ``to`` is failed), entry (the model's AdminModelEntry right after it);
 - ``counters``: model and its inflight_requests, queue_depth,
   runtime_inflight, loaded_replicas, replicas and fairness, sent when any of
   them changed (sampled every ``COUNTER_INTERVAL_SECONDS``);
-- ``load_progress``: model, load_progress ({stage, fraction}, see ``runtime.load_progress``)
+- ``load_progress``: model, load_progress ({stage, fraction}, see ``runtime.model.load_progress``)
   and at, sent when a loading model's progress changed (sampled with the counters);
 - ``catalog``: a settings reload changed the catalog (its diff);
-- ``reconfigured``, ``slept``, ``woke`` (runtime.residency): model, at, duration_ms, reason,
+- ``reconfigured``, ``slept``, ``woke`` (runtime.model.residency): model, at, duration_ms, reason,
   changed (reconfigured: {field: {from, to}}), entry; the model stayed loaded;
-- ``replica_failed`` (runtime.controller): model, at, replica (1-based), reason, error, entry; the
+- ``replica_failed`` (runtime.model.writer): model, at, replica (1-based), reason, error, entry; the
   model stayed loaded on its other replicas.
 """
 from __future__ import annotations
@@ -40,9 +40,9 @@ from models_app.transport.messages import (
     EVENT_TRANSITION,
     admin_event_message,
 )
-from runtime.state import RuntimeState, TransitionEvent
-from runtime.read_models import model_entry
-from runtime.residency import ModelEvent
+from runtime.model.state import RuntimeState, TransitionEvent
+from runtime.observe.read_models import model_entry
+from runtime.model.residency import ModelEvent
 
 logger = logging.getLogger("llmpool.events")
 

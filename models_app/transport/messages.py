@@ -41,7 +41,7 @@ OP_EMBED = "embed"
 OP_METRICS = "metrics"  # the runtime's Prometheus text (GET /metrics)
 OP_ACTIVITY = "activity"  # the ring of finished requests (GET /v1/admin/activity)
 OP_MODEL_LOGS = "model_logs"  # a model's server / engine process output (GET .../logs)
-OP_RECONFIGURE = "reconfigure"  # change a loaded model's inference state (runtime.residency)
+OP_RECONFIGURE = "reconfigure"  # change a loaded model's inference state (runtime.model.residency)
 OP_SLEEP = "sleep"
 OP_WAKE = "wake"
 

@@ -19,7 +19,7 @@ record (``Registry.announce_here``: its models and their aliases) when it starts
 reload, as a split node writes its record to Redis.
 
 The records are the API's view of the catalog: ``Registry.model_names`` resolves the name a request gives
-(a model's name or an alias, ``runtime.catalog.canonical_model``) over every node's record, and
+(a model's name or an alias, ``runtime.pool.catalog.canonical_model``) over every node's record, and
 routing finds a node's model by the same rule.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from functools import cached_property
 from django.conf import settings
 
 from models_app.transport.messages import RUNTIME_CHANNEL
-from runtime.catalog import canonical_model, model_names
+from runtime.pool.catalog import canonical_model, model_names
 from runtime.errors import RuntimeUnavailable
 
 HEARTBEAT_SECONDS = 1.0
@@ -95,7 +95,7 @@ class Node:
 
     @cached_property
     def names(self) -> dict[str, str]:
-        """The name and aliases of each model this node serves -> the model (``runtime.catalog``)."""
+        """The name and aliases of each model this node serves -> the model (``runtime.pool.catalog``)."""
         return _names_in([self])
 
     def serves(self, name: str) -> bool:
@@ -203,7 +203,7 @@ REGISTRY = Registry()
 
 
 def _names_in(nodes: list[Node]) -> dict[str, str]:
-    """``runtime.catalog.model_names`` over the models of ``nodes``' records."""
+    """``runtime.pool.catalog.model_names`` over the models of ``nodes``' records."""
     models: dict[str, list[str]] = {}
     for node in nodes:
         for model in node.record.get("models", ()):

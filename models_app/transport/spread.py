@@ -89,7 +89,7 @@ async def _load(client_factory, payload, deadline, nodes) -> dict:
 
 
 async def _with_room_first(client_factory, name, body, nodes, deadline) -> list[pool_nodes.Node]:
-    """``nodes`` with those where one replica fits now first (each node's dry run: runtime.memory),
+    """``nodes`` with those where one replica fits now first (each node's dry run: runtime.pool.memory),
     in name order within each kind: the shares then go to the nodes with room."""
     one = {**body, "replicas": 1}
     plans = await _each(client_factory, [(n, {"name": name, "body": one, "dry_run": True}) for n in nodes], OP_LOAD,

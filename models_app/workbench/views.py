@@ -283,7 +283,7 @@ async def model_unload(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("llmpool_admin:model", name=name)
 
 
-# ---- sleep, wake and reconfigure (runtime.residency) ------------------------------------------
+# ---- sleep, wake and reconfigure (runtime.model.residency) ------------------------------------------
 
 
 def residency_context(entry: dict, form: ReconfigureForm | None = None) -> dict:

@@ -1,17 +1,18 @@
-"""The backend registry: one module per backend, one ``BackendSpec`` each."""
+"""The backend registry: one folder per backend (its ``spec`` beside its engine), one
+``BackendSpec`` each; what several backends share lives in ``shared/``."""
 from __future__ import annotations
 
 from runtime.backends.base import BackendSpec
-from runtime.backends.ct2 import Ct2Spec
-from runtime.backends.exllamav3 import Exllamav3Spec
-from runtime.backends.llama_cpp import LlamaCppSpec
-from runtime.backends.llama_server import LlamaServerSpec
-from runtime.backends.openai_remote import OpenaiRemoteSpec
-from runtime.backends.sglang_serve import SglangServeSpec
-from runtime.backends.stub import StubSpec
-from runtime.backends.trtllm_serve import TrtllmServeSpec
-from runtime.backends.vllm import VllmSpec
-from runtime.backends.vllm_serve import VllmServeSpec
+from runtime.backends.ct2.spec import Ct2Spec
+from runtime.backends.exllamav3.spec import Exllamav3Spec
+from runtime.backends.llama_cpp.spec import LlamaCppSpec
+from runtime.backends.llama_server.spec import LlamaServerSpec
+from runtime.backends.openai_remote.spec import OpenaiRemoteSpec
+from runtime.backends.sglang_serve.spec import SglangServeSpec
+from runtime.backends.stub.spec import StubSpec
+from runtime.backends.trtllm_serve.spec import TrtllmServeSpec
+from runtime.backends.vllm.spec import VllmSpec
+from runtime.backends.vllm_serve.spec import VllmServeSpec
 
 BACKENDS: dict[str, BackendSpec] = {
     spec.name: spec

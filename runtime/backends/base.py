@@ -15,18 +15,18 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runtime.backends.overrides import TARGET_INFLIGHT, LoadOverride
+from runtime.backends.shared.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
-from runtime.memory import check_device_field
-from runtime.request import GenerationRequest
-from runtime.model_files import locate_model_file
+from runtime.pool.memory import check_device_field
+from runtime.inputs.request import GenerationRequest
+from runtime.pool.model_files import locate_model_file
 
 Modality = Literal["text", "image", "audio"]
 THINKING_ALL = ["default", "enabled", "disabled"]
 THINKING_DEFAULT_ONLY = ["default"]
 # The request fields an engine may honour beyond temperature and top_p (capabilities.sampling_options).
 SAMPLING_OPTIONS = ("seed", "presence_penalty", "frequency_penalty", "logprobs")
-# OpenAI's reasoning efforts and the thinking mode each one means (runtime.admission maps them).
+# OpenAI's reasoning efforts and the thinking mode each one means (runtime.inference.admission maps them).
 REASONING_EFFORT_THINKING = {
     "none": "disabled", "minimal": "disabled", "low": "enabled", "medium": "enabled", "high": "enabled",
     "xhigh": "enabled", "max": "enabled",
@@ -35,7 +35,7 @@ THINK_TAGS = ("<think>", "</think>")
 # The kinds of tool_choice (capabilities.tool_choice): a named function is "function".
 TOOL_CHOICES = ("none", "auto", "required", "function")
 # request_timeout_seconds of a model in engine processes when its definition leaves it out: an
-# engine stuck past it is killed (runtime.controller, ``timed_out``), so it must not be unbounded.
+# engine stuck past it is killed (runtime.model.writer, ``timed_out``), so it must not be unbounded.
 ENGINE_PROCESS_REQUEST_TIMEOUT_SECONDS = 600.0
 
 
@@ -49,7 +49,7 @@ class CommonDefinition(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     model_path: str | None = None
-    # Where the model is placed (runtime.memory): "auto" (null: the backend's default_device),
+    # Where the model is placed (runtime.pool.memory): "auto" (null: the backend's default_device),
     # "cpu", "cuda:N", or a list of "cuda:N" for a tensor-parallel server.
     device: str | list[str] | None = None
     prompt_format: str | None = None
@@ -139,7 +139,7 @@ class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]: ...
 
     # An engine of an embedding model (BackendSpec.embeddings) also has
-    # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.embedding.
+    # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.inference.embedding.
 
 
 # ---- spec ----------------------------------------------------------------------------
@@ -155,10 +155,10 @@ class BackendSpec:
     overrides: ClassVar[tuple[LoadOverride, ...]] = ()
     # Backends that may run more than one request per replica; only they take target_inflight.
     concurrent: ClassVar[bool] = False
-    # Whether a loaded model can sleep (runtime.residency: its engines' ``sleep``/``wake``).
+    # Whether a loaded model can sleep (runtime.model.residency: its engines' ``sleep``/``wake``).
     sleepable: ClassVar[bool] = False
     # Whether a reconfigure can build the new inference state before it frees the old one
-    # (runtime.residency: its engines' ``reconfigure(config, overlap=True)``), where memory allows.
+    # (runtime.model.residency: its engines' ``reconfigure(config, overlap=True)``), where memory allows.
     make_before_break: ClassVar[bool] = False
 
     def context_length(self, config: dict[str, Any]) -> int | None:
@@ -172,7 +172,7 @@ class BackendSpec:
 
     def sleeping_mib(self, definition: CommonDefinition, config: dict[str, Any], base_dir: str, awake_mib: int) -> int:
         """What one replica is expected to hold asleep, MiB, given the ``awake_mib`` it holds
-        awake (runtime.memory's relief before eviction; a measured figure replaces it after the
+        awake (runtime.pool.memory's relief before eviction; a measured figure replaces it after the
         sleep where the engine measures itself).  By default nothing is freed."""
         return awake_mib
 
@@ -252,7 +252,7 @@ class BackendSpec:
 
     def reasoning_tags(self, definition: CommonDefinition, base_dir: str) -> tuple[str, str] | None:
         """The (start, end) tags around the model's reasoning in its output, or None: the runtime
-        splits the text between them off the answer (runtime.reasoning).  The definition's
+        splits the text between them off the answer (runtime.inference.reasoning).  The definition's
         ``reasoning_tags`` first; else ``<think>``/``</think>`` for the Qwen3 family."""
         if definition.reasoning_tags is not None:
             return tuple(definition.reasoning_tags) or None
@@ -321,7 +321,7 @@ class BackendSpec:
         """
 
     def default_device(self, definition: CommonDefinition) -> str:
-        """Where a definition with ``device`` null is placed (runtime.memory): a GPU when there is one."""
+        """Where a definition with ``device`` null is placed (runtime.pool.memory): a GPU when there is one."""
         return "auto"
 
     def vram_estimate(
@@ -331,7 +331,7 @@ class BackendSpec:
         return None, "unavailable"
 
     def estimate_parts(self, definition: CommonDefinition, config: dict[str, Any], base_dir: str) -> dict | None:
-        """One replica's memory estimate in parts (runtime.memory, the admin entry's
+        """One replica's memory estimate in parts (runtime.pool.memory, the admin entry's
         ``memory.estimate_parts``): ``weights_mib``, ``kv_cache_mib``, ``compute_mib``,
         ``overhead_mib``, and ``device_fraction`` for a server that takes that share of its
         device whatever it needs.  None: the backend has only ``vram_estimate``'s total."""
@@ -340,7 +340,7 @@ class BackendSpec:
 
 def resolve_model_path(path: str | None, base_dir: str) -> str | None:
     """Where ``path`` points: absolute, relative to the settings folder, or ``package:`` (see
-    runtime/model_files.py); URLs and hub ids come back as given, an unknown package as None."""
+    runtime/pool/model_files.py); URLs and hub ids come back as given, an unknown package as None."""
     if path is None or "://" in path:
         return path
     return locate_model_file(path, base_dir)

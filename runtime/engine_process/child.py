@@ -28,7 +28,7 @@ from runtime.backends import BACKENDS
 from runtime.backends.base import EngineUnavailable, Finished, TextDelta
 from runtime.engine_process import protocol as p
 from runtime.gpu import process_gpu_memory_bytes
-from runtime.request import GenerationRequest
+from runtime.inputs.request import GenerationRequest
 
 logger = logging.getLogger("llmpool.engine_process")
 
@@ -149,7 +149,7 @@ class EngineHost:
         gpu_bytes = await asyncio.to_thread(process_gpu_memory_bytes, os.getpid())
         self.outbox.send({"op": p.STATS, "rss_bytes": rss_bytes(), "gpu_memory_bytes": gpu_bytes})
 
-    # ---- inference state (runtime.residency) ------------------------------------------
+    # ---- inference state (runtime.model.residency) ------------------------------------------
     async def _on_reconfigure(self, message: dict[str, Any]) -> None:
         await self._inference_state("reconfigure", p.RECONFIGURED, message["config"], message.get("overlap", False))
 

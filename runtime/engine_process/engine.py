@@ -37,12 +37,12 @@ from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.engine_process import protocol as p
 from runtime.engine_process.launch import launch_engine_process
 from runtime.engine_process.spares import SPARES
-from runtime.memory import cuda_visible_devices
+from runtime.pool.memory import cuda_visible_devices
 from runtime.errors import BackendError, LLMPoolError
-from runtime.load_progress import STAGE_ENGINE_PROCESS_STARTED
-from runtime.load_progress import report as report_progress
+from runtime.model.load_progress import STAGE_ENGINE_PROCESS_STARTED
+from runtime.model.load_progress import report as report_progress
 from runtime.supervisor import ManagedProcess
-from runtime.tool_calls import format_for
+from runtime.inference.tool_calls import format_for
 
 logger = logging.getLogger("llmpool.runtime")
 
@@ -209,7 +209,7 @@ class ProcessEngine:
         reply = await self._call(p.STATS, {}, p.STATS)
         return {key: value for key, value in reply.items() if key != "op"}
 
-    # ---- inference state (runtime.residency) ------------------------------------------
+    # ---- inference state (runtime.model.residency) ------------------------------------------
     async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
         """Rebuild the child engine's inference state with ``config`` (its weights stay; ``overlap``:
         the new one built before the old is freed); an ``error`` answer (the old state serving on
@@ -225,7 +225,7 @@ class ProcessEngine:
 
     # ---- generation ------------------------------------------------------------------
     def tool_call_format(self, request: GenerationRequest) -> str | None:
-        """The format the child's engine answers ``request``'s tool calls in (runtime.tool_calls
+        """The format the child's engine answers ``request``'s tool calls in (runtime.inference.tool_calls
         reads them here, in the runtime process), as it reported at load."""
         return format_for(self._tool_call_formats, request)
 

@@ -5,7 +5,7 @@ map has an ``op``; the rest depends on it:
 
 runtime -> engine process
     ``load`` {backend, model_name, config, replica_index, context}   answered by ``loaded``
-        {tool_call_formats} (the engine's, see runtime.tool_calls.format_for; null: none) or ``error``
+        {tool_call_formats} (the engine's, see runtime.inference.tool_calls.format_for; null: none) or ``error``
     ``generate`` {id, request}   answered by ``delta``* then ``finished`` or ``error``
     ``embed`` {id, inputs, dimensions}   answered by ``embedded`` or ``error``
     ``cancel`` {id}              answered by ``cancelled`` once that generate (or embed) has stopped
@@ -25,7 +25,7 @@ engine process -> runtime
         the op that failed; ``code`` is the LLMPoolError code (``internal_error`` otherwise)
     ``failed`` {message}: the engine reported itself dead (``context["on_engine_failure"]``)
     ``progress`` {stage, fraction}: while loading, the engine's ``context["on_load_progress"]``
-        (runtime.load_progress: a stage name and a fraction from 0 to 1, or null)
+        (runtime.model.load_progress: a stage name and a fraction from 0 to 1, or null)
 
 An op the receiver does not know is answered with an ``error`` (code
 ``unknown_operation``), never a crash, so new operations can be added one at a
@@ -47,7 +47,7 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 
 # Requests (runtime -> engine process).
 LOAD, GENERATE, EMBED, CANCEL, STATS, UNLOAD = "load", "generate", "embed", "cancel", "stats", "unload"
-RECONFIGURE, SLEEP, WAKE = "reconfigure", "sleep", "wake"  # runtime.residency
+RECONFIGURE, SLEEP, WAKE = "reconfigure", "sleep", "wake"  # runtime.model.residency
 RECONFIGURED, SLEPT, WOKEN = "reconfigured", "slept", "woken"
 # Replies and events (engine process -> runtime); STATS answers with its own name.
 LOADED, DELTA, FINISHED, EMBEDDED, CANCELLED, ERROR, FAILED, UNLOADED = (

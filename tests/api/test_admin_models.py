@@ -35,7 +35,7 @@ ENTRY_KEYS = {
     "placement", "memory",
     # additive (docs/observability.md): load progress
     "load_progress",
-    # additive (docs/api.md): the warm tier (runtime.residency)
+    # additive (docs/api.md): the warm tier (runtime.model.residency)
     "residency", "sleepable",
     # additive (docs/api.md): the node that serves it
     "node",

@@ -1,5 +1,5 @@
 """POST /v1/completions on a model that forwards the client's body (openai_remote here; the managed
-servers share runtime.backends.forwarding): the upstream's own /v1/completions gets the body as the
+servers share runtime.backends.shared.forwarding): the upstream's own /v1/completions gets the body as the
 client sent it (model renamed, include_usage forced on a stream), so fields the typed path refuses
 (several prompts, n, echo, top_k ...) are the upstream's to judge, and its answer and chunks come
 back as it wrote them, with the client's model name; validated strictly with openai's Completion."""

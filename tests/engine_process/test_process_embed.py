@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from runtime.backends.stub import stub_embedding
+from runtime.backends.stub.spec import stub_embedding
 from runtime.engine_process.engine import ProcessEngine
 from runtime.errors import BackendError
 from tests.engine_process.conftest import engine_processes

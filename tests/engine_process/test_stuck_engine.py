@@ -11,7 +11,7 @@ import pytest
 
 from runtime.engine_process import engine as process_engine
 from runtime.errors import BackendError, RequestTimeout
-from runtime.state import TransitionEvent
+from runtime.model.state import TransitionEvent
 from tests.engine_process.conftest import engine_processes
 from tests.engines.runtime_driver import generate, load, unload, wait_for_state
 from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from runtime.backends.ct2_engine import Ct2Engine, IncrementalDecoder, split_device
+from runtime.backends.ct2.engine import Ct2Engine, IncrementalDecoder, split_device
 from runtime.backends.base import TextDelta
 from runtime.service import RuntimeService
 from tests.conftest import LiveService, write_settings

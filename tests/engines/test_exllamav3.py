@@ -177,7 +177,7 @@ async def test_a_failed_model_load_releases_the_weights(fake_exllamav3, runtime_
     fake_exllamav3.fail_load = "CUDA out of memory"
     service, _ = await runtime_service({"m": exllama(model_folder)})
     entry = await load(service, "m")
-    # An out-of-memory failure names the device it was placed on (runtime.memory raises its estimate).
+    # An out-of-memory failure names the device it was placed on (runtime.pool.memory raises its estimate).
     assert entry["last_error"] == (
         f"out of memory on {entry['placement'][0]}: replica 1 of 1 failed to load: CUDA out of memory"
     )

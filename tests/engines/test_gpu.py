@@ -163,7 +163,7 @@ async def start_service(folder, models) -> RuntimeService:
 
 async def test_a_load_records_its_gpu_delta_with_the_replica_count(tmp_path, memory, monkeypatch):
     service = await start_service(tmp_path, {"m": {"backend": "stub", "replicas": 1, "replica_max": 3, "stub_vram_mib": 10}})
-    from runtime.backends.stub import StubEngine
+    from runtime.backends.stub.spec import StubEngine
 
     original_load = StubEngine.load
 

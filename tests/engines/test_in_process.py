@@ -1,4 +1,4 @@
-"""What the in-process engines share: threaded streams (runtime.backends.in_process)."""
+"""What the in-process engines share: threaded streams (runtime.backends.shared.in_process)."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ from contextlib import aclosing
 
 import pytest
 
-from runtime.backends.in_process import stream_from_thread
+from runtime.backends.shared.in_process import stream_from_thread
 
 
 async def test_a_threaded_stream_delivers_items_then_ends():

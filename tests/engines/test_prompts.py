@@ -1,4 +1,4 @@
-"""The prompt helpers of runtime.backends.prompts: chat-template messages, the thinking switch, tokenizer templates."""
+"""The prompt helpers of runtime.backends.shared.prompts: chat-template messages, the thinking switch, tokenizer templates."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from runtime.backends.base import GenerationRequest
-from runtime.backends.prompts import ChatTemplate, template_messages, template_variables
+from runtime.backends.shared.prompts import ChatTemplate, template_messages, template_variables
 from runtime.errors import BackendError, ModalityUnsupported
 
 CHATML = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.backends.ct2_engine import Ct2Engine
+from runtime.backends.ct2.engine import Ct2Engine
 from tests.engines.runtime_driver import load
 
 _ids = itertools.count()

@@ -214,7 +214,7 @@ async def test_an_engine_that_fails_to_start_fails_the_load(fake_vllm, runtime_s
     fake_vllm.fail_load = "CUDA out of memory"
     service, events = await runtime_service({"m": gemma()})
     entry = await load(service, "m")
-    # An out-of-memory failure names the device it was placed on (runtime.memory raises its estimate).
+    # An out-of-memory failure names the device it was placed on (runtime.pool.memory raises its estimate).
     assert (entry["runtime_state"], entry["last_error"]) == (
         "failed", f"out of memory on {entry['placement'][0]}: replica 1 of 1 failed to load: CUDA out of memory"
     )

@@ -11,7 +11,7 @@ from llama_helpers import SMOLLM2_MODEL
 
 from runtime.engine_process.engine import ProcessEngine
 from runtime.errors import BackendError, ContextLengthExceeded
-from runtime.state import RuntimeState
+from runtime.model.state import RuntimeState
 from tests.engine_process.conftest import (  # noqa: F401 - fixtures
     engine_processes,
     no_engine_process_left,

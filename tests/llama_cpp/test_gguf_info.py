@@ -10,8 +10,8 @@ from llama_helpers import SMOLLM2_MODEL, SMOLLM2_MODEL_PATH, write_metadata_only
 from runtime.backends import BACKENDS
 from runtime.backends.llama_cpp import GGML_CACHE_TYPES
 from runtime.backends.llama_cpp.native import default_threads
-from runtime.gguf_info import GgufError, SkippedArray, ggml_type, read_gguf_info
-from runtime.model_files import ModelFileError, resolve_model_file
+from runtime.pool.gguf_info import GgufError, SkippedArray, ggml_type, read_gguf_info
+from runtime.pool.model_files import ModelFileError, resolve_model_file
 
 SPEC = BACKENDS["llama_cpp"]
 MIB = 1024 * 1024

@@ -16,7 +16,7 @@ import openai
 import pytest
 from llama_helpers import SMOLLM2_MODEL, start_service
 
-from runtime.gguf_info import read_gguf_info
+from runtime.pool.gguf_info import read_gguf_info
 
 TEXTS = ["The cat sat on the mat.", "Quantum chromodynamics describes the strong force.", "The cat sat on the mat."]
 QUESTION = [{"role": "user", "content": "Name three colours."}]

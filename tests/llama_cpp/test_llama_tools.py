@@ -19,7 +19,7 @@ from openai.types.responses import Response
 from runtime.backends import BACKENDS
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.errors import InvalidRequest, ToolsUnsupported
-from runtime.prompt_formats import GgufChatTemplate
+from runtime.inputs.prompt_formats import GgufChatTemplate
 from tests.engine_process.conftest import no_engine_process_left, state_dir  # noqa: F401 - fixtures
 from tests.engines.runtime_driver import generation_request, load
 

@@ -22,8 +22,8 @@ async def cycles(settings: str) -> dict:
     import psutil
 
     from runtime.backends.base import Finished, GenerationRequest
-    from runtime.pool import ModelPool
-    from runtime.state import RuntimeState
+    from runtime.pool.model_pool import ModelPool
+    from runtime.model.state import RuntimeState
 
     pool = ModelPool(settings)
     await pool.start(load_enabled=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from llama_helpers import SMOLLM2_MODEL, write_settings
 
-from runtime.memory import MemorySettings
-from runtime.pool import ModelPool
-from runtime.state import RuntimeState
+from runtime.pool.memory import MemorySettings
+from runtime.pool.model_pool import ModelPool
+from runtime.model.state import RuntimeState
 
 SMOL = {**SMOLLM2_MODEL, "gguf_n_ctx": 512, "isolation": "process"}
 

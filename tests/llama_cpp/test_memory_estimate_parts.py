@@ -18,11 +18,11 @@ from runtime.backends.llama_cpp.spec import (
     GPU_PROCESS_OVERHEAD_MIB,
     LLAMA_VOCAB_ENTRY_BYTES,
 )
-from runtime.gguf_info import read_gguf_info
-from runtime.model_files import locate_model_file
-from runtime.pool import ModelPool
-from runtime.read_models import model_entry
-from runtime.state import RuntimeState
+from runtime.pool.gguf_info import read_gguf_info
+from runtime.pool.model_files import locate_model_file
+from runtime.pool.model_pool import ModelPool
+from runtime.observe.read_models import model_entry
+from runtime.model.state import RuntimeState
 from tests.engines.test_gpu import FakeNvml, install_nvml
 
 MIB = 2**20

@@ -1,5 +1,5 @@
-"""A model shrunk under memory pressure grows back once memory frees (runtime.residency
-``memory_grow``, runtime.memory), with a real SmolLM2 engine process at 4,096 tokens
+"""A model shrunk under memory pressure grows back once memory frees (runtime.model.residency
+``memory_grow``, runtime.pool.memory), with a real SmolLM2 engine process at 4,096 tokens
 (``gguf_n_ctx_min`` 512) on a cpu budget and a stub that needs room: the stub's load shrinks it
 (reason ``memory_pressure``); while the stub is loaded its context does not fit and nothing grows;
 once the stub is unloaded it is reconfigured back to its definition's context (reason
@@ -10,9 +10,9 @@ import asyncio
 
 from llama_helpers import SMOLLM2_MODEL, write_settings
 
-from runtime.memory import MemorySettings
-from runtime.pool import ModelPool
-from runtime.residency import ModelEvent
+from runtime.pool.memory import MemorySettings
+from runtime.pool.model_pool import ModelPool
+from runtime.model.residency import ModelEvent
 
 NEW_MIB = 40
 MODELS = {"floor": {**SMOLLM2_MODEL, "gguf_n_ctx": 4096, "gguf_n_ctx_min": 512, "isolation": "process"},

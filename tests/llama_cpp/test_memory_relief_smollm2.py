@@ -1,4 +1,4 @@
-"""Memory pressure shrinks and sleeps before it evicts (runtime.memory ``idle_lru``, runtime.residency),
+"""Memory pressure shrinks and sleeps before it evicts (runtime.pool.memory ``idle_lru``, runtime.model.residency),
 with two real SmolLM2 engine processes at 4,096 tokens on a cpu budget and a stub that needs room.
 
 The budget is set from the models' own relief estimates each time, so each phase is short by a
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from llama_helpers import SMOLLM2_MODEL, write_settings
 
-from runtime.memory import MemorySettings
-from runtime.pool import ModelPool
-from runtime.residency import ModelEvent
+from runtime.pool.memory import MemorySettings
+from runtime.pool.model_pool import ModelPool
+from runtime.model.residency import ModelEvent
 
 SMOL = {**SMOLLM2_MODEL, "gguf_n_ctx": 4096, "isolation": "process"}
 NEW_MIB = 40

@@ -1,11 +1,11 @@
-"""Every llama_cpp prompt format against golden strings (runtime/prompt_formats.py)."""
+"""Every llama_cpp prompt format against golden strings (runtime/inputs/prompt_formats.py)."""
 from __future__ import annotations
 
 import pytest
 
 from runtime.errors import BackendError, InvalidRequest
-from runtime.gguf_info import read_gguf_info
-from runtime.prompt_formats import (
+from runtime.pool.gguf_info import read_gguf_info
+from runtime.inputs.prompt_formats import (
     ChatMessage,
     GgufChatTemplate,
     conversation_turns,

@@ -1,5 +1,5 @@
 """Tools in llama_cpp prompts: a template that takes tools gets them; every other format gets
-them as Hermes text (runtime/prompt_formats.py)."""
+them as Hermes text (runtime/inputs/prompt_formats.py)."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from runtime.errors import InvalidRequest
-from runtime.gguf_info import read_gguf_info
-from runtime.prompt_formats import (
+from runtime.pool.gguf_info import read_gguf_info
+from runtime.inputs.prompt_formats import (
     ChatMessage,
     GgufChatTemplate,
     conversation_turns,

@@ -1,4 +1,4 @@
-"""Make-before-break reconfigure where memory allows (runtime.residency, llama_cpp), on SmolLM2 in an
+"""Make-before-break reconfigure where memory allows (runtime.model.residency, llama_cpp), on SmolLM2 in an
 engine process at 8,192 tokens: with room for two contexts the new one is built before the old is
 freed (the process's peak RSS, VmHWM reset before, rises by about one KV cache); on a cpu budget
 that holds the new configuration but not both, the old one is freed first (the peak stays about
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from llama_helpers import SMOLLM2_MODEL
 
-from runtime.memory import MemorySettings
-from runtime.residency import ModelEvent
+from runtime.pool.memory import MemorySettings
+from runtime.model.residency import ModelEvent
 from runtime.service import RuntimeService
 from tests.conftest import write_settings
 

@@ -1,4 +1,4 @@
-"""Reconfigure and the warm tier on SmolLM2 for real, in an engine process (runtime.residency).
+"""Reconfigure and the warm tier on SmolLM2 for real, in an engine process (runtime.model.residency).
 
 Through the runtime's operations (as the API's channel calls them): a reconfigure while a
 request streams (the stream completes on the old context, requests that came meanwhile queue and
@@ -14,10 +14,10 @@ import pytest
 from llama_helpers import SMOLLM2_MODEL
 
 from runtime.errors import InsufficientMemory, InvalidLoadRequest, NotReconfigurable
-from runtime.memory import MemorySettings
-from runtime.residency import ModelEvent
+from runtime.pool.memory import MemorySettings
+from runtime.model.residency import ModelEvent
 from runtime.service import RuntimeService
-from runtime.state import TransitionEvent
+from runtime.model.state import TransitionEvent
 from tests.conftest import write_settings
 from tests.engines.runtime_driver import user_input
 

@@ -1,4 +1,4 @@
-"""A wake is planned as a load is (runtime.residency ``_plan_wake``), with a real SmolLM2 engine
+"""A wake is planned as a load is (runtime.model.residency ``_plan_wake``), with a real SmolLM2 engine
 process at 4,096 tokens on a cpu budget and a stub next to it.  The budget is set from the model's
 own charges: the stub fits next to SmolLM2 asleep, not next to it awake.  Without eviction the
 admin wake and a request are refused with insufficient_memory and it stays asleep (its engine
@@ -11,10 +11,10 @@ from llama_helpers import SMOLLM2_MODEL, write_settings
 
 from runtime.backends.base import Finished, GenerationRequest
 from runtime.errors import InsufficientMemory
-from runtime.memory import MemorySettings
-from runtime.pool import ModelPool
-from runtime.residency import ModelEvent
-from runtime.scheduler import Ticket
+from runtime.pool.memory import MemorySettings
+from runtime.pool.model_pool import ModelPool
+from runtime.model.residency import ModelEvent
+from runtime.model.scheduler import Ticket
 
 FILLER_MIB = 40
 MODELS = {"smol": {**SMOLLM2_MODEL, "gguf_n_ctx": 4096, "isolation": "process"},

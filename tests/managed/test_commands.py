@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from runtime.backends import BACKENDS
-from runtime.backends.llama_server import llama_server_command
-from runtime.backends.sglang_serve import sglang_serve_command
-from runtime.backends.trtllm_serve import read_base_yaml, trtllm_config, trtllm_serve_command
-from runtime.backends.vllm_serve import vllm_serve_command
+from runtime.backends.llama_server.spec import llama_server_command
+from runtime.backends.sglang_serve.spec import sglang_serve_command
+from runtime.backends.trtllm_serve.spec import read_base_yaml, trtllm_config, trtllm_serve_command
+from runtime.backends.vllm_serve.spec import vllm_serve_command
 from runtime.config import load_settings
 from runtime.errors import InvalidSettings
 from tests.managed.helpers import ASSISTANT, TARGET

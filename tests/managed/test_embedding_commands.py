@@ -7,8 +7,8 @@ from pathlib import Path
 import gguf
 import pytest
 
-from runtime.backends.llama_server import llama_server_command
-from runtime.backends.vllm_serve import vllm_serve_command
+from runtime.backends.llama_server.spec import llama_server_command
+from runtime.backends.vllm_serve.spec import vllm_serve_command
 from tests.managed.helpers import TARGET
 from tests.managed.test_commands import BASE, HOST, LLAMA_BASE, PORT, VLLM_BASE, effective
 

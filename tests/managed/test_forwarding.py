@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from runtime.backends.base import Finished
-from runtime.backends.forwarding import (
+from runtime.backends.shared.forwarding import (
     UpstreamAnswer,
     UpstreamChunk,
     answer_bound,
@@ -16,8 +16,8 @@ from runtime.backends.forwarding import (
     forward,
     forwarded_body,
 )
-from runtime.backends.llama_server import LLAMA_SERVER
-from runtime.backends.vllm_serve import VLLM_SERVE
+from runtime.backends.llama_server.spec import LLAMA_SERVER
+from runtime.backends.vllm_serve.spec import VLLM_SERVE
 from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest
 
 CHAT = {"model": "mine", "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "n": 2, "grammar": "x"}

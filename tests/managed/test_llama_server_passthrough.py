@@ -142,7 +142,7 @@ def test_a_client_that_leaves_frees_llama_servers_slot_at_once(smol, stream):
         else:
             # Polling /slots the while (as a busy server answers other tasks all the time) is what
             # kept llama-server from noticing a non-streamed client that left: it looks only after a
-            # second in which no task of its own answered anything (runtime.backends.forwarding).
+            # second in which no task of its own answered anything (runtime.backends.shared.forwarding).
             with polling_slots(server), pytest.raises(httpx.ReadTimeout):
                 leaving.post("/v1/chat/completions", json=body)
     # Within seconds, where the abandoned 2,000 tokens would take half a minute or more here.

@@ -1,4 +1,4 @@
-"""llama_server restart-mode reconfigure for real (runtime.residency, LlamaServerEngine): the cached
+"""llama_server restart-mode reconfigure for real (runtime.model.residency, LlamaServerEngine): the cached
 llama-server build serving SmolLM2, driven through the runtime's operations as the API calls them.
 
 A reconfigure while a request streams restarts the server with the new arguments once the
@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from runtime.backends import BACKENDS
-from runtime.backends.llama_server import llama_server_command
+from runtime.backends.llama_server.spec import llama_server_command
 from runtime.errors import InvalidLoadRequest, NotReconfigurable
-from runtime.residency import ModelEvent
+from runtime.model.residency import ModelEvent
 from runtime.service import RuntimeService
-from runtime.state import TransitionEvent
+from runtime.model.state import TransitionEvent
 from tests.conftest import write_settings
 from tests.engines.runtime_driver import user_input
 from tests.managed.helpers import alive, pidfiles

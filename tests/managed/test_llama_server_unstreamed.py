@@ -8,7 +8,7 @@ test_llama_server.py and test_llama_server_passthrough.py check that its slot is
 from __future__ import annotations
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.backends.forwarding import UpstreamAnswer
+from runtime.backends.shared.forwarding import UpstreamAnswer
 from tests.runtime.helpers import start_pool
 
 

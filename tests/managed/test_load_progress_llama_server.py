@@ -1,8 +1,8 @@
 """Load progress of a managed server for real: llama-server serving SmolLM2 reports its stages."""
 from __future__ import annotations
 
-from runtime.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
-from runtime.replicas import load_replicas, release_replicas
+from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
+from runtime.model.replicas import load_replicas, release_replicas
 
 
 async def test_llama_server_reports_spawned_listening_loading_weights_healthy(

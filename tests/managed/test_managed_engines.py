@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
-from runtime.backends.sglang_serve import sglang_serve_command
-from runtime.backends.trtllm_serve import trtllm_serve_command
-from runtime.backends.vllm_serve import vllm_serve_command
+from runtime.backends.sglang_serve.spec import sglang_serve_command
+from runtime.backends.trtllm_serve.spec import trtllm_serve_command
+from runtime.backends.vllm_serve.spec import vllm_serve_command
 from runtime.errors import BackendError, ContextLengthExceeded, InvalidRequest
-from runtime.state import RuntimeState
+from runtime.model.state import RuntimeState
 from tests.managed.helpers import (
     TARGET,
     alive,

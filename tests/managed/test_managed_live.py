@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 from runtime.backends import BACKENDS
-from runtime.backends.sglang_serve import sglang_serve_command
-from runtime.backends.trtllm_serve import trtllm_serve_command
-from runtime.backends.vllm_serve import vllm_serve_command
+from runtime.backends.sglang_serve.spec import sglang_serve_command
+from runtime.backends.trtllm_serve.spec import trtllm_serve_command
+from runtime.backends.vllm_serve.spec import vllm_serve_command
 from tests.conftest import free_port
 from tests.managed.helpers import (
     TARGET,

@@ -13,8 +13,8 @@ import pytest
 
 from runtime.backends.base import Finished, TextDelta
 from runtime.errors import ToolsUnsupported
-from runtime.request import GenerationRequest
-from runtime.tool_calls import ToolCall
+from runtime.inputs.request import GenerationRequest
+from runtime.inference.tool_calls import ToolCall
 from tests.conftest import free_port
 from tests.managed.helpers import TARGET, records, requests_logged, wait_until
 from tests.managed.test_managed_engines import definition

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from runtime.backends.base import Finished, TextDelta
-from runtime.backends.openai_chat import chat_completion
+from runtime.backends.shared.openai_chat import chat_completion
 from runtime.errors import BackendError, ContextLengthExceeded
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False, "max_tokens": 8}

@@ -1,4 +1,4 @@
-"""Tool calls on the typed path to an OpenAI-compatible server (``runtime.backends.openai_chat``):
+"""Tool calls on the typed path to an OpenAI-compatible server (``runtime.backends.shared.openai_chat``):
 the exact upstream body (tools, tool_choice, parallel_tool_calls, earlier calls and results as
 chat messages) and the upstream's calls read back, whole or as streamed fragments (httpx
 MockTransport)."""
@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from runtime.backends.base import Finished, TextDelta
-from runtime.backends.openai_chat import chat_completion, chat_request, required_for_named
+from runtime.backends.shared.openai_chat import chat_completion, chat_request, required_for_named
 from runtime.errors import BackendError
-from runtime.request import GenerationRequest
-from runtime.tool_calls import ToolCall
+from runtime.inputs.request import GenerationRequest
+from runtime.inference.tool_calls import ToolCall
 
 WEATHER = {"type": "function", "function": {"name": "weather", "description": "the weather",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -15,9 +15,9 @@ import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from models_app.api.chat.protocol import parse_chat_body
-from runtime.admission import estimate_prompt_tokens
+from runtime.inference.admission import estimate_prompt_tokens
 from runtime.errors import ContextLengthExceeded, InvalidRequest, RequestTimeout
-from runtime.request import GenerationRequest
+from runtime.inputs.request import GenerationRequest
 from tests.conftest import free_port
 from tests.managed.helpers import TARGET, eventually, requests_logged, wait_until
 

@@ -1,4 +1,4 @@
-"""openai_remote's own failures (runtime/backends/openai_remote_engine.py): a remote that cannot be
+"""openai_remote's own failures (runtime/backends/openai_remote/engine.py): a remote that cannot be
 reached and one that does not answer in time are upstream_error, for generate and embed alike."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import socket
 import pytest
 
 from runtime.backends import BACKENDS
-from runtime.backends.openai_remote_engine import OpenaiRemoteEngine
+from runtime.backends.openai_remote.engine import OpenaiRemoteEngine
 from runtime.errors import UpstreamError
-from runtime.request import GenerationRequest
+from runtime.inputs.request import GenerationRequest
 
 
 def engine_for(base_url: str, timeout: float) -> OpenaiRemoteEngine:

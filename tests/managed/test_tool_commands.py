@@ -6,10 +6,10 @@ import pytest
 from pydantic import ValidationError
 
 from runtime.backends import BACKENDS
-from runtime.backends.llama_server import llama_server_command
-from runtime.backends.sglang_serve import sglang_serve_command
-from runtime.backends.trtllm_serve import trtllm_serve_command
-from runtime.backends.vllm_serve import vllm_serve_command
+from runtime.backends.llama_server.spec import llama_server_command
+from runtime.backends.sglang_serve.spec import sglang_serve_command
+from runtime.backends.trtllm_serve.spec import trtllm_serve_command
+from runtime.backends.vllm_serve.spec import vllm_serve_command
 from tests.managed.helpers import TARGET
 from tests.managed.test_commands import BASE, HOST, LLAMA_BASE, PORT, VLLM_BASE, YAML, effective
 

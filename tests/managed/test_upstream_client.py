@@ -1,4 +1,4 @@
-"""The aiohttp-based upstream client (runtime/backends/upstream.py) against a raw local server.
+"""The aiohttp-based upstream client (runtime/backends/shared/upstream.py) against a raw local server.
 
 The managed engines' client (managed.server_client); the managed tests run it against real
 servers, these against a raw one that does what those may do.
@@ -15,7 +15,7 @@ import json
 import httpx
 import pytest
 
-from runtime.backends.upstream import UpstreamClient
+from runtime.backends.shared.upstream import UpstreamClient
 
 def upstream_client(url: str) -> UpstreamClient:
     return UpstreamClient(url, connect_timeout=10.0, keepalive_seconds=2.0)

@@ -1,4 +1,4 @@
-"""vllm_serve's warm tier against the fake ``vllm serve`` (runtime.residency, VllmServeEngine).
+"""vllm_serve's warm tier against the fake ``vllm serve`` (runtime.model.residency, VllmServeEngine).
 
 ``vllm_enable_sleep_mode`` starts the server with ``--enable-sleep-mode`` and
 ``VLLM_SERVER_DEV_MODE=1`` (the fake, as vLLM, serves its sleep endpoints only with both); a
@@ -14,11 +14,11 @@ import json
 import pytest
 
 from runtime.backends import BACKENDS
-from runtime.backends.vllm_serve import vllm_serve_command
+from runtime.backends.vllm_serve.spec import vllm_serve_command
 from runtime.errors import NotSleepable
-from runtime.residency import ModelEvent
+from runtime.model.residency import ModelEvent
 from runtime.service import RuntimeService
-from runtime.state import TransitionEvent
+from runtime.model.state import TransitionEvent
 from tests.conftest import write_settings
 from tests.engines.runtime_driver import user_input
 from tests.managed.helpers import TARGET, pidfiles, records

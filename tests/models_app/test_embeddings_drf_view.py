@@ -10,7 +10,7 @@ from django.test import AsyncClient
 from drf_spectacular.generators import SchemaGenerator
 from openai.types import CreateEmbeddingResponse
 
-from runtime.backends.stub import stub_embedding
+from runtime.backends.stub.spec import stub_embedding
 from tests.models_app.drf_runtime import serving_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.pool import ModelPool
-from runtime.state import TransitionEvent
+from runtime.pool.model_pool import ModelPool
+from runtime.model.state import TransitionEvent
 from tests.conftest import write_settings
 
 # The exact transitions of a load and of an unload that succeed.

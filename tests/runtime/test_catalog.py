@@ -1,6 +1,6 @@
-"""The one rule a model's name is resolved by (runtime.catalog): a model's name is itself, an alias
+"""The one rule a model's name is resolved by (runtime.pool.catalog): a model's name is itself, an alias
 is its model, any other name no model."""
-from runtime.catalog import canonical_model, model_names
+from runtime.pool.catalog import canonical_model, model_names
 
 NAMES = model_names({"qwen": ["gpt-4o-mini", "qwen-latest"], "echo": []})
 

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
+from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

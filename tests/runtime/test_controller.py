@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from runtime import commands as cmd
-from runtime.backends.stub import StubEngine, StubSpec
+from runtime.model import commands as cmd
+from runtime.backends.stub.spec import StubEngine, StubSpec
 from runtime.errors import (
     BackendError,
     InvalidLoadRequest,
@@ -15,8 +15,8 @@ from runtime.errors import (
     ModelStateConflict,
     ModelUnloading,
 )
-from runtime.scheduler import Ticket
-from runtime.state import TRANSITIONS, RuntimeState
+from runtime.model.scheduler import Ticket
+from runtime.model.state import TRANSITIONS, RuntimeState
 from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves, start_pool
 
 

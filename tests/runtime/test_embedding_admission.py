@@ -1,12 +1,12 @@
 """Which definitions may say embeddings: true, what capabilities.embeddings reports, and what the
-runtime refuses of an embedding request before it is queued (runtime.embedding)."""
+runtime refuses of an embedding request before it is queued (runtime.inference.embedding)."""
 from __future__ import annotations
 
 import pytest
 
 from runtime.backends import BACKENDS
 from runtime.config import load_settings
-from runtime.embedding import EmbeddingRequest, check_embedding_request, estimate_input_tokens
+from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, estimate_input_tokens
 from runtime.errors import EmbeddingsUnsupported, InvalidRequest, InvalidSettings, RemoteExecutionDisallowed
 from tests.conftest import write_settings
 

@@ -10,9 +10,9 @@ import json
 import pytest
 
 from runtime.errors import InsufficientMemory
-from runtime.pool import ModelPool
-from runtime.scheduler import Ticket
-from runtime.state import RuntimeState
+from runtime.pool.model_pool import ModelPool
+from runtime.model.scheduler import Ticket
+from runtime.model.state import RuntimeState
 from tests.engines.test_gpu import FakeNvml, install_nvml
 
 S = RuntimeState

@@ -1,4 +1,4 @@
-"""Load progress (runtime.load_progress): the stages and fractions a load reports, in the
+"""Load progress (runtime.model.load_progress): the stages and fractions a load reports, in the
 controller's entry, from the stub (in process and in an engine process) and SmolLM2 for real."""
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 
-from runtime.load_progress import (
+from runtime.model.load_progress import (
     STAGE_CREATING_CONTEXT,
     STAGE_ENGINE_PROCESS_STARTED,
     STAGE_LOADING_WEIGHTS,
     STAGE_STUB_LOADING,
 )
-from runtime.read_models import model_entry
-from runtime.replicas import load_replicas, release_replicas
+from runtime.observe.read_models import model_entry
+from runtime.model.replicas import load_replicas, release_replicas
 from tests.engine_process.conftest import no_engine_process_left, state_dir  # noqa: F401 - fixtures
 from tests.engines.runtime_driver import load, unload
 from tests.llama_cpp.llama_helpers import SMOLLM2_MODEL

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from runtime.errors import InsufficientMemory, ModelLoading
-from runtime.scheduler import Ticket
-from runtime.state import RuntimeState
+from runtime.model.scheduler import Ticket
+from runtime.model.state import RuntimeState
 from tests.engines.test_gpu import FakeNvml, install_nvml
 from tests.runtime.test_memory_placement import moves, start
 

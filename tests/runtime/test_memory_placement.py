@@ -1,4 +1,4 @@
-"""Memory-aware placement (runtime.memory) with stub models on a fake NVML with two GPUs and a cpu
+"""Memory-aware placement (runtime.pool.memory) with stub models on a fake NVML with two GPUs and a cpu
 budget: budgets, placement, admission with the plan, reservations, measured charges, idle_lru
 eviction (fewest, least recently used first), pins and busy models never evicted."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import json
 import pytest
 
 from runtime.errors import InsufficientMemory
-from runtime.memory import fewest_lru
-from runtime.pool import ModelPool
-from runtime.scheduler import Ticket
-from runtime.state import RuntimeState
+from runtime.pool.memory import fewest_lru
+from runtime.pool.model_pool import ModelPool
+from runtime.model.scheduler import Ticket
+from runtime.model.state import RuntimeState
 from tests.engines.test_gpu import FakeNvml, install_nvml
 
 S = RuntimeState
@@ -119,7 +119,7 @@ async def test_auto_picks_the_gpu_with_the_most_free_budget_that_fits(tmp_path, 
         await pool.controller("tiny").load({}, None)  # cuda:0 200 free, cuda:1 500
         placements = {name: pool.controller(name).placement for name in models}
         assert placements == {"big": ["cuda:1"], "mid": ["cuda:0"], "tiny": ["cuda:1"]}
-        from runtime.read_models import model_entry
+        from runtime.observe.read_models import model_entry
 
         entry = model_entry(pool.controller("tiny"))
         assert entry["placement"] == ["cuda:1"]

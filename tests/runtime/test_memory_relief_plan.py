@@ -1,4 +1,4 @@
-"""Relief before eviction in the plan (runtime.memory ``_make_room``), with stub models on a cpu
+"""Relief before eviction in the plan (runtime.pool.memory ``_make_room``), with stub models on a cpu
 budget whose writers' ``memory_relief`` is set per test: shrinks first, then sleeps (a model's
 sleep takes its shrink's place), least recently used first in each round; what relief cannot
 free is evicted from the other models; all of it evicted when that is not enough either."""
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from runtime.pool import ModelPool
+from runtime.pool.model_pool import ModelPool
 from tests.engines.test_gpu import FakeNvml, install_nvml
 
 MEMORY = {"devices": {"cpu": {"budget_mib": 500}}, "eviction": "idle_lru"}

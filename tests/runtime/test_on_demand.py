@@ -11,8 +11,8 @@ import pytest
 
 from runtime.config import validate_settings
 from runtime.errors import InvalidSettings, ModelFailed, ModelLoading, ModelNotLoaded, ModelUnloading, UnknownModel
-from runtime.read_models import model_entry
-from runtime.state import RuntimeState
+from runtime.observe.read_models import model_entry
+from runtime.model.state import RuntimeState
 from tests.engines.runtime_driver import user_input
 
 S = RuntimeState

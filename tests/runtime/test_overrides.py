@@ -3,7 +3,7 @@ load_constraints all come from that declaration."""
 import pytest
 
 from runtime.backends import BACKENDS
-from runtime.backends.overrides import TARGET_INFLIGHT, LoadOverride, load_body_model
+from runtime.backends.shared.overrides import TARGET_INFLIGHT, LoadOverride, load_body_model
 from runtime.config import LoadBody, parse_load_body
 from runtime.errors import InvalidLoadRequest, LoadBodyInvalid
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from runtime.errors import InvalidSettings, SettingsReloadConflict, UnknownModel
-from runtime.state import RuntimeState
+from runtime.model.state import RuntimeState
 from tests.runtime.helpers import start_pool
 
 

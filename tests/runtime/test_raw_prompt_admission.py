@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.admission import check_request, estimate_prompt_tokens
+from runtime.inference.admission import check_request, estimate_prompt_tokens
 from runtime.backends import BACKENDS
 from runtime.backends.base import Finished, TextDelta
-from runtime.backends.stub import StubEngine
-from runtime.catalog import CatalogEntry
+from runtime.backends.stub.spec import StubEngine
+from runtime.pool.catalog import CatalogEntry
 from runtime.errors import InvalidRequest, RawPromptUnsupported
-from runtime.request import GenerationRequest
+from runtime.inputs.request import GenerationRequest
 
 NATIVE = {"llama_cpp", "vllm", "exllamav3", "ct2", "stub"}
 MINIMAL = {  # a valid definition of each backend

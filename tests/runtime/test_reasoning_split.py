@@ -1,4 +1,4 @@
-"""The runtime's reasoning split (runtime/reasoning.py): the splitter on its own, exactly, and
+"""The runtime's reasoning split (runtime/inference/reasoning.py): the splitter on its own, exactly, and
 through RuntimeService.generate with the stub's scripted reasoning (reasoning events, result,
 reasoning tokens, stop sequences and logprobs of the answer only, reasoning_effort -> thinking),
 for every typed engine alike and through an engine process."""
@@ -8,7 +8,7 @@ import pytest
 
 from runtime.config import validate_settings
 from runtime.errors import InvalidRequest, InvalidSettings
-from runtime.reasoning import ReasoningSplitter
+from runtime.inference.reasoning import ReasoningSplitter
 from tests.engines.runtime_driver import load, user_input
 
 TAGS = ("<think>", "</think>")

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from runtime.backends import BACKENDS
-from runtime.catalog import CatalogEntry
+from runtime.pool.catalog import CatalogEntry
 from runtime.redaction import REDACTED, redact_flag_values, redacted_dump, secret_fields
 
 # A field whose name says it holds a key, a token, a password, an environment or request headers.

@@ -3,7 +3,7 @@ import msgpack
 
 from models_app.api.chat.protocol import parse_chat_body
 from models_app.api.responses.protocol import parse_responses_body
-from runtime.request import DecodingSettings, GenerationRequest
+from runtime.inputs.request import DecodingSettings, GenerationRequest
 
 MESSAGES = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
 

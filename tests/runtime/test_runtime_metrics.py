@@ -1,8 +1,8 @@
-"""runtime.metrics: bounded fairness series under a flood of keys, parsed with prometheus-client."""
+"""runtime.observe.metrics: bounded fairness series under a flood of keys, parsed with prometheus-client."""
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.activity import RequestRecord
-from runtime.metrics import KeyTally
+from runtime.observe.activity import RequestRecord
+from runtime.observe.metrics import KeyTally
 
 
 def families(text: str) -> dict:
@@ -38,7 +38,7 @@ def test_key_tally_evicts_the_smallest_into_other():
 
 
 async def test_memory_figures_per_device_and_per_model(tmp_path):
-    """The memory section's figures (runtime.memory): each device's budget, what is charged on it
+    """The memory section's figures (runtime.pool.memory): each device's budget, what is charged on it
     by kind, and each model's charge, moving as models load and unload."""
     import json
 

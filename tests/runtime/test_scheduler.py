@@ -3,7 +3,7 @@ import pytest
 
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, ModelUnloading
-from runtime.scheduler import Scheduler, Ticket
+from runtime.model.scheduler import Scheduler, Ticket
 
 
 class FakeEffects:

@@ -2,7 +2,7 @@
 import tracemalloc
 
 from runtime.config import FairnessSettings
-from runtime.scheduler import IDLE_KEYS_RETAINED, Scheduler, Ticket
+from runtime.model.scheduler import IDLE_KEYS_RETAINED, Scheduler, Ticket
 
 
 class Started:

@@ -3,11 +3,11 @@ import asyncio
 
 import pytest
 
-from runtime.backends.stub import StubEngine
+from runtime.backends.stub.spec import StubEngine
 from runtime.errors import BackendError, RequestTimeout
-from runtime.scheduler import Ticket
+from runtime.model.scheduler import Ticket
 from runtime.service import RuntimeService
-from runtime.state import RuntimeState
+from runtime.model.state import RuntimeState
 from tests.engines.runtime_driver import user_input
 from tests.conftest import write_settings
 from tests.runtime.helpers import moves

@@ -1,6 +1,6 @@
 import pytest
 
-from runtime.state import TRANSITIONS, IllegalTransition, RuntimeState, StateMachine
+from runtime.model.state import TRANSITIONS, IllegalTransition, RuntimeState, StateMachine
 
 S = RuntimeState
 

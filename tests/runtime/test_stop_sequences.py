@@ -1,4 +1,4 @@
-"""``runtime.stop_sequences.StopWatch``: the runtime's stop sequences (every backend) and
+"""``runtime.inference.stop_sequences.StopWatch``: the runtime's stop sequences (every backend) and
 llama_cpp's template stop strings.  Where it cuts must be where a plain search of the text so far
 cuts once a stop sequence is whole, and what it holds back exactly the end of the text that may
 still begin one, however the text is split into pieces."""
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from runtime.stop_sequences import StopWatch
+from runtime.inference.stop_sequences import StopWatch
 
 
 def test_stop_strings_are_held_back_until_they_cannot_match():

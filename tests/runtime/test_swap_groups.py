@@ -11,9 +11,9 @@ import pytest
 
 from runtime.config import validate_settings
 from runtime.errors import InvalidSettings, ModelLoading, SettingsReloadConflict
-from runtime.pool import ModelPool
-from runtime.read_models import model_entry
-from runtime.state import RuntimeState
+from runtime.pool.model_pool import ModelPool
+from runtime.observe.read_models import model_entry
+from runtime.model.state import RuntimeState
 from tests.conftest import write_settings
 from tests.engines.runtime_driver import user_input
 

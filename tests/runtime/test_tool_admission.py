@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from runtime.admission import check_request, estimate_prompt_tokens
+from runtime.inference.admission import check_request, estimate_prompt_tokens
 from runtime.backends import BACKENDS
 from runtime.backends.base import Finished, TextDelta
-from runtime.backends.stub import StubEngine
-from runtime.catalog import CatalogEntry
+from runtime.backends.stub.spec import StubEngine
+from runtime.pool.catalog import CatalogEntry
 from runtime.errors import InvalidRequest, ToolsUnsupported
-from runtime.request import GenerationRequest
-from runtime.tool_calls import ToolCallParser, choice_kind, format_for
+from runtime.inputs.request import GenerationRequest
+from runtime.inference.tool_calls import ToolCallParser, choice_kind, format_for
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 USER = {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]}

@@ -1,9 +1,9 @@
-"""The tool-call formats of open model families, parsed as the text arrives (runtime/tool_calls.py)."""
+"""The tool-call formats of open model families, parsed as the text arrives (runtime/inference/tool_calls.py)."""
 import json
 
 import pytest
 
-from runtime.tool_calls import ToolCallParser, constrained_schema, detect_format
+from runtime.inference.tool_calls import ToolCallParser, constrained_schema, detect_format
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather",

@@ -1,7 +1,7 @@
 """An unload answers the state the unload produced, even when a load starts right after it."""
 import asyncio
 
-from runtime.state import RuntimeState
+from runtime.model.state import RuntimeState
 
 
 async def test_an_unload_answer_is_not_the_state_of_a_load_that_followed(runtime_service):

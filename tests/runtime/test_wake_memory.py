@@ -1,4 +1,4 @@
-"""A wake is planned as a load is (runtime.residency ``_plan_wake``): stub models on a 500 MiB cpu
+"""A wake is planned as a load is (runtime.model.residency ``_plan_wake``): stub models on a 500 MiB cpu
 budget, ``sleepy`` 300 MiB awake and 50 asleep (``stub_sleep_mib``).  With room it wakes; without
 room and ``idle_lru`` other idle models are relieved or evicted for it (never the one waking);
 without room and no eviction an admin wake is 409 ``insufficient_memory`` with the plan, a request
@@ -11,9 +11,9 @@ import json
 import pytest
 
 from runtime.errors import InsufficientMemory, ModelUnloading
-from runtime.pool import ModelPool
-from runtime.residency import ModelEvent
-from runtime.scheduler import Ticket
+from runtime.pool.model_pool import ModelPool
+from runtime.model.residency import ModelEvent
+from runtime.model.scheduler import Ticket
 from tests.engines.test_gpu import FakeNvml, install_nvml
 
 

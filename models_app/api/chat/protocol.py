@@ -30,10 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
-from runtime.chat_messages import typed_chat_messages
+from runtime.inputs.chat_messages import typed_chat_messages
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
-from runtime.request import GenerationRequest
+from runtime.inputs.request import GenerationRequest
 
 
 class _Part(BaseModel):
@@ -314,7 +314,7 @@ def _tool_choice(choice: str | dict | None, tools: list[dict] | None) -> str | d
 
 def _check_message(index: int, message: ChatMessage, refused: list[LLMPoolError]) -> None:
     """Raise what makes a message invalid, record what the typed path refuses; the typed message
-    itself is ``runtime.chat_messages.typed_chat_message`` of the client's own dict."""
+    itself is ``runtime.inputs.chat_messages.typed_chat_message`` of the client's own dict."""
     where = f"messages[{index}]"
     if message.role == "function" or message.function_call:
         refused.append(ToolsUnsupported(

@@ -16,7 +16,7 @@ import uuid
 
 from models_app.api.chat.protocol import ChatRequest
 from models_app.api.inference import DONE, sse_data
-from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL
+from runtime.inputs.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL
 
 
 class ChatCompletionBuilder:

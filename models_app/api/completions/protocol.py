@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from models_app.api import limits
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError
-from runtime.request import GenerationRequest
+from runtime.inputs.request import GenerationRequest
 
 COMPLETIONS_PATH = "/v1/completions"
 PROMPT_SHAPES = "$.prompt: must be a string, a list of strings, a list of token ids or a list of such lists"

@@ -19,7 +19,7 @@ import uuid
 from models_app.api.chat.shapes import usage
 from models_app.api.completions.protocol import CompletionRequest
 from models_app.api.inference import DONE, sse_data
-from runtime.request import GENERATE_DELTA
+from runtime.inputs.request import GENERATE_DELTA
 
 
 class CompletionBuilder:

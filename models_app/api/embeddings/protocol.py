@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 
 from models_app.api import limits
 from runtime.config import json_path
-from runtime.embedding import EmbeddingRequest
+from runtime.inference.embedding import EmbeddingRequest
 from runtime.errors import InvalidRequest
 
 EMBEDDINGS_PATH = "/v1/embeddings"

@@ -39,8 +39,8 @@ from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
-from runtime.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL, GenerationRequest
-from runtime.tool_calls import chosen_name
+from runtime.inputs.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL, GenerationRequest
+from runtime.inference.tool_calls import chosen_name
 
 
 class _Part(BaseModel):

@@ -35,8 +35,8 @@ from runtime.backends.llama_cpp.native import (
     grammar_of_schema,
     release_heap,
 )
-from runtime.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
-from runtime.embedding import normalized
+from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
+from runtime.inference.embedding import normalized
 from runtime.errors import (
     BackendError,
     ContextLengthExceeded,
@@ -45,11 +45,11 @@ from runtime.errors import (
     InvalidRequest,
     LLMPoolError,
 )
-from runtime.gguf_info import GgufError, read_gguf_info
-from runtime.memory import OOM_WORDS
-from runtime.load_progress import STAGE_CREATING_CONTEXT, STAGE_LOADING_WEIGHTS, ThreadedFraction
-from runtime.model_files import ModelFileError, resolve_model_file
-from runtime.prompt_formats import (
+from runtime.pool.gguf_info import GgufError, read_gguf_info
+from runtime.pool.memory import OOM_WORDS
+from runtime.model.load_progress import STAGE_CREATING_CONTEXT, STAGE_LOADING_WEIGHTS, ThreadedFraction
+from runtime.pool.model_files import ModelFileError, resolve_model_file
+from runtime.inputs.prompt_formats import (
     GGUF_TEMPLATE,
     GgufChatTemplate,
     RenderedPrompt,
@@ -58,8 +58,8 @@ from runtime.prompt_formats import (
     resolve_thinking,
     tool_call_format,
 )
-from runtime.stop_sequences import StopWatch
-from runtime.tool_calls import choice_kind, constrained_schema, format_for
+from runtime.inference.stop_sequences import StopWatch
+from runtime.inference.tool_calls import choice_kind, constrained_schema, format_for
 
 logger = logging.getLogger("llmpool.llama_cpp")
 
@@ -145,7 +145,7 @@ class LlamaCppEngine:
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
         )
 
-    # -- inference state (runtime.residency) -----------------------------------------------
+    # -- inference state (runtime.model.residency) -----------------------------------------------
     async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
         """A new context over the same weights with ``config``'s n_ctx, flash attention and K/V
         types.  ``overlap`` (make-before-break, where memory allows both): the new context is
@@ -219,7 +219,7 @@ class LlamaCppEngine:
         return {"auto": answer, "required": "json", "function": "json"}
 
     def tool_call_formats(self) -> dict[str, str]:
-        """The format of the answer per tool_choice kind (runtime.tool_calls.format_for): the
+        """The format of the answer per tool_choice kind (runtime.inference.tool_calls.format_for): the
         model's own for "auto", ``json`` where the grammar constrains it; empty without tools."""
         return dict(self._tool_call_formats)
 
@@ -288,7 +288,7 @@ class LlamaCppEngine:
         finally:
             cancelled.set()
 
-    # -- embeddings (runtime.embedding) ----------------------------------------------------
+    # -- embeddings (runtime.inference.embedding) ----------------------------------------------------
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """The L2-normalized pooled vector of each input (``embeddings: true``), on the worker
         thread between generations; ``dimensions`` is refused before it gets here."""

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import BackendError
-from runtime.gguf_info import ggml_type
-from runtime.prompt_formats import RenderedPrompt
+from runtime.pool.gguf_info import ggml_type
+from runtime.inputs.prompt_formats import RenderedPrompt
 
 logger = logging.getLogger("llmpool.llama_cpp")
 
@@ -259,7 +259,7 @@ class ContextSettings:
     flash_attn: str  # "on" | "off" | "auto"
     type_k: str | None  # GGML type name; None: llama.cpp's default (f16)
     type_v: str | None
-    # Embedding mode (runtime.embedding): how a sequence's token embeddings pool into its vector
+    # Embedding mode (runtime.inference.embedding): how a sequence's token embeddings pool into its vector
     # ("mean", "cls", "last"); None: a context that only generates.
     pooling: str | None = None
 

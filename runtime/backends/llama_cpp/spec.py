@@ -21,9 +21,9 @@ from runtime.backends.base import (
 )
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
-from runtime.backends.overrides import LoadOverride, integer_override
-from runtime.gguf_info import GgufError, GgufInfo, read_gguf_info
-from runtime.model_files import locate_model_file
+from runtime.backends.shared.overrides import LoadOverride, integer_override
+from runtime.pool.gguf_info import GgufError, GgufInfo, read_gguf_info
+from runtime.pool.model_files import locate_model_file
 
 GGML_CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 GgmlCacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
@@ -43,17 +43,17 @@ class LlamaCppDefinition(CommonDefinition):
     isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     gguf_n_gpu_layers: int = Field(-1, ge=-1)
     gguf_n_ctx: int = Field(4096, ge=1)
-    # The floor memory pressure may shrink the context to (runtime.residency) before evicting the model.
+    # The floor memory pressure may shrink the context to (runtime.model.residency) before evicting the model.
     gguf_n_ctx_min: int | None = Field(None, ge=1)
     gguf_n_batch: int = Field(512, ge=1)
     gguf_n_threads: int | None = Field(None, ge=1)
     gguf_flash_attn: Literal["on", "off", "auto"] = "auto"
     gguf_type_k: GgmlCacheType | None = None
     gguf_type_v: GgmlCacheType | None = None
-    # POST /v1/embeddings too (runtime.embedding): the context is built in llama.cpp's embedding
+    # POST /v1/embeddings too (runtime.inference.embedding): the context is built in llama.cpp's embedding
     # mode, pooled as the GGUF declares (mean when it declares none); the model still generates.
     embeddings: bool = False
-    # The format the model writes tool calls in (runtime.tool_calls): "auto" reads it from the
+    # The format the model writes tool calls in (runtime.inference.tool_calls): "auto" reads it from the
     # chat template (prompt_formats.tool_call_format: the template's own, else hermes, as the
     # tools are then described in the hermes format); "none": no tool calling (capabilities.tools false).
     tool_call_format: Literal["auto", "hermes", "llama3_json", "mistral", "none"] = "auto"
@@ -138,10 +138,10 @@ def gguf_estimate_parts(
 class LlamaCppSpec(BackendSpec):
     name = "llama_cpp"
     definition_model = LlamaCppDefinition
-    sleepable = True  # POST .../sleep frees the context and KV cache; the weights stay (runtime.residency)
+    sleepable = True  # POST .../sleep frees the context and KV cache; the weights stay (runtime.model.residency)
     make_before_break = True  # a reconfigure builds the new context first where memory holds both
     overrides = (
-        # "reconfigurable": POST .../reconfigure changes it while loaded (runtime.residency).
+        # "reconfigurable": POST .../reconfigure changes it while loaded (runtime.model.residency).
         integer_override("gguf_n_ctx", reconfigurable=True),
         LoadOverride(
             "gguf_flash_attn",
@@ -224,7 +224,7 @@ class LlamaCppSpec(BackendSpec):
         native()  # maps libllama and initialises its backend
 
     def default_device(self, definition) -> str:
-        """No layers offloaded: the model lives in RAM (runtime.memory charges cpu)."""
+        """No layers offloaded: the model lives in RAM (runtime.pool.memory charges cpu)."""
         return "cpu" if definition.gguf_n_gpu_layers == 0 else "auto"
 
     def estimate_parts(self, definition, config, base_dir):

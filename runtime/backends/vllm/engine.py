@@ -4,7 +4,7 @@
 ``AsyncEngineArgs`` keyword arguments.
 
 Prompts are rendered from the tokenizer's chat template in the sandbox of
-``runtime.chat_templates`` (``enable_thinking`` per request for Qwen3 / Gemma 4)
+``runtime.inputs.chat_templates`` (``enable_thinking`` per request for Qwen3 / Gemma 4)
 and passed to vLLM as token ids.
 
 Unload calls ``AsyncLLM.shutdown()``, which stops the EngineCore process that
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta
-from runtime.backends.prompts import render_template_prompt, template_messages, template_variables
+from runtime.backends.shared.prompts import render_template_prompt, template_messages, template_variables
 from runtime.backends.vllm.arguments import engine_arguments, model_target
 from runtime.errors import BackendError, InvalidRequest, LLMPoolError
 

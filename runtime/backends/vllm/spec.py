@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from runtime.backends.base import SAMPLING_OPTIONS, BackendSpec
-from runtime.backends.common_fields import (
+from runtime.backends.shared.common_fields import (
     GEMMA4,
     QWEN3,
     FamilyDefinition,
@@ -21,7 +21,7 @@ from runtime.backends.common_fields import (
     server_parts,
     thinking_for_families,
 )
-from runtime.backends.overrides import MIB_256, LoadOverride, integer_override
+from runtime.backends.shared.overrides import MIB_256, LoadOverride, integer_override
 from runtime.backends.vllm.engine import VllmEngine, import_vllm
 
 # vLLM's --kv-cache-dtype choices (vllm/config/cache.py, CacheDType).

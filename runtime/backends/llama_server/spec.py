@@ -1,0 +1,241 @@
+"""llama_server: a managed native ``llama-server`` subprocess, one per replica.
+
+``target_inflight`` becomes ``--parallel`` (the slots share
+``llama_server_n_ctx``, passed as ``-c``), so the extra args may not set it.
+Every other definition field and load override maps to one llama-server flag
+(``llama_server_command``); the extra args come last.  ``model_path``,
+``llama_server_mmproj`` and ``llama_server_draft_model`` take the forms of
+``runtime.pool.model_files`` (absolute, relative to the settings file, ``package:``).
+``embeddings: true`` adds ``--embeddings`` (and ``--pooling`` where the GGUF declares none);
+such a server still serves chat completions (llama-server switches per batch).
+``llama_server_tools`` (default true) passes ``--jinja``: llama-server renders the tools
+through the GGUF's Jinja chat template and parses the model's calls itself (its generic JSON
+format, grammar-constrained, for a template that names no tools).  llama-server reads a named
+function as tool_choice as "auto", so such a request gets that function alone with "required"
+(``LLAMA_SERVER.named_tool_choice``).
+
+Restart-mode reconfigure (runtime.model.residency): ``llama_server_n_ctx``, ``llama_server_type_k``,
+``llama_server_type_v`` and ``llama_server_flash_attn`` carry ``"reconfigurable": true,
+"reconfigure_mode": "restart"``: POST .../reconfigure stops each replica's server and starts it
+with the new arguments (the GGUF is read again, from the page cache), the model ``loaded``
+throughout; a server that does not come up with them is started again with the old ones and
+the call answers 400 invalid_load_request (``LlamaServerEngine``).
+"""
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+import runtime.backends.shared.managed as managed
+from runtime.backends.shared.common_fields import FamilyDefinition
+from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
+from runtime.backends.shared.overrides import LoadOverride, PositiveInt, integer_override
+from runtime.errors import BackendError, InvalidLoadRequest
+from runtime.pool.gguf_info import GgufError, read_gguf_info
+from runtime.pool.model_files import ModelFileError, locate_model_file, resolve_model_file
+
+
+class LlamaServerDefinition(
+    managed.server_fields(
+        FamilyDefinition,
+        "llama_server",
+        binary="llama-server",
+        startup_timeout_seconds=300.0,
+        owned_flags={"target_inflight": ("--parallel", "-np")},
+        # No llama_server_model: model_path is the GGUF file.
+        fields=("binary", "host", "port", "api_key", "library_path", "env", "extra_args", "startup_timeout_seconds"),
+    )
+):
+    llama_server_mmproj: str | None = None
+    llama_server_draft_model: str | None = None
+    # null leaves llama-server's default; an integer or "auto" / "all" is passed to --n-gpu-layers.
+    llama_server_n_gpu_layers: Annotated[int, Field(ge=0)] | Literal["auto", "all"] | None = None
+    llama_server_flash_attn: Literal["on", "off", "auto"] = "auto"
+    llama_server_reasoning_format: Literal["auto", "none", "deepseek", "deepseek-legacy"] | None = None
+    # --reasoning-budget: -1 unlimited, 0 disables thinking.
+    llama_server_reasoning_budget: int | None = Field(None, ge=-1)
+    # Shared by all parallel slots: each request gets about n_ctx / target_inflight.
+    llama_server_n_ctx: int = Field(4096, ge=1)
+    # --cache-type-k / --cache-type-v: null leaves llama-server's default (f16); a quantized V
+    # cache needs flash attention (llama-server refuses to start otherwise).
+    llama_server_type_k: GgmlCacheType | None = None
+    llama_server_type_v: GgmlCacheType | None = None
+    llama_server_image_max_tokens: int | None = Field(None, ge=1)
+    llama_server_spec_type: Literal["draft-mtp"] | None = None
+    llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=6)
+    llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
+    # POST /v1/embeddings too: started with --embeddings (see llama_server_command for --pooling).
+    embeddings: bool = False
+    # Tool calling: started with --jinja (the default of recent builds, explicit for older ones);
+    # false: capabilities.tools is false (the server is not asked for calls).
+    llama_server_tools: bool = True
+    # A request the client does not stream goes to llama-server unstreamed when its answer is held
+    # to at most this many tokens (max_tokens): faster (one write, a kept-alive connection), and an
+    # abandoned one holds its slot at most that long; a longer or unbounded one is streamed all the
+    # same (LLAMA_SERVER.stream_always).  0: every call is streamed.
+    llama_server_unstreamed_max_tokens: int = Field(16, ge=0)
+
+
+def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
+    """The exact llama-server argv for one replica of ``config`` (the effective definition)."""
+
+    def local(field: str) -> str | None:
+        return locate_model_file(config[field], base_dir)
+
+    options = [
+        "--parallel", str(config["target_inflight"]),
+        "-c", str(config["llama_server_n_ctx"]),
+        "--flash-attn", config["llama_server_flash_attn"],
+        *(["--jinja"] if config["llama_server_tools"] else []),
+        *managed.flag_args(
+            ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
+            ("--cache-type-k", config["llama_server_type_k"]),
+            ("--cache-type-v", config["llama_server_type_v"]),
+            ("--mmproj", local("llama_server_mmproj")),
+            ("--spec-draft-model", local("llama_server_draft_model")),
+            ("--reasoning-format", config["llama_server_reasoning_format"]),
+            ("--reasoning-budget", config["llama_server_reasoning_budget"]),
+            ("--image-max-tokens", config["llama_server_image_max_tokens"]),
+            ("--spec-type", config["llama_server_spec_type"]),
+            ("--spec-draft-n-max", config["llama_server_spec_draft_n_max"]),
+            ("--spec-draft-p-min", config["llama_server_spec_draft_p_min"]),
+            ("--api-key", config["llama_server_api_key"]),
+        ),
+        *(_embedding_args(local("model_path")) if config["embeddings"] else []),
+    ]
+    return managed.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
+
+
+def _embedding_args(model_file: str | None) -> list[str]:
+    """``--embeddings``, and ``--pooling mean`` for a GGUF that declares no pooling of its own
+    (a generative model: llama-server would pool nothing, which its /v1/embeddings refuses), so
+    the vectors are pooled as the llama_cpp backend pools them (``GgufInfo.embedding_pooling``).
+    A file that cannot be read as GGUF gets no --pooling: llama-server reports it at start."""
+    try:
+        info = read_gguf_info(model_file) if model_file else None
+    except (OSError, GgufError):
+        info = None
+    if info is None or info.pooling_type == info.embedding_pooling:
+        return ["--embeddings"]
+    return ["--embeddings", "--pooling", info.embedding_pooling]
+
+
+def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerLaunch:
+    """The command, once the model files it names are known to be readable (ModelFileError otherwise)."""
+    resolve_model_file(config["model_path"], site.base_dir)
+    for field in ("llama_server_mmproj", "llama_server_draft_model"):
+        if config[field] is not None:
+            try:
+                resolve_model_file(config[field], site.base_dir)
+            except ModelFileError as exc:
+                raise ModelFileError(f"{field}: {exc}") from None
+    return managed.ServerLaunch(llama_server_command(config, site.host, site.port, site.base_dir))
+
+
+LLAMA_SERVER = managed.ServerProfile(
+    program="llama-server",
+    prefix="llama_server",
+    build=_launch,
+    served_model=lambda config, base_dir: os.path.basename(config["model_path"]),
+    # llama-server checks for a closed connection before each chunk of a stream, but for an answer
+    # it does not stream only after a whole second in which none of its tasks answered anything: a
+    # busy server (other slots streaming, /slots or /metrics polls) finishes an abandoned one,
+    # holding its slot.  So every call is streamed, pass-through ones too (forwarding.forward),
+    # except one whose answer is held to llama_server_unstreamed_max_tokens at most.
+    stream_always=True,
+    unstreamed_max_tokens_field="llama_server_unstreamed_max_tokens",
+    named_tool_choice=False,
+)
+
+
+# The constraint keys of a field POST .../reconfigure changes by restarting the server.
+RESTART = {"reconfigurable": True, "reconfigure_mode": "restart"}
+
+
+class LlamaServerEngine(managed.ManagedServerEngine):
+    """A llama-server replica that can be reconfigured by a restart with new arguments."""
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Restart the server with ``config``; when it does not come up, start it again with the
+        old config and raise InvalidLoadRequest (BackendError when even that fails)."""
+        old = self.config
+        try:
+            await self.restart(config)
+        except managed.ServerStartError as exc:
+            reason = str(exc)
+        else:
+            return
+        try:
+            await self.restart(old)
+        except managed.ServerStartError as again:
+            raise BackendError(
+                f"{self.label} did not start with the new arguments ({reason}), nor again with the old ones: {again}"
+            ) from None
+        raise InvalidLoadRequest(
+            f"{self.label} did not start with the new arguments, so it was started again with the old ones: {reason}"
+        )
+
+
+class LlamaServerSpec(managed.ManagedServerSpec):
+    profile = LLAMA_SERVER
+    definition_model = LlamaServerDefinition
+    tools_field = "llama_server_tools"
+    overrides = (
+        # RESTART: POST .../reconfigure changes it while loaded, by restarting the server.
+        integer_override("llama_server_n_ctx", **RESTART),
+        integer_override("llama_server_image_max_tokens"),
+        LoadOverride(
+            "llama_server_spec_type",
+            str,
+            {"kind": "enum", "default": "draft-mtp", "allowed_values": ["draft-mtp"], "examples": ["draft-mtp"]},
+        ),
+        LoadOverride(
+            "llama_server_spec_draft_n_max",
+            PositiveInt,
+            {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
+        ),
+        LoadOverride(
+            "llama_server_spec_draft_p_min", float, {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0}
+        ),
+        # Not in the contract's list: the rest of the reconfigurable server flags.
+        LoadOverride("llama_server_type_k", str, cache_type_constraint(**RESTART)),
+        LoadOverride("llama_server_type_v", str, cache_type_constraint(**RESTART)),
+        LoadOverride(
+            "llama_server_flash_attn",
+            str,
+            {"kind": "enum", "default": "auto", "allowed_values": ["on", "off", "auto"],
+             "examples": ["auto", "on", "off"], **RESTART},
+        ),
+    )
+
+    def context_length(self, config):
+        """What one request gets: the slots share ``-c``."""
+        return config["llama_server_n_ctx"] // max(1, config["target_inflight"])
+
+    def default_device(self, definition):
+        """No layers offloaded (``llama_server_n_gpu_layers: 0``): the model lives in RAM."""
+        return "cpu" if definition.llama_server_n_gpu_layers == 0 else "auto"
+
+    def estimate_parts(self, definition, config, base_dir):
+        """One replica, one server process (``gguf_estimate_parts``): the GGUF, its KV cache at
+        ``llama_server_n_ctx`` (the total its ``--parallel`` slots share) and cache types, the
+        compute margin, and the process's GPU overhead, or on ``cpu`` (no GPU layers, or placed
+        there) its vocabulary.  A missing file or one that is not GGUF: None (the file's size,
+        ``vram_estimate``, counts then)."""
+        path = locate_model_file(config["model_path"], base_dir)
+        if path is None or not os.path.isfile(path):
+            return None
+        try:
+            info = read_gguf_info(path)
+        except (OSError, GgufError):
+            return None
+        on_gpu = layers_on_gpu(config["llama_server_n_gpu_layers"], config.get("device"))
+        return gguf_estimate_parts(
+            path, info, config["llama_server_n_ctx"], config["llama_server_type_k"], config["llama_server_type_v"],
+            on_gpu=on_gpu,
+        )
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return LlamaServerEngine(self.profile, model_name, config, replica_index, context)

@@ -1,0 +1,87 @@
+"""What the in-process engines (ct2, vllm, exllamav3) share: their token streams.
+
+- ``stream_from_thread``: run a blocking token producer in a worker thread and
+  consume its items on the event loop; closing the stream stops the producer and
+  waits for its thread, so an engine never runs two jobs at once behind the
+  scheduler's back.
+- ``generate_in_thread``: ``stream_from_thread`` for an engine's ``generate``.
+
+Their prompt helpers (chat-template messages, the thinking switch, tokenizer
+templates) are in ``runtime.backends.shared.prompts``.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+
+from runtime.errors import BackendError, LLMPoolError
+
+_DONE = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+Produce = Callable[[Callable[[object], None], threading.Event], None]
+
+
+async def stream_from_thread(produce: Produce, name: str = "engine-stream") -> AsyncIterator:
+    """Yield what ``produce(emit, stop)`` emits from a thread of its own.
+
+    ``produce`` runs the blocking engine loop, calls ``emit(item)`` for every item
+    and returns when done; it must check ``stop.is_set()`` between steps and end
+    early when it is set.  An exception it raises is raised here.  When the
+    consumer stops early (cancelled, closed) ``stop`` is set and the thread is
+    waited for before this generator finishes; iterate it under
+    ``contextlib.aclosing`` so that happens as soon as the consumer leaves, not
+    when the garbage collector finds the generator.  A thread per stream (not
+    the default executor) keeps long generations from starving ``asyncio.to_thread``.
+    """
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue = asyncio.Queue()
+    finished = loop.create_future()
+    stop = threading.Event()
+
+    def emit(item) -> None:
+        loop.call_soon_threadsafe(items.put_nowait, item)
+
+    def run() -> None:
+        try:
+            produce(emit, stop)
+        except BaseException as exc:  # delivered to the consumer, which raises it
+            emit(_Failure(exc))
+        else:
+            emit(_DONE)
+        finally:
+            loop.call_soon_threadsafe(finished.set_result, None)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        while True:
+            item = await items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        await asyncio.shield(finished)
+
+
+async def generate_in_thread(produce: Produce, *, name: str, engine: str) -> AsyncIterator:
+    """``stream_from_thread`` for an engine's ``generate``: the thread stops as soon as the
+    consumer leaves, and a failure that is not already a request error becomes ``backend_error``
+    naming the engine."""
+    try:
+        async with aclosing(stream_from_thread(produce, name=name)) as events:
+            async for event in events:
+                yield event
+    except LLMPoolError:
+        raise
+    except Exception as exc:
+        raise BackendError(f"{engine} generation failed: {exc}") from exc

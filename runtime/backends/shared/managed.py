@@ -1,0 +1,506 @@
+"""What the managed-server backends share: the spec, its definition fields, the engine.
+
+``ManagedServerSpec`` is the spec of a backend keyed by its ``ServerProfile``;
+``server_fields`` declares the ``<prefix>_*`` definition fields every such
+backend has, and ``server_argv`` the shape every server command has.
+
+One replica is one server process (``runtime.supervisor``): ``load`` picks the
+port, builds the exact command line from the effective config (the profile's
+``build``), starts the server and polls its health endpoint until it answers
+200.  A request that carries the client's own body (``passthrough``: chat
+completions, completions) is forwarded as it is, model renamed
+(``runtime.backends.shared.forwarding``; streamed from a server that notices a client
+that left only while it streams, and given back whole), and the server's chunks
+or answer come back as they are; a typed request (/v1/responses) goes to the server's
+``/v1/chat/completions`` translated (``runtime.backends.shared.openai_chat``; streamed
+when the client streams, or always where the profile says so) and comes back as
+``TextDelta`` / ``Finished``.  Both go over one pooled client
+(``runtime.backends.shared.upstream``: aiohttp's, raising httpx's transport errors).
+
+A server that exits while loaded reports to ``context["on_engine_failure"]``
+(the model moves to failed, its queue gets backend_error); requests in flight
+lose their connection at once and end with a ``backend_error`` that names the
+exit code and the tail of the server's output.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import httpx
+from pydantic import Field, create_model, model_validator
+
+from runtime.backends.base import (
+    BackendSpec,
+    CommonDefinition,
+    Finished,
+    GenerationRequest,
+    TextDelta,
+    resolve_model_path,
+)
+from runtime.backends.shared.common_fields import (
+    NonEmptyStr,
+    Port,
+    artifact_estimate,
+    check_extra_args,
+    refuse_engine_process,
+    require_model_target,
+    thinking_for_families,
+)
+from runtime.backends.shared.forwarding import answer_bound, forward
+from runtime.backends.shared.openai_chat import chat_completion, chat_request, required_for_named
+from runtime.backends.shared.openai_embeddings import create_embeddings
+from runtime.backends.shared.prompts import template_variables
+from runtime.backends.shared.upstream import UpstreamClient
+from runtime.errors import BackendError
+from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
+from runtime.model.load_progress import report as report_progress
+from runtime.pool.memory import cuda_visible_devices
+from runtime.redaction import SECRET, SECRET_FLAG_VALUES
+from runtime.supervisor import (
+    ManagedProcess,
+    ServerCommand,
+    ServerStartError,
+    choose_port,
+    connect_host,
+    describe_exit,
+    server_env,
+)
+
+KEEPALIVE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class LaunchSite:
+    """Where one replica's server runs and may keep temporary files."""
+
+    host: str
+    port: int
+    base_dir: str
+    scratch_dir: Path
+    stem: str  # "<runtime pid>-<model>.r<replica>": prefix of the load's temporary files
+
+
+@dataclass(frozen=True)
+class ServerLaunch:
+    argv: list[str]
+    temp_files: tuple[Path, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # set in the server's environment over the definition's
+
+
+@dataclass(frozen=True)
+class ServerProfile:
+    """How one managed backend starts its server and talks to it.
+
+    ``prefix`` is the backend's name and the prefix of its ``server_fields``.
+    ``served_model`` gives what the server loads, which is also the model name
+    its API answers to; by default ``server_target``.
+    """
+
+    program: str
+    prefix: str
+    build: Callable[[dict[str, Any], LaunchSite], ServerLaunch]
+    served_model: Callable[[dict[str, Any], str], str] | None = None
+    # Forward a json_schema text.format as the chat response_format.
+    json_schema: bool = False
+    health_path: str = "/health"
+    # Stream every upstream call, even for a client that does not stream: for a server that
+    # notices a closed connection only while it streams, so a cancelled request stops there too.
+    stream_always: bool = False
+    # With stream_always: the definition field whose value is the most tokens a non-streamed
+    # call's answer may be held to and still go unstreamed (``streams_upstream``); None: none does.
+    unstreamed_max_tokens_field: str | None = None
+    # False: the server reads a named function as tool_choice as "auto"; a chat body that names
+    # one is sent with that function alone and "required" (openai_chat.required_for_named).
+    named_tool_choice: bool = True
+
+    def streams_upstream(self, config: dict[str, Any], stream: bool, max_tokens: int | None) -> bool:
+        """Whether a call goes to the server streamed: the client's own stream, or with
+        ``stream_always`` a non-streamed one too, unless its answer is held to ``max_tokens`` (None:
+        unbounded) no more than the definition's ``unstreamed_max_tokens_field`` allows.  Such a
+        short answer costs less unstreamed (about 1 ms here: one write instead of a chunk per event,
+        and a kept-alive connection where llama-server closes one after each stream), and if its
+        client leaves, the server finishes at most that many tokens for nobody."""
+        if stream or not self.stream_always:
+            return stream
+        short = config.get(self.unstreamed_max_tokens_field, 0) if self.unstreamed_max_tokens_field else 0
+        return max_tokens is None or max_tokens > short
+
+    def model_name(self, config: dict[str, Any], base_dir: str) -> str:
+        if self.served_model is not None:
+            return self.served_model(config, base_dir)
+        return server_target(config, self.prefix, base_dir)
+
+
+# A server's own words for reading its weights (llama-server, vLLM, SGLang, TensorRT-LLM), and
+# a percentage on such a line (vLLM's and SGLang's "Loading safetensors checkpoint shards: 50% ...").
+LOADING_WEIGHTS_LINE = re.compile(
+    r"load_tensors|loading model|llama_model_load|Loading weights|Loading safetensors|Loading model weights", re.I
+)
+PERCENT = re.compile(r"(\d{1,3})%")
+START_POLL_SECONDS = 0.1
+
+
+async def watch_start(process: ManagedProcess, host: str, port: int, context: dict) -> None:
+    """Until cancelled (the server is healthy): ``listening`` once its port takes a connection,
+    ``loading_weights`` while its output says so (with the line's percentage, if any)."""
+    listening = False
+    after = None
+    while True:
+        lines, after = process.output_since(after, 200)
+        if not listening:
+            try:
+                async with asyncio.timeout(1.0):
+                    _, writer = await asyncio.open_connection(host, port)
+            except (OSError, TimeoutError):
+                pass
+            else:
+                writer.close()
+                listening = True
+                report_progress(context, STAGE_LISTENING)
+        for line in lines:
+            if LOADING_WEIGHTS_LINE.search(line):
+                percent = PERCENT.search(line)
+                report_progress(context, STAGE_LOADING_WEIGHTS, int(percent.group(1)) / 100 if percent else None)
+        await asyncio.sleep(START_POLL_SECONDS)
+
+
+class ManagedServerEngine:
+    """One replica of a managed backend: its own server process and a pooled client to it.
+
+    ``load`` raises ServerStartError (the load fails) when the port is taken, the
+    binary cannot run, the server exits before it answers its health check, or
+    the startup timeout passes.  ``unload`` stops the process group and removes
+    the load's temporary files; it is safe after a failed load and twice.
+    """
+
+    def __init__(self, profile: ServerProfile, model_name: str, config: dict, replica_index: int, context: dict):
+        self.profile = profile
+        self.model_name = model_name
+        self.config = config
+        self.replica_index = replica_index
+        self.context = context
+        self.label = f"{profile.program} for model {model_name}, replica {replica_index + 1}"
+        self.process: ManagedProcess | None = None
+        self.base_url: str | None = None
+        self._client: UpstreamClient | None = None
+        self._served_model = profile.model_name(config, context["base_dir"])
+        self._failure: str | None = None
+        self._report: asyncio.Task | None = None  # the death report, kept referenced until it ran
+        self._loaded = False
+        self._stopping = False
+
+    def _field(self, name: str) -> Any:
+        return self.config[f"{self.profile.prefix}_{name}"]
+
+    def _placement_env(self) -> dict[str, str]:
+        """The definition's env, with CUDA_VISIBLE_DEVICES of the load's GPU placement (the
+        pool's choice wins over one set there; on cpu the environment is left as it is)."""
+        visible = cuda_visible_devices(self.config.get("placement"))
+        env = dict(self._field("env"))
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        return env
+
+    @property
+    def _auth(self) -> dict[str, str]:
+        key = self._field("api_key")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def load(self) -> None:
+        """Start the server and wait until it is healthy; raise ServerStartError otherwise."""
+        host = self._field("host")
+        port = choose_port(host, self._field("port"), self.replica_index)
+        state_dir = Path(self.context["state_dir"])
+        site = LaunchSite(
+            host=host,
+            port=port,
+            base_dir=self.context["base_dir"],
+            scratch_dir=state_dir / "tmp",
+            stem=f"{os.getpid()}-{self.model_name}.r{self.replica_index}",
+        )
+        site.scratch_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            launch = self.profile.build(self.config, site)
+        except (OSError, ValueError) as exc:
+            raise ServerStartError(f"{self.label}: {exc}") from None
+        command = ServerCommand(
+            label=self.label,
+            argv=launch.argv,
+            env=server_env({**self._placement_env(), **launch.env}, self._field("library_path")),
+            log_path=state_dir / "logs" / f"{self.model_name}.r{self.replica_index}.log",
+            temp_files=launch.temp_files,
+        )
+        self.process = ManagedProcess(command, state_dir)
+        self.base_url = f"http://{connect_host(host)}:{port}"
+        watching = None
+        try:
+            await self.process.start()
+            self.process.on_exit(self._server_exited)
+            report_progress(self.context, STAGE_SPAWNED)
+            watching = asyncio.get_running_loop().create_task(watch_start(self.process, connect_host(host), port,
+                                                                          self.context))
+            await self.process.wait_ready(
+                self.base_url + self.profile.health_path, self._field("startup_timeout_seconds"), self._auth
+            )
+            watching.cancel()
+            report_progress(self.context, STAGE_HEALTHY, 1.0)
+            if not self.process.running:  # it exited right after answering: its exit went unreported
+                await self.process.output_settled()
+                raise ServerStartError(self.process.exit_report("right after it was ready"))
+        except BaseException:
+            await self._release()
+            raise
+        finally:
+            if watching is not None:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
+        self._client = server_client(self.base_url, self._auth)
+        self._loaded = True
+
+    async def unload(self) -> None:
+        self._stopping = True
+        await self._release()
+
+    async def restart(self, config: dict) -> None:
+        """Stop the server (its exit is no failure) and start it as ``load`` does with ``config``,
+        which the engine then keeps (a restart-mode reconfigure, runtime.model.residency); raises
+        ServerStartError as ``load`` does, with nothing left running."""
+        self._loaded = False
+        await self._release()
+        self.config = config
+        self._served_model = self.profile.model_name(config, self.context["base_dir"])
+        await self.load()
+
+    async def _release(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        if self.process is not None:
+            await self.process.stop()
+
+    def _server_exited(self, process: ManagedProcess) -> None:
+        if self._loaded and not self._stopping:
+            # What later requests are told; the server's output goes to last_error alone (an
+            # operator's detail: paths, stacks).
+            self._failure = f"{self.label} {describe_exit(process.returncode)} while loaded"
+            self._report = asyncio.get_running_loop().create_task(self._report_death(process))
+
+    async def _report_death(self, process: ManagedProcess) -> None:
+        await process.output_settled()
+        self.context["on_engine_failure"](process.exit_report("while loaded"))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
+        if self._failure is not None:
+            raise BackendError(self._failure)
+        if self._client is None:
+            raise BackendError(f"{self.label} is not loaded")
+        for attempt in (1, 2):
+            answered = False
+            try:
+                async with contextlib.aclosing(self._upstream(request)) as upstream:  # closed with this one
+                    async for event in upstream:
+                        answered = True
+                        yield event
+                return
+            except httpx.TransportError as exc:
+                # Once more on a fresh connection when a kept-alive one was closed under us
+                # (nothing came back yet and the server still runs); otherwise the request fails.
+                if answered or attempt == 2 or not self.process.running:
+                    raise await self._connection_lost(exc) from None
+
+    def _upstream(self, request: GenerationRequest) -> AsyncIterator[Any]:
+        """The server's answer: the client's own body forwarded (``passthrough``) or the typed
+        request as a chat completion."""
+        thinking = self.config.get("enable_thinking")
+        if request.passthrough is not None:
+            path, body = request.passthrough["path"], request.passthrough["body"]
+            if path == "/v1/chat/completions" and not self.profile.named_tool_choice:
+                body = required_for_named(body)
+            return forward(
+                self._client, path, body, self._served_model, self.label, BackendError,
+                template_variables(request, thinking),
+                stream_upstream=self.profile.streams_upstream(self.config, False, answer_bound(body)),
+            )
+        body = chat_request(
+            request,
+            self._served_model,
+            configured_thinking=thinking,
+            json_schema=self.profile.json_schema,
+            stream=self.profile.streams_upstream(self.config, request.stream, request.max_output_tokens),
+            named_tool_choice=self.profile.named_tool_choice,
+        )
+        return chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
+
+    async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
+        """POST the server's /v1/embeddings (``embeddings: true``), the model name rewritten to
+        the one it serves; once more on a fresh connection, as for generate."""
+        if self._failure is not None:
+            raise BackendError(self._failure)
+        if self._client is None:
+            raise BackendError(f"{self.label} is not loaded")
+        for attempt in (1, 2):
+            try:
+                return await create_embeddings(
+                    self._client, "/v1/embeddings", self._served_model, inputs, dimensions, self.label, BackendError
+                )
+            except httpx.TransportError as exc:
+                if attempt == 2 or not self.process.running:
+                    raise await self._connection_lost(exc) from None
+
+    async def _connection_lost(self, exc: httpx.TransportError) -> BackendError:
+        """The request's error: how the server ended, not its output (last_error has that)."""
+        if self.process is not None and await self.process.wait_exit(1.0):
+            return BackendError(f"{self.label} {describe_exit(self.process.returncode)} while generating")
+        return BackendError(f"lost the connection to {self.label}: {exc!r}")
+
+
+def server_client(base_url: str, headers: dict[str, str] | None = None) -> UpstreamClient:
+    """The pooled client an engine talks to its server with: aiohttp's behind httpx's interface
+    (``runtime.backends.shared.upstream``), about 0.6 ms of CPU a call less than httpx
+    (docs/performance.md).  Idle connections are dropped before llama-server's (cpp-httplib's)
+    5 s keep-alive ends; a stream's connection is never pooled."""
+    return UpstreamClient(base_url, headers, connect_timeout=10.0, keepalive_seconds=KEEPALIVE_SECONDS)
+
+
+def model_target(path: str, base_dir: str) -> str:
+    """A local model (relative to the settings file's folder) when it exists, else the hub id as given."""
+    resolved = resolve_model_path(path, base_dir)
+    return resolved if os.path.exists(resolved) else path
+
+
+def server_target(config: dict[str, Any], prefix: str, base_dir: str) -> str:
+    """What a server with a ``<prefix>_model`` field loads: that field, else ``model_path``."""
+    return model_target(config[f"{prefix}_model"] or config["model_path"], base_dir)
+
+
+def flag_args(*pairs: tuple[str, Any]) -> list[str]:
+    """``[flag, value, ...]`` for every pair whose value is not None."""
+    args: list[str] = []
+    for flag, value in pairs:
+        if value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+def server_argv(
+    config: dict[str, Any], prefix: str, host: str, port: int, model_args: list[str], args: list[str]
+) -> list[str]:
+    """``<binary> <model_args> --host <host> --port <port> <args> <extra args>``, the shape of
+    every managed server's command; the operator's ``<prefix>_extra_args`` come last."""
+    return [
+        config[f"{prefix}_binary"],
+        *model_args,
+        "--host", host,
+        "--port", str(port),
+        *args,
+        *config[f"{prefix}_extra_args"],
+    ]
+
+
+# ---- the spec ----------------------------------------------------------------------------
+
+# The fields ``server_fields`` can declare, without their prefix, in their usual order.
+SERVER_FIELDS = (
+    "binary", "model", "host", "port", "api_key", "env", "library_path", "extra_args", "startup_timeout_seconds"
+)
+
+
+def server_fields(
+    base: type[CommonDefinition],
+    prefix: str,
+    *,
+    binary: str,
+    startup_timeout_seconds: float,
+    owned_flags: dict[str, tuple[str, ...]],
+    fields: tuple[str, ...] = SERVER_FIELDS,
+) -> type[CommonDefinition]:
+    """``base`` with ``backend: Literal[prefix]`` and the ``<prefix>_*`` fields of a managed server.
+
+    ``fields`` names which of them the definition has, in the order it declares them:
+    ``binary`` (default ``binary``), ``model`` (the hub id or local path the server loads;
+    null: model_path), ``host`` (127.0.0.1), ``port`` (null: a free port per replica),
+    ``api_key``, ``env``, ``library_path``, ``extra_args`` and ``startup_timeout_seconds``
+    (default ``startup_timeout_seconds``).  ``api_key`` and ``env`` hold secrets, and so may the
+    values of secret flags in ``extra_args``: they are marked so (runtime.redaction).  A
+    definition is valid when model_path (or ``<prefix>_model``) names the model and the extra
+    args set none of the ``owned_flags`` (``{owner: flags}``: the field that sets those flags
+    itself), and ``isolation`` is not ``"process"`` (the server is a process of its own already).
+    """
+    declarations = {
+        "binary": (NonEmptyStr, binary),
+        "model": (NonEmptyStr | None, None),
+        "host": (NonEmptyStr, "127.0.0.1"),
+        "port": (Port | None, None),
+        "api_key": (str | None, Field(None, json_schema_extra=SECRET)),
+        "env": (dict[str, str], Field(default_factory=dict, json_schema_extra=SECRET)),
+        "library_path": (str | None, None),
+        "extra_args": (list[str], Field(default_factory=list, json_schema_extra=SECRET_FLAG_VALUES)),
+        "startup_timeout_seconds": (float, Field(startup_timeout_seconds, gt=0)),
+    }
+    target_field = f"{prefix}_model" if "model" in fields else None
+    extra_args_field = f"{prefix}_extra_args"
+
+    def server_rules(definition):
+        refuse_engine_process(definition, "each replica is a server process of its own already")
+        require_model_target(definition, target_field)
+        for owner, flags in owned_flags.items():
+            check_extra_args(extra_args_field, getattr(definition, extra_args_field), flags, owner)
+        return definition
+
+    return create_model(
+        "".join(word.capitalize() for word in prefix.split("_")) + "Fields",
+        __base__=base,
+        __validators__={"_server_rules": model_validator(mode="after")(server_rules)},
+        backend=(Literal[prefix], ...),
+        **{f"{prefix}_{name}": declarations[name] for name in fields},
+    )
+
+
+class ManagedServerSpec(BackendSpec):
+    """A backend whose every replica is one server process, keyed by its ``profile``.
+
+    It is named by the profile's prefix, runs many requests per replica
+    (``target_inflight``), takes json_schema where the profile forwards it, and
+    estimates VRAM from the first local model artifact: model_path, then
+    ``<prefix>_model``.
+    """
+
+    profile: ClassVar[ServerProfile]
+    concurrent = True
+    # prompt_format families whose thinking switch the server's chat template honours.
+    thinking_families: ClassVar[tuple[str, ...]] = ()
+    # The definition field that starts the server for tool calling (a switch, or the parser's
+    # name: set means on); capabilities.tools follows it.
+    tools_field: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.profile.prefix
+
+    def thinking_modes(self, definition):
+        return thinking_for_families(definition, self.thinking_families)
+
+    def forwards_requests(self, definition):
+        return True
+
+    def response_formats(self, definition):
+        return ["text", "json_schema"] if self.profile.json_schema else ["text"]
+
+    def tools(self, definition):
+        """Whether the server was started for tool calling (``tools_field`` set): it renders the
+        tools and parses its model's calls; every tool_choice then (base ``tool_choices``)."""
+        return bool(getattr(definition, self.tools_field))
+
+    def vram_estimate(self, definition, config, replicas, base_dir):
+        target = getattr(definition, f"{self.name}_model", None)
+        return artifact_estimate(base_dir, replicas, definition.model_path, target)
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return ManagedServerEngine(self.profile, model_name, config, replica_index, context)

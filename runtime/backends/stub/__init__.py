@@ -1,0 +1,1 @@
+"""The stub backend: deterministic engines for tests and demos (``spec``)."""

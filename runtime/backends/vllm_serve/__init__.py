@@ -1,0 +1,1 @@
+"""The vllm_serve backend: vLLM's server as a managed subprocess (``spec``)."""

@@ -1,0 +1,157 @@
+"""vllm_serve: a managed local ``vllm serve`` subprocess, one per replica.
+
+Same vLLM fields and load overrides as ``vllm``, plus how to start the
+server.  ``target_inflight`` becomes ``--max-num-seqs``, so the extra args may
+not set it.  The speculative fields become one ``--speculative-config`` JSON
+and ``vllm_max_pixels`` is merged into ``--mm-processor-kwargs``, as the
+in-process engine does (``runtime.backends.vllm.arguments``).  Only this
+managed backend forwards a json_schema ``response_format``.
+``vllm_tool_call_parser`` starts the server for tool calling:
+``--enable-auto-tool-choice --tool-call-parser <parser>`` (the extra args may set neither);
+without it vLLM refuses tools with the default tool_choice "auto".
+``vllm_enable_sleep_mode`` starts the server with ``--enable-sleep-mode`` and
+``VLLM_SERVER_DEV_MODE=1`` (vLLM registers its sleep endpoints only then): the model can
+then sleep (runtime.model.residency): ``POST /sleep?level=1`` (the weights to host RAM, the KV
+cache dropped, the GPU memory freed), ``POST /wake_up``, each checked by ``GET /is_sleeping``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+import runtime.backends.shared.managed as managed
+from runtime.backends.shared.common_fields import GEMMA4, NonEmptyStr
+from runtime.backends.vllm import VllmFields, VllmSpec
+from runtime.backends.vllm.arguments import mm_processor_kwargs, speculative_config
+from runtime.errors import BackendError
+
+
+class VllmServeDefinition(
+    managed.server_fields(
+        VllmFields,
+        "vllm_serve",
+        binary="vllm",
+        startup_timeout_seconds=900.0,
+        owned_flags={
+            "target_inflight": ("--max-num-seqs",),
+            "vllm_tool_call_parser": ("--enable-auto-tool-choice", "--tool-call-parser"),
+        },
+    )
+):
+    # the vllm_* fields of VllmFields and the vllm_serve_* ones of server_fields, and:
+    # POST /v1/embeddings: ``--runner pooling`` (a generative architecture is converted to an
+    # embedding model, vLLM's ``--convert auto``); the server then serves embeddings only.
+    embeddings: bool = False
+    # Tool calling: the vLLM tool parser of the model's call format (hermes, llama3_json,
+    # mistral, pythonic, qwen3_coder, ...: whatever this vLLM registers; it checks at start).
+    vllm_tool_call_parser: NonEmptyStr | None = None
+    # The warm tier: --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, so POST .../sleep works.
+    vllm_enable_sleep_mode: bool = False
+
+
+def _json(value: dict | None) -> str | None:
+    return json.dumps(value, separators=(",", ":")) if value else None
+
+
+def vllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
+    """The exact ``vllm serve`` argv for one replica of ``config`` (the effective definition)."""
+    options = [
+        "--max-num-seqs", str(config["target_inflight"]),
+        "--tensor-parallel-size", str(config["vllm_tensor_parallel_size"]),
+        "--dtype", config["vllm_dtype"],
+        *managed.flag_args(
+            ("--max-model-len", config["vllm_max_model_len"]),
+            ("--gpu-memory-utilization", config["vllm_gpu_memory_utilization"]),
+            ("--kv-cache-dtype", config["vllm_kv_cache_dtype"]),
+            ("--kv-cache-memory-bytes", config["vllm_kv_cache_memory_bytes"]),
+            ("--quantization", config["vllm_quantization"]),
+            ("--reasoning-parser", config["vllm_reasoning_parser"]),
+            ("--mm-processor-kwargs", _json(mm_processor_kwargs(config))),
+            ("--speculative-config", _json(speculative_config(config))),
+            ("--api-key", config["vllm_serve_api_key"]),
+        ),
+        *(["--enforce-eager"] if config["vllm_enforce_eager"] else []),
+        *(["--trust-remote-code"] if config["vllm_trust_remote_code"] else []),
+        *(["--runner", "pooling"] if config["embeddings"] else []),
+        *(["--enable-sleep-mode"] if config["vllm_enable_sleep_mode"] else []),
+        *_tool_args(config["vllm_tool_call_parser"]),
+    ]
+    model_args = ["serve", managed.server_target(config, "vllm_serve", base_dir)]
+    return managed.server_argv(config, "vllm_serve", host, port, model_args, options)
+
+
+def _tool_args(parser: str | None) -> list[str]:
+    return ["--enable-auto-tool-choice", "--tool-call-parser", parser] if parser else []
+
+
+def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerLaunch:
+    # vLLM serves /sleep, /wake_up and /is_sleeping only in its development mode.
+    env = {"VLLM_SERVER_DEV_MODE": "1"} if config["vllm_enable_sleep_mode"] else {}
+    return managed.ServerLaunch(vllm_serve_command(config, site.host, site.port, site.base_dir), env=env)
+
+
+VLLM_SERVE = managed.ServerProfile(program="vllm serve", prefix="vllm_serve", build=_launch, json_schema=True)
+SLEEP_LEVEL = 1  # the weights kept in host RAM (level 2 would drop them: a wake could not serve)
+CONTROL_TIMEOUT_SECONDS = 300.0  # a sleep copies the weights to host RAM, a wake back
+# What a level-1 sleep leaves on the GPU, as a share of what the server held awake: vLLM's docs say
+# it frees "up to 90%+" (the CUDA context and buffers stay).  Not measured here (no GPU in the tests).
+SLEEP_RESIDUAL_SHARE = 0.10
+
+
+class VllmServeEngine(managed.ManagedServerEngine):
+    """A ``vllm serve`` replica that can sleep when started with sleep mode."""
+
+    async def sleep(self) -> None:
+        await self._sleep_call("/sleep", {"level": str(SLEEP_LEVEL)}, expect=True)
+
+    async def wake(self) -> None:
+        await self._sleep_call("/wake_up", None, expect=False)
+
+    async def _sleep_call(self, path: str, params: dict | None, *, expect: bool) -> None:
+        """POST ``path``, then GET /is_sleeping: BackendError unless it answers ``expect``.  On a
+        client of its own (rare control calls; the pooled one is for requests)."""
+        if self._client is None or self.base_url is None:
+            raise BackendError(f"{self.label} is not loaded")
+        timeout = httpx.Timeout(CONTROL_TIMEOUT_SECONDS, connect=10.0)
+        try:
+            async with httpx.AsyncClient(base_url=self.base_url, headers=self._auth, timeout=timeout,
+                                         trust_env=False) as client:
+                answer = await client.post(path, params=params)
+                state = await client.get("/is_sleeping") if answer.status_code == 200 else None
+        except httpx.TransportError as exc:
+            raise await self._connection_lost(exc) from None
+        if state is None:
+            raise BackendError(f"{self.label} answered POST {path} with {answer.status_code}: {answer.text[:500]}")
+        try:
+            sleeping = state.json()["is_sleeping"] if state.status_code == 200 else None
+        except (ValueError, KeyError, TypeError):
+            sleeping = None
+        if sleeping is not expect:
+            raise BackendError(
+                f"{self.label}: after POST {path}, GET /is_sleeping answered {state.status_code} {state.text[:200]!r} "
+                f"(expected is_sleeping {str(expect).lower()})"
+            )
+
+
+class VllmServeSpec(managed.ManagedServerSpec, VllmSpec):
+    """The vllm rules and load overrides, run by a managed ``vllm serve``."""
+
+    profile = VLLM_SERVE
+    definition_model = VllmServeDefinition
+    thinking_families = (GEMMA4,)
+    tools_field = "vllm_tool_call_parser"
+
+    def embedding_dimensions(self, definition):
+        """vLLM judges ``dimensions`` (a Matryoshka model takes it, any other refuses it)."""
+        return True
+
+    def can_sleep(self, definition):
+        return definition.vllm_enable_sleep_mode
+
+    def sleeping_mib(self, definition, config, base_dir, awake_mib):
+        return int(awake_mib * SLEEP_RESIDUAL_SHARE) if definition.vllm_enable_sleep_mode else awake_mib
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return VllmServeEngine(self.profile, model_name, config, replica_index, context)

@@ -1,0 +1,92 @@
+"""Building and releasing a model's replicas: the slow work a controller runs in a side task.
+
+The controller (``runtime.model.writer``) owns the model's state and never awaits
+an engine itself; ``load_replicas`` and ``release_replicas`` do, and it hears
+their outcome back through its inbox.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from runtime import gpu
+from runtime.backends.base import Engine
+from runtime.pool.catalog import CatalogEntry
+from runtime.engine_process.engine import ProcessEngine
+from runtime.model.load_progress import ProgressCallback, replica_reporter
+from runtime.paths import state_dir
+
+logger = logging.getLogger("llmpool.runtime")
+
+
+class ReplicaLoadError(Exception):
+    def __init__(self, index: int, count: int, cause: Exception):
+        detail = str(cause) or type(cause).__name__
+        super().__init__(f"replica {index + 1} of {count} failed to load: {detail}")
+
+
+def create_replica(entry: CatalogEntry, config: dict, index: int, context: dict) -> Engine:
+    """One replica's engine: in an engine process when the definition says ``isolation: process``."""
+    if config["isolation"] == "process":
+        return ProcessEngine(entry.name, config, index, context)
+    return entry.spec.create_engine(entry.name, config, index, context)
+
+
+async def load_replicas(
+    entry: CatalogEntry, overrides: dict, count: int, on_engine_failure: Callable[[str, int], None],
+    on_load_progress: ProgressCallback | None = None,
+) -> tuple[list[Engine], int | None]:
+    """Load ``count`` replicas one after the other, all or nothing.
+
+    Returns the engines and the GPU memory the load took (MiB, None when no GPU is
+    visible).  On any failure, or when cancelled, the replicas loaded so far are
+    released first; a replica's failure raises ``ReplicaLoadError`` naming it.
+    ``on_engine_failure(message, replica index)`` hears a loaded engine's death.
+    ``on_load_progress`` hears each replica's stages, its fraction scaled into the whole load's
+    (runtime.model.load_progress).
+    """
+    config = entry.spec.effective_config(entry.definition, overrides)
+    context = {
+        "base_dir": entry.base_dir,
+        "model_name": entry.name,
+        "state_dir": state_dir(),
+    }
+    engines: list[Engine] = []
+    try:
+        used_before = await asyncio.to_thread(gpu.used_memory_mib)
+        for index in range(count):
+            replica_context = _replica_context(context, index, count, on_engine_failure, on_load_progress)
+            engine = create_replica(entry, config, index, replica_context)
+            engines.append(engine)
+            try:
+                await engine.load()
+            except Exception as exc:
+                raise ReplicaLoadError(index, count, exc) from exc
+        used_after = await asyncio.to_thread(gpu.used_memory_mib)
+    except BaseException:
+        await release_replicas(engines)
+        raise
+    return engines, gpu.load_delta(used_before, used_after)
+
+
+def _replica_context(context: dict, index: int, count: int, on_engine_failure: Callable[[str, int], None],
+                     on_load_progress: ProgressCallback | None) -> dict:
+    """``context`` for replica ``index``: its engine's death and its load's stages name it."""
+    # An engine calls this (from the event loop) when it dies while loaded.
+    replica = {**context, "on_engine_failure": lambda message: on_engine_failure(message, index)}
+    if on_load_progress is not None:
+        replica["on_load_progress"] = replica_reporter(on_load_progress, index, count)
+    return replica
+
+
+async def release_replicas(engines: list[Engine]) -> list[str]:
+    """Unload every engine, whatever the others do; the errors, one line per failed replica."""
+    errors = []
+    for index, engine in enumerate(engines):
+        try:
+            await engine.unload()
+        except Exception as exc:
+            logger.exception("unloading replica %d failed", index)
+            errors.append(f"replica {index + 1}: {exc}")
+    return errors
