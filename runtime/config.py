@@ -6,8 +6,9 @@ group set to ``null`` in local.json is removed) and validates the result.  Every
 reported as ``InvalidSettings`` naming the JSON path of each field.
 
 A model's optional ``node`` (a node name or a list of them, docs/settings.md) says which runtime
-workers serve it; ``load_settings(path, node=...)`` answers the catalog of that one node.  The field
-is read here, beside the backend's definition, so every backend has it alike.
+workers serve it; ``load_settings(path, node=...)`` answers the catalog of that one node
+(runtime.pool.nodes reads the field, before the backend's definition is validated, so every
+backend has it alike).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, 
 from runtime.backends import BACKENDS
 from runtime.backends.shared.overrides import TARGET_INFLIGHT, load_body_model
 from runtime.errors import InvalidSettings, LoadBodyInvalid
+from runtime.pool.nodes import for_node, node_problems, take_node_fields
 from runtime.pool.memory import MemorySettings
 from runtime.inputs.request import DecodingSettings
 
@@ -31,10 +33,6 @@ HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP token (RFC
 # A browser's Origin header as it sends it (lower case, no path, no trailing slash), or "*".
 CORS_ORIGIN = re.compile(r"^(\*|[a-z][a-z0-9+.-]*://([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:.]+\])(:[0-9]{1,5})?)$")
 DEFAULT_FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
-# A node name as a channel name can carry it (models_app.transport.nodes sanitises a host name to it).
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -193,12 +191,6 @@ class LoadedSettings:
     model_nodes: dict[str, list[str] | None] = field(default_factory=dict)
 
 
-def serves(nodes: list[str] | None, node: str | None) -> bool:
-    """Whether the runtime of ``node`` serves a model whose ``node`` field is ``nodes``: a model
-    without the field is served by every node; ``node`` None (no node named) serves everything."""
-    return node is None or nodes is None or node in nodes
-
-
 def deep_merge(base: Any, overlay: Any) -> Any:
     """Objects merge key by key; anything else in ``overlay`` replaces ``base``."""
     if isinstance(base, dict) and isinstance(overlay, dict):
@@ -354,77 +346,6 @@ def local_path_for(settings_path: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(settings_path)), "local.json")
 
 
-def _node_field(name: str, value: Any) -> tuple[list[str] | None, dict | None]:
-    """A model's ``node`` as a list of names, or its problem (``code`` node_invalid)."""
-    where = f"$.models.{name}.node"
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list) or not names:
-        return None, {"path": where, "code": "node_invalid",
-                      "message": "must be a node name or a non-empty list of node names"}
-    for index, item in enumerate(names):
-        if not isinstance(item, str) or not NODE_NAME.match(item):
-            at = where if isinstance(value, str) else f"{where}[{index}]"
-            return None, {"path": at, "code": "node_invalid",
-                          "message": f"node name {item!r} must match {NODE_NAME.pattern}"}
-    if len(set(names)) != len(names):
-        return None, {"path": where, "code": "node_invalid", "message": "a node is named twice"}
-    return names, None
-
-
-def take_node_fields(merged: dict) -> dict[str, list[str] | None]:
-    """Remove every model's ``node`` from ``merged`` (the backends' definitions do not have it) and
-    answer them per model; ``InvalidSettings`` naming each bad one (its problem has a ``code``)."""
-    nodes: dict[str, list[str] | None] = {}
-    problems = []
-    models = merged.get("models")
-    if not isinstance(models, dict):
-        return nodes
-    for name, definition in list(models.items()):
-        if not isinstance(definition, dict) or "node" not in definition:
-            nodes[name] = None
-            continue
-        definition = dict(definition)
-        value = definition.pop("node")
-        models[name] = definition
-        if value is None:
-            nodes[name] = None
-            continue
-        nodes[name], problem = _node_field(name, value)
-        if problem is not None:
-            problems.append(problem)
-    if problems:
-        _raise_invalid("<settings>", problems)
-    return nodes
-
-
-def node_problems(settings: Settings, nodes: dict[str, list[str] | None]) -> list[dict]:
-    """A swap group whose members are not served by the same nodes (a group is enforced per node)."""
-    problems = []
-    for group, config in settings.groups.items():
-        first = config.members[0]
-        for index, member in enumerate(config.members):
-            if sorted(nodes.get(member) or []) != sorted(nodes.get(first) or []):
-                problems.append({
-                    "path": f"$.groups.{group}.members[{index}]", "code": "node_group_split",
-                    "message": f"{member!r} is not served by the same nodes as {first!r}: a swap group "
-                    "holds models of the same node(s)",
-                })
-    return problems
-
-
-def for_node(settings: Settings, nodes: dict[str, list[str] | None], node: str | None) -> Settings:
-    """``settings`` with only the models ``node`` serves (and the swap groups of those)."""
-    if node is None or all(serves(nodes.get(name), node) for name in settings.models):
-        return settings
-    models = {name: d for name, d in settings.models.items() if serves(nodes.get(name), node)}
-    groups = {
-        name: config.model_copy(update={"members": [m for m in config.members if m in models]})
-        for name, config in settings.groups.items()
-        if any(m in models for m in config.members)
-    }
-    return settings.model_copy(update={"models": models, "groups": groups})
-
-
 def load_settings(path: str, node: str | None = None) -> LoadedSettings:
     path = os.path.abspath(path)
     base = _read_json(path)
@@ -435,10 +356,9 @@ def load_settings(path: str, node: str | None = None) -> LoadedSettings:
         entries = merged.get(section)
         if isinstance(entries, dict):
             merged[section] = {name: value for name, value in entries.items() if value is not None}
-    try:
-        nodes = take_node_fields(merged)
-    except InvalidSettings as exc:
-        _raise_invalid(path, exc.details, exc)
+    nodes, problems = take_node_fields(merged)
+    if problems:
+        _raise_invalid(path, problems)
     settings = validate_settings(merged, path=path)
     problems = node_problems(settings, nodes)
     if problems:
