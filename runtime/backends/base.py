@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from runtime.backends.shared.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
-from runtime.pool.memory import check_device_field
+from runtime.pool.devices import check_device_field
 from runtime.inputs.request import GenerationRequest
 from runtime.pool.model_files import locate_model_file
 

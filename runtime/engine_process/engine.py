@@ -37,7 +37,7 @@ from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.engine_process import protocol as p
 from runtime.engine_process.launch import launch_engine_process
 from runtime.engine_process.spares import SPARES
-from runtime.pool.memory import cuda_visible_devices
+from runtime.pool.devices import cuda_visible_devices
 from runtime.errors import BackendError, LLMPoolError
 from runtime.model.load_progress import STAGE_ENGINE_PROCESS_STARTED
 from runtime.model.load_progress import report as report_progress

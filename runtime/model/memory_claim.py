@@ -14,7 +14,8 @@ import logging
 
 from runtime.model import commands as cmd
 from runtime.errors import InsufficientMemory
-from runtime.pool.memory import Plan, measure_process_memory
+from runtime.pool.devices import measure_process_memory
+from runtime.pool.memory_plan import Plan
 from runtime.model.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, RuntimeState
 
 logger = logging.getLogger("llmpool.runtime")

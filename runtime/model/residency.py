@@ -56,7 +56,7 @@ from runtime.errors import (
     NotReconfigurable,
     NotSleepable,
 )
-from runtime.pool.memory import Plan
+from runtime.pool.memory_plan import Plan
 from runtime.model.memory_claim import measure_engines
 from runtime.model.state import REASON_ADMIN, REASON_REQUEST, RuntimeState
 

@@ -26,168 +26,21 @@ own state, so a model that became busy meanwhile declines and the loader plans a
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
 
 from runtime.model import commands as cmd
+from runtime.pool.devices import MemorySettings, budgets, device_order, found_devices
+from runtime.pool.memory_plan import Charge, Plan, each_model_once, config_key, fewest_lru
 
 logger = logging.getLogger("llmpool.runtime")
 
-MIB = 1024 * 1024
-DEVICE_NAME = re.compile(r"^(cpu|cuda:[0-9]{1,3})$")
-DEFAULT_RESERVE_MIB = {"cpu": 2048, "cuda": 1024}
 # A load that runs out of memory raises the model's next estimate by this factor at least.
 OOM_RAISE = 1.25
 OOM_WORDS = re.compile(r"out of memory|cannot allocate|failed to allocate|oom|insufficient memory", re.I)
 MIB_IN_ERROR = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*MiB", re.I)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class DeviceBudget(_Strict):
-    """``memory.devices.<name>``: null budget: the device's total minus the reserve."""
-
-    budget_mib: int | None = Field(None, ge=0)
-    reserve_mib: int | None = Field(None, ge=0)  # null: 1024 for a GPU, 2048 for cpu
-
-
-class MemorySettings(_Strict):
-    devices: dict[str, DeviceBudget] = Field(default_factory=dict)
-    eviction: Literal["none", "idle_lru"] = "none"
-
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _device_names(cls, value):
-        if isinstance(value, dict):
-            for name in value:
-                if not isinstance(name, str) or not DEVICE_NAME.match(name):
-                    raise ValueError(f"device name {name!r} must be \"cpu\" or \"cuda:N\"")
-        return value
-
-
-def check_device_field(value: Any) -> Any:
-    """A definition's ``device``: null, "auto", "cpu", "cuda:N", or a list of "cuda:N" (tensor
-    parallel); raises ValueError otherwise."""
-    if value is None or value == "auto":
-        return value
-    if isinstance(value, str):
-        if not DEVICE_NAME.match(value):
-            raise ValueError('device must be "auto", "cpu", "cuda:N" or a list of "cuda:N"')
-        return value
-    if isinstance(value, list) and value and all(isinstance(d, str) and d.startswith("cuda:") for d in value):
-        if not all(DEVICE_NAME.match(d) for d in value) or len(set(value)) != len(value):
-            raise ValueError('device lists name distinct GPUs as "cuda:N"')
-        return value
-    raise ValueError('device must be "auto", "cpu", "cuda:N" or a list of "cuda:N"')
-
-
-def found_devices() -> dict[str, int]:
-    """Every device this machine has, with its total MiB: each NVML GPU and ``cpu`` (psutil)."""
-    import psutil
-
-    from runtime import gpu
-
-    gpus, _error = gpu.probe_nvml()
-    devices = {f"cuda:{item['index']}": item["total_mib"] for item in gpus}
-    devices["cpu"] = psutil.virtual_memory().total // MIB
-    return devices
-
-
-@dataclass
-class Device:
-    name: str
-    total_mib: int | None  # None: configured but not found on this machine
-    budget_mib: int
-
-    def to_dict(self, used: int, reserved: int) -> dict:
-        return {
-            "device": self.name, "total_mib": self.total_mib, "budget_mib": self.budget_mib,
-            "used_mib": used, "reserved_mib": reserved, "free_mib": self.budget_mib - used - reserved,
-        }
-
-
-def budgets(settings: MemorySettings, found: dict[str, int]) -> dict[str, Device]:
-    devices = {}
-    for name in sorted(set(found) | set(settings.devices), key=_device_order):
-        config = settings.devices.get(name, DeviceBudget())
-        total = found.get(name)
-        reserve = config.reserve_mib
-        if reserve is None:
-            reserve = DEFAULT_RESERVE_MIB["cpu" if name == "cpu" else "cuda"]
-        budget = config.budget_mib if config.budget_mib is not None else max(0, (total or 0) - reserve)
-        devices[name] = Device(name, total, budget)
-    return devices
-
-
-def _device_order(name: str) -> tuple:
-    return (0, 0) if name == "cpu" else (1, int(name.split(":")[1]))
-
-
-@dataclass
-class Charge:
-    """What one model holds: MiB per device; ``kind`` "reserved" (its estimate, while loading)
-    or "measured" (after its load)."""
-
-    mib: dict[str, int]
-    kind: Literal["reserved", "measured"]
-    since: float = field(default_factory=time.time)
-
-
-@dataclass
-class Plan:
-    """The admission decision for one load (the ``insufficient_memory`` details, the dry run).
-
-    ``action``: "load" (fits), "evict" (fits once ``evict`` are unloaded), "wait" (fits once busy,
-    loading or unloading models are done: request-triggered loads only) or "refuse"."""
-
-    action: str
-    placement: list[str]
-    needed: dict[str, int]
-    device: str
-    needed_mib: int
-    free_mib: int
-    evictable: list[dict]
-    blocking: list[dict]
-    evict: list[str] = field(default_factory=list)
-    estimate_source: str = "unavailable"
-    # Models that give memory back while they stay loaded, before any eviction:
-    # [{name, action: "sleep" | "shrink", frees_mib, (shrink) to: {field: value}}].
-    relieve: list[dict] = field(default_factory=list)
-    # MiB on ``device`` that the loader's swap group gives back before its engines start (the
-    # holder swapped out for it: ``slot_credit``), counted as free on top of ``free_mib``.
-    slot_mib: int = 0
-
-    @property
-    def fits(self) -> bool:
-        return self.action in ("load", "evict")
-
-    def details(self) -> dict:
-        """The machine-readable plan of an ``insufficient_memory`` error."""
-        return {
-            "device": self.device, "needed_mib": self.needed_mib, "free_mib": self.free_mib,
-            "evictable": self.evictable, "blocking": self.blocking,
-        }
-
-    def to_dict(self) -> dict:
-        return {
-            "fits": self.fits, "action": self.action, "placement": self.placement, **self.details(),
-            "evict": self.evict, "relieve": self.relieve, "estimate_source": self.estimate_source,
-            "slot_mib": self.slot_mib,
-        }
-
-
-def config_key(config: dict) -> str:
-    return json.dumps(config, sort_keys=True, default=str)
 
 
 class MemoryManager:
@@ -295,7 +148,7 @@ class MemoryManager:
             return ["cpu"]
         free = {name: self.free(name, exclude) + (credit(name) if credit is not None else 0) for name in gpus}
         fitting = [name for name in gpus if free[name] >= needed_mib]
-        return [max(fitting or gpus, key=lambda name: (free[name], -_device_order(name)[1]))]
+        return [max(fitting or gpus, key=lambda name: (free[name], -device_order(name)[1]))]
 
     @staticmethod
     def split(needed_mib: int, placement: list[str]) -> dict[str, int]:
@@ -382,7 +235,7 @@ class MemoryManager:
         relieve = [item for plan in plans for item in plan[6]] if action == "evict" else []
         _, device, mib, free, (evictable, blocking), _, _, slot = worst
         return Plan(action, placement, needed, device, mib, free, evictable, blocking, list(dict.fromkeys(evict)),
-                    source, _unique(relieve), slot)
+                    source, each_model_once(relieve), slot)
 
     def slot_credit(self, loader, device: str) -> tuple[int, set[str]]:
         """(MiB, holders): what ``loader``'s swap group gives back on ``device`` before the
@@ -572,50 +425,3 @@ class MemoryManager:
         controller = self._controllers().get(name)
         if controller is not None:
             controller.memory_command(command)
-
-
-def _unique(items: list[dict]) -> list[dict]:
-    """Each model once (a model placed on two devices is relieved once)."""
-    seen, unique = set(), []
-    for item in items:
-        if item["name"] not in seen:
-            seen.add(item["name"])
-            unique.append(item)
-    return unique
-
-
-def fewest_lru(evictable: list[dict], deficit: int) -> list[str] | None:
-    """The fewest of ``evictable`` (least recently used first) whose charges free ``deficit``
-    MiB, preferring the least recently used among sets of that size; None when all are not enough."""
-    if sum(item["charge_mib"] for item in evictable) < deficit:
-        return None
-    sizes = sorted((item["charge_mib"] for item in evictable), reverse=True)
-    count, total = 0, 0
-    while total < deficit:
-        total += sizes[count]
-        count += 1
-    chosen, need, left = [], deficit, count
-    for index, item in enumerate(evictable):
-        if left == 0 or need <= 0:
-            break
-        rest = sorted((other["charge_mib"] for other in evictable[index + 1:]), reverse=True)[: left - 1]
-        if item["charge_mib"] + sum(rest) >= need:
-            chosen.append(item["name"])
-            need -= item["charge_mib"]
-            left -= 1
-    return chosen
-
-
-def cuda_visible_devices(placement) -> str | None:
-    """CUDA_VISIBLE_DEVICES for a load placed on ``placement`` (a list of devices, or None):
-    the GPUs' indices ("1", "0,1"), or None on cpu or without a placement (the environment is
-    left as it is)."""
-    gpus = [device.split(":")[1] for device in placement or () if device.startswith("cuda:")]
-    return ",".join(gpus) if gpus else None
-
-
-def measure_process_memory() -> int:
-    """This process's resident set size, MiB."""
-    import psutil
-
-    return psutil.Process(os.getpid()).memory_info().rss // MIB

@@ -10,7 +10,7 @@ import asyncio
 
 from llama_helpers import SMOLLM2_MODEL, write_settings
 
-from runtime.pool.memory import MemorySettings
+from runtime.pool.devices import MemorySettings
 from runtime.pool.model_pool import ModelPool
 from runtime.model.residency import ModelEvent
 

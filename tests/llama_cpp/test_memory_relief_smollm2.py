@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from llama_helpers import SMOLLM2_MODEL, write_settings
 
-from runtime.pool.memory import MemorySettings
+from runtime.pool.devices import MemorySettings
 from runtime.pool.model_pool import ModelPool
 from runtime.model.residency import ModelEvent
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from llama_helpers import SMOLLM2_MODEL
 
-from runtime.pool.memory import MemorySettings
+from runtime.pool.devices import MemorySettings
 from runtime.model.residency import ModelEvent
 from runtime.service import RuntimeService
 from tests.conftest import write_settings

@@ -14,7 +14,7 @@ import pytest
 from llama_helpers import SMOLLM2_MODEL
 
 from runtime.errors import InsufficientMemory, InvalidLoadRequest, NotReconfigurable
-from runtime.pool.memory import MemorySettings
+from runtime.pool.devices import MemorySettings
 from runtime.model.residency import ModelEvent
 from runtime.service import RuntimeService
 from runtime.model.state import TransitionEvent

@@ -11,7 +11,7 @@ from llama_helpers import SMOLLM2_MODEL, write_settings
 
 from runtime.backends.base import Finished, GenerationRequest
 from runtime.errors import InsufficientMemory
-from runtime.pool.memory import MemorySettings
+from runtime.pool.devices import MemorySettings
 from runtime.pool.model_pool import ModelPool
 from runtime.model.residency import ModelEvent
 from runtime.model.scheduler import Ticket

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from runtime.backends.llama_cpp.engine import main_gpu
-from runtime.pool.memory import cuda_visible_devices
+from runtime.pool.devices import cuda_visible_devices
 from runtime.pool.model_pool import ModelPool
 from tests.engines.test_gpu import FakeNvml, install_nvml
 from tests.managed.helpers import records

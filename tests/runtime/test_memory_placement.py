@@ -9,7 +9,7 @@ import json
 import pytest
 
 from runtime.errors import InsufficientMemory
-from runtime.pool.memory import fewest_lru
+from runtime.pool.memory_plan import fewest_lru
 from runtime.pool.model_pool import ModelPool
 from runtime.model.scheduler import Ticket
 from runtime.model.state import RuntimeState

@@ -61,7 +61,7 @@ from runtime.backends.shared.upstream import UpstreamClient
 from runtime.errors import BackendError
 from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.model.load_progress import report as report_progress
-from runtime.pool.memory import cuda_visible_devices
+from runtime.pool.devices import cuda_visible_devices
 from runtime.redaction import SECRET, SECRET_FLAG_VALUES
 from runtime.supervisor import (
     ManagedProcess,
