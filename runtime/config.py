@@ -159,22 +159,14 @@ class Settings(_Strict):
     # Device budgets and eviction (runtime.pool.memory; docs/settings.md, "Memory and devices").
     memory: MemorySettings = Field(default_factory=MemorySettings)
 
-    @field_validator("groups", mode="before")
+    @field_validator("groups", "models", mode="before")
     @classmethod
-    def _group_names(cls, value):
+    def _entry_names(cls, value, info):
         if isinstance(value, dict):
+            kind = "group" if info.field_name == "groups" else "model"
             for name in value:
                 if not MODEL_NAME.match(name):
-                    raise ValueError(f"group name {name!r} must match {MODEL_NAME.pattern}")
-        return value
-
-    @field_validator("models", mode="before")
-    @classmethod
-    def _model_names(cls, value):
-        if isinstance(value, dict):
-            for name in value:
-                if not MODEL_NAME.match(name):
-                    raise ValueError(f"model name {name!r} must match {MODEL_NAME.pattern}")
+                    raise ValueError(f"{kind} name {name!r} must match {MODEL_NAME.pattern}")
         return value
 
 

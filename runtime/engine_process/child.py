@@ -21,7 +21,7 @@ import os
 import socket
 import sys
 import traceback
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 from typing import Any
 
 from runtime.backends import BACKENDS
@@ -97,14 +97,23 @@ class EngineHost:
     def _engine_failed(self, text: str) -> None:
         self.outbox.send({"op": p.FAILED, "message": text})
 
-    async def _on_generate(self, message: dict[str, Any]) -> None:
+    @contextmanager
+    def _running(self, request_id: Any):
+        """Register this task as ``request_id``'s (a cancel finds it there) while it runs; a
+        generation and an embedding share the ids."""
         if self.engine is None:
             raise RuntimeError("no engine is loaded in this engine process")
-        generation_id = message["id"]
-        if generation_id in self.generations:
-            raise RuntimeError(f"generation {generation_id!r} is already running")
-        self.generations[generation_id] = asyncio.current_task()
+        if request_id in self.generations:
+            raise RuntimeError(f"request {request_id!r} is already running")
+        self.generations[request_id] = asyncio.current_task()
         try:
+            yield
+        finally:
+            del self.generations[request_id]
+
+    async def _on_generate(self, message: dict[str, Any]) -> None:
+        generation_id = message["id"]
+        with self._running(generation_id):
             request = GenerationRequest.from_wire(message["request"])
             async with aclosing(self.engine.generate(request)) as events:
                 async for event in events:
@@ -121,22 +130,13 @@ class EngineHost:
                             "output_tokens": event.output_tokens,
                             "finish_reason": event.finish_reason,
                         })
-        finally:
-            del self.generations[generation_id]
 
     async def _on_embed(self, message: dict[str, Any]) -> None:
-        """The engine's ``embed``, cancellable like a generation (they share the ids)."""
-        if self.engine is None:
-            raise RuntimeError("no engine is loaded in this engine process")
+        """The engine's ``embed``, cancellable like a generation."""
         embed_id = message["id"]
-        if embed_id in self.generations:
-            raise RuntimeError(f"request {embed_id!r} is already running")
-        self.generations[embed_id] = asyncio.current_task()
-        try:
+        with self._running(embed_id):
             vectors, prompt_tokens = await self.engine.embed(message["inputs"], dimensions=message.get("dimensions"))
             self.outbox.send({"op": p.EMBEDDED, "id": embed_id, "vectors": vectors, "prompt_tokens": prompt_tokens})
-        finally:
-            del self.generations[embed_id]
 
     async def _on_cancel(self, message: dict[str, Any]) -> None:
         task = self.generations.get(message["id"])

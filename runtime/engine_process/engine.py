@@ -229,13 +229,25 @@ class ProcessEngine:
         reads them here, in the runtime process), as it reported at load."""
         return format_for(self._tool_call_formats, request)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
+    def _open_stream(self) -> tuple[int, _Stream]:
+        """A new request id and the stream its child's answers arrive on; raises if the engine
+        failed or is not loaded."""
         if self._failure is not None:
             raise self._failure
         if not self._loaded:
             raise BackendError(f"{self.label} is not loaded")
-        generation_id = next(self._ids)
-        stream = self._streams[generation_id] = _Stream()
+        request_id = next(self._ids)
+        stream = self._streams[request_id] = _Stream()
+        return request_id, stream
+
+    async def _close_stream(self, request_id: int, stream: _Stream, *, ended: bool) -> None:
+        """Forget ``request_id``'s stream; one the child has not ended is cancelled there first."""
+        if not ended and self._failure is None:
+            await self._cancel_remote(request_id, stream)
+        self._streams.pop(request_id, None)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
+        generation_id, stream = self._open_stream()
         finished = False
         try:
             await self._send({"op": p.GENERATE, "id": generation_id, "request": request.to_wire()})
@@ -250,18 +262,11 @@ class ProcessEngine:
             finished = True  # the child ended this generation (or died)
             raise
         finally:
-            if not finished and self._failure is None:
-                await self._cancel_remote(generation_id, stream)
-            self._streams.pop(generation_id, None)
+            await self._close_stream(generation_id, stream, ended=finished)
 
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """Send ``embed`` and await its vectors; a cancelled call cancels it in the child too."""
-        if self._failure is not None:
-            raise self._failure
-        if not self._loaded:
-            raise BackendError(f"{self.label} is not loaded")
-        embed_id = next(self._ids)
-        stream = self._streams[embed_id] = _Stream()
+        embed_id, stream = self._open_stream()
         answered = False
         try:
             await self._send({"op": p.EMBED, "id": embed_id, "inputs": inputs, "dimensions": dimensions})
@@ -272,9 +277,7 @@ class ProcessEngine:
             answered = True  # the child ended it (or died)
             raise
         finally:
-            if not answered and self._failure is None:
-                await self._cancel_remote(embed_id, stream)
-            self._streams.pop(embed_id, None)
+            await self._close_stream(embed_id, stream, ended=answered)
 
     async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
         """Tell the child to stop ``generation_id`` and wait (briefly) until it has; unanswered, the

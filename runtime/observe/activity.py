@@ -16,8 +16,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from runtime.errors import InvalidRequest, LLMPoolError, error_codes
+from runtime.errors import LLMPoolError, error_codes
 from runtime.observe.metrics import endpoint_label
+from runtime.observe.params import count_param
 from runtime.observe.read_models import iso_time
 from runtime.inputs.request import wire_messages
 
@@ -197,11 +198,6 @@ def activity_answer(pool, observer: RequestObserver, payload: dict) -> dict:
     size = observer.ring.records.maxlen
     limit = payload.get("limit")
     if limit is not None:
-        try:
-            limit = int(limit)
-        except (TypeError, ValueError):
-            limit = 0
-        if not 1 <= limit <= size:
-            raise InvalidRequest(f"limit must be an integer from 1 to {size}", param="limit")
+        limit = count_param(limit, upper=size, param="limit")
     items = observer.ring.items(model, limit, captures=observer.capture)
     return {"requests": items, "size": size, "capture_requests": observer.capture}

@@ -6,7 +6,7 @@ supervisor keeps (docs/observability.md).  No request text is written there by l
 """
 from __future__ import annotations
 
-from runtime.errors import InvalidRequest
+from runtime.observe.params import count_param
 from runtime.supervisor.output import RING_LINES
 
 DEFAULT_LINES = 100
@@ -40,12 +40,4 @@ def model_logs(pool, payload: dict) -> dict:
 
 
 def _lines(value) -> int:
-    if value is None:
-        return DEFAULT_LINES
-    try:
-        count = int(value)
-    except (TypeError, ValueError):
-        count = 0
-    if not 1 <= count <= RING_LINES:
-        raise InvalidRequest(f"lines must be an integer from 1 to {RING_LINES}", param="lines")
-    return count
+    return DEFAULT_LINES if value is None else count_param(value, upper=RING_LINES, param="lines")
