@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 
 from dataclasses import dataclass, field
 
-from runtime.observe.activity import RequestObserver, RequestRecord, activity_answer
+from runtime.observe.activity import RequestObserver, activity_answer
+from runtime.observe.records import RequestRecord
 from runtime.inference.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
 from runtime.backends.base import Finished, TextDelta
 from runtime.backends.shared.forwarding import UpstreamAnswer, UpstreamChunk

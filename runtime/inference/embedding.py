@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -108,9 +107,3 @@ async def embed_on_engine(controller, lease, request: EmbeddingRequest) -> tuple
         raise BackendError(f"the engine of model {controller.name} answered {len(vectors)} vectors "
                            f"for {len(request.inputs)} inputs")
     return vectors, prompt_tokens
-
-
-def normalized(vector: list[float]) -> list[float]:
-    """``vector`` scaled to unit length (L2); a zero vector stays as it is."""
-    norm = math.sqrt(sum(value * value for value in vector))
-    return [value / norm for value in vector] if norm > 0 else list(vector)

@@ -24,9 +24,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from runtime.model.state import RuntimeState, TransitionEvent
+from runtime.observe.records import RequestRecord
 
 if TYPE_CHECKING:
-    from runtime.observe.activity import RequestRecord
     from runtime.pool.model_pool import ModelPool
 
 # The inference paths a request can come from (the API sends its path; anything else is "other").

@@ -4,10 +4,7 @@ validated, checked against the swap groups, and the catalog of one node."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from runtime.config import Settings
+from typing import Any
 
 # A node name as a channel name can carry it (models_app.transport.nodes sanitises a host name to it).
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
@@ -60,7 +57,7 @@ def take_node_fields(merged: dict) -> tuple[dict[str, list[str] | None], list[di
     return nodes, problems
 
 
-def node_problems(settings: Settings, nodes: dict[str, list[str] | None]) -> list[dict]:
+def node_problems(settings: Any, nodes: dict[str, list[str] | None]) -> list[dict]:
     """A swap group whose members are not served by the same nodes (a group is enforced per node)."""
     problems = []
     for group, config in settings.groups.items():
@@ -75,8 +72,9 @@ def node_problems(settings: Settings, nodes: dict[str, list[str] | None]) -> lis
     return problems
 
 
-def for_node(settings: Settings, nodes: dict[str, list[str] | None], node: str | None) -> Settings:
-    """``settings`` with only the models ``node`` serves (and the swap groups of those)."""
+def for_node(settings: Any, nodes: dict[str, list[str] | None], node: str | None) -> Any:
+    """``settings`` (runtime.config.Settings) with only the models ``node`` serves (and the swap
+    groups of those)."""
     if node is None or all(serves(nodes.get(name), node) for name in settings.models):
         return settings
     models = {name: d for name, d in settings.models.items() if serves(nodes.get(name), node)}

@@ -1,7 +1,7 @@
 """runtime.observe.metrics: bounded fairness series under a flood of keys, parsed with prometheus-client."""
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.observe.activity import RequestRecord
+from runtime.observe.records import RequestRecord
 from runtime.observe.metrics import KeyTally
 
 

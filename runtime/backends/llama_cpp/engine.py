@@ -36,7 +36,7 @@ from runtime.backends.llama_cpp.native import (
     release_heap,
 )
 from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
-from runtime.inference.embedding import normalized
+from runtime.backends.shared.vectors import normalized
 from runtime.errors import (
     BackendError,
     ContextLengthExceeded,

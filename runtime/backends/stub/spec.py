@@ -38,7 +38,7 @@ from runtime.backends.base import (
     GenerationRequest,
     TextDelta,
 )
-from runtime.inference.embedding import normalized
+from runtime.backends.shared.vectors import normalized
 from runtime.errors import BackendError
 from runtime.model.load_progress import STAGE_STUB_LOADING
 from runtime.model.load_progress import report as report_progress
