@@ -238,7 +238,7 @@ async def test_counter_changes_are_pushed_while_a_request_runs(runtime):
 async def test_a_settings_reload_is_announced(runtime):
     communicator = await connected(staff())
     await next_event(communicator, kind=EVENT_SNAPSHOT)
-    write_settings(Path(runtime.pool.model_pool.settings_path).parent, {**MODELS, "newcomer": {"backend": "stub"}})
+    write_settings(Path(runtime.pool.settings_path).parent, {**MODELS, "newcomer": {"backend": "stub"}})
     diff = await services.settings_reload()
     assert diff["added_models"] == ["newcomer"]
     event = await next_event(communicator, kind=EVENT_CATALOG)
