@@ -2,7 +2,7 @@
 channel (embedded) and this node's ``llmpool-runtime.<node>`` (split) go to the runtime consumer.
 
 POST /v1/responses, /v1/chat/completions, /v1/completions and /v1/embeddings, the hot paths, are
-served by plain ASGI apps (``models_app.api.inference.inference_app``): Django's request handling costs several thread hops
+served by plain ASGI apps (the route table ``models_app.api.routes.INFERENCE_ROUTES``): Django's request handling costs several thread hops
 per request, which dominated the latency of a request to a fast model.  The rest of the machine
 API (/v1, /v1/*, /healthz) runs through ``models_app.api.handler.ApiHandler``: Django without the browser's
 middleware and without most of those thread hops.  CORS for browser apps
@@ -22,29 +22,20 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-from models_app.api.chat.endpoint import chat_completions_app  # noqa: E402
 from models_app.api.client_timeouts import with_client_timeouts  # noqa: E402
-from models_app.api.completions.endpoint import completions_app  # noqa: E402
 from models_app.api.cors import with_cors  # noqa: E402
-from models_app.api.embeddings.endpoint import embeddings_app  # noqa: E402
 from models_app.api.handler import ApiHandler  # noqa: E402
-from models_app.api.responses.endpoint import responses_app  # noqa: E402
+from models_app.api.routes import INFERENCE_ROUTES  # noqa: E402
 from models_app.workbench.origin import SameOriginValidator  # noqa: E402
 from models_app.workbench.urls import websocket_urlpatterns  # noqa: E402
 
 
 api_http = ApiHandler()
-INFERENCE_APPS = {
-    "/v1/responses": responses_app,
-    "/v1/chat/completions": chat_completions_app,
-    "/v1/completions": completions_app,
-    "/v1/embeddings": embeddings_app,
-}
 
 
 async def http_router(scope, receive, send):
     path = scope["path"]
-    inference = INFERENCE_APPS.get(path)
+    inference = INFERENCE_ROUTES.get(path)
     if inference is not None:
         await inference(scope, receive, send)
         return

@@ -1,0 +1,20 @@
+"""The route table of the inference edge: each path served by a plain ASGI app (no Django), and
+the protocol handler that serves it.
+
+Every client protocol is a translation onto the one typed request (``runtime.inputs.request``):
+its package parses the body, ``api.inference.generate`` runs it, and the package shapes the answer.
+A path that is not here goes on to Django (the admin API, the browser pages).
+"""
+from __future__ import annotations
+
+from models_app.api.chat.endpoint import chat_completions_app
+from models_app.api.completions.endpoint import completions_app
+from models_app.api.embeddings.endpoint import embeddings_app
+from models_app.api.responses.endpoint import responses_app
+
+INFERENCE_ROUTES = {
+    "/v1/responses": responses_app,
+    "/v1/chat/completions": chat_completions_app,
+    "/v1/completions": completions_app,
+    "/v1/embeddings": embeddings_app,
+}
