@@ -35,7 +35,7 @@ THINK_TAGS = ("<think>", "</think>")
 # The kinds of tool_choice (capabilities.tool_choice): a named function is "function".
 TOOL_CHOICES = ("none", "auto", "required", "function")
 # request_timeout_seconds of a model in engine processes when its definition leaves it out: an
-# engine stuck past it is killed (runtime.model.writer, ``timed_out``), so it must not be unbounded.
+# engine stuck past it is killed (runtime.model.controller, ``timed_out``), so it must not be unbounded.
 ENGINE_PROCESS_REQUEST_TIMEOUT_SECONDS = 600.0
 
 
