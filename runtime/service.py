@@ -269,12 +269,13 @@ class RuntimeService:
             if request.stream:
                 await emit({"event": GENERATE_WAITING, "model": controller.name})
 
-        dispatched = await controller.admit(ticket, waiting)
+        dispatched = await controller.admit(ticket, record.waited_for_load(waiting))
+        record.admitted()
         try:
             if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
                 await emit({"event": GENERATE_ADMITTED})  # this get their status
             lease = await dispatched
-            record.replica = lease.replica
+            record.leased(lease.replica)
             lease.check()
             await _run_on_engine(controller, lease, request, emit, run)
             await run.open_stream(emit)  # a forwarded stream the upstream ended without a chunk
@@ -286,6 +287,7 @@ class RuntimeService:
             "text": "".join(run.pieces),
             "finish_reason": "tool_calls" if run.tool_calls else run.finished.finish_reason,
             "usage": {"input_tokens": run.finished.input_tokens, "output_tokens": run.finished.output_tokens},
+            "timings": record.timings(),
         }
         run.add_reasoning_and_logprobs(result)
         if run.tool_calls:

@@ -50,8 +50,29 @@ STREAM_HEADERS = [
 # and it keeps idle proxies and client read timeouts from closing the stream).
 LOADING_NOTICE_SECONDS = 3.0
 
-# A protocol's entry point: (the parsed JSON body, its caller) -> an answer object or SSE bytes.
-Create = Callable[[Any, Caller], Awaitable["dict | AsyncIterator[bytes]"]]
+# A protocol's entry point: (the parsed JSON body, its caller) -> an answer object, SSE bytes or a Stream.
+Create = Callable[[Any, Caller], Awaitable["dict | AsyncIterator[bytes] | Stream"]]
+# How a protocol writes an error's body (Ollama's ``{"error": ...}``); the envelope by default.
+ErrorBody = Callable[[LLMPoolError], dict]
+
+
+class Stream:
+    """A streamed answer that is not SSE (Ollama's NDJSON): its pieces, its content type, and the
+    piece it sends while its request waits for the model's load (``waiting(model)``: SSE streams
+    send a comment, which another format cannot carry)."""
+
+    def __init__(self, pieces: AsyncIterator[bytes], content_type: bytes, waiting: Callable[[str], bytes]):
+        self.pieces, self.content_type, self.waiting = pieces, content_type, waiting
+
+    def __aiter__(self):
+        return self.pieces.__aiter__()
+
+    async def aclose(self) -> None:
+        await self.pieces.aclose()
+
+
+def _sse_waiting(model: str) -> bytes:
+    return f": loading {model}\n\n".encode()
 
 
 class _EarlyStream:
@@ -170,17 +191,23 @@ class _Disconnected(Exception):
     pass
 
 
-def inference_app(create: Create, path: str):
-    """The ASGI application that serves ``create`` at ``path`` (POST only).
+def _envelope(exc: LLMPoolError) -> dict:
+    return exc.envelope()
+
+
+def inference_app(create: Create, path: str, *, method: str = "POST", error_body: ErrorBody = _envelope):
+    """The ASGI application that serves ``create`` at ``path`` (``method`` only; a GET's ``create``
+    is given ``{}``); ``error_body`` writes its errors' bodies.
 
     It reads the body (at most 64 MiB), parses it as JSON whatever its content type, and
-    answers JSON or an event stream.  A client that disconnects cancels its request: the
+    answers JSON or a stream.  A client that disconnects cancels its request: the
     exchange closes, which tells the runtime to cancel the generation and free its slot.
     """
 
     async def app(scope, receive, send) -> None:
-        if scope["method"] != "POST":
-            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"})
+        if scope["method"] != method:
+            refusal = MethodNotAllowed(f'Method "{scope["method"]}" not allowed.')
+            await send_error(send, refusal, {"Allow": method}, error_body)
             return
         try:
             # The key first: a caller without one is refused before its body is read.
@@ -189,13 +216,13 @@ def inference_app(create: Create, path: str):
         except _Disconnected:
             return
         except LLMPoolError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, error_body=error_body)
             return
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
         ENDPOINT.set(path)  # this request's own task: nothing else reads it
         try:
-            await _serve(create, path, caller, body, send)
+            await _serve(create, path, caller, body, send, error_body)
         except asyncio.CancelledError:
             if not watcher.done():
                 raise
@@ -211,7 +238,7 @@ def _headers(scope) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
 
 
-async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -> None:
+async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, error_body: ErrorBody) -> None:
     early = _EarlyStream()
     token = _EARLY.set(early)
     large = len(body) >= OFF_LOOP_BODY_BYTES
@@ -220,20 +247,23 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         data = (await asyncio.to_thread(parse_json, body) if large else parse_json(body)) if body else {}
         answer = await create(data, caller)
     except LLMPoolError as exc:
-        await send_error(send, exc)
+        await send_error(send, exc, error_body=error_body)
         return
     except Exception:
-        await send_error(send, internal_error(f"POST {path}"))
+        await send_error(send, internal_error(f"POST {path}"), error_body=error_body)
         return
     finally:
         _EARLY.reset(token)
     if isinstance(answer, dict):
         await _send_json(send, 200, answer)
         return
+    headers, waiting = STREAM_HEADERS, _sse_waiting
+    if isinstance(answer, Stream):
+        headers, waiting = [(b"content-type", answer.content_type), *STREAM_HEADERS[1:]], answer.waiting
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         if early.admission is not None:
-            await _send_loading_notices(send, early)
+            await _send_loading_notices(send, early, waiting)
         async for event in answer:
             await stream_write(send, {"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -247,10 +277,11 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         await early.close()
 
 
-async def _send_loading_notices(send, early: _EarlyStream) -> None:
-    """While the request waits for its model's load: ``: loading <model>`` now and every
-    ``LOADING_NOTICE_SECONDS`` until the wait is over (how it ended, the stream then tells)."""
-    notice = f": loading {early.model}\n\n".encode()
+async def _send_loading_notices(send, early: _EarlyStream, waiting: Callable[[str], bytes]) -> None:
+    """While the request waits for its model's load: ``waiting(model)`` (an SSE stream's
+    ``: loading <model>``) now and every ``LOADING_NOTICE_SECONDS`` until the wait is over (how
+    it ended, the stream then tells)."""
+    notice = waiting(early.model)
     while True:
         await stream_write(send, {"type": "http.response.body", "body": notice, "more_body": True})
         done, _ = await asyncio.wait((early.admission,), timeout=LOADING_NOTICE_SECONDS)
@@ -281,9 +312,10 @@ async def _watch_disconnect(receive, task: asyncio.Task) -> None:
             return
 
 
-async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None) -> None:
+async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None,
+                     error_body: ErrorBody = _envelope) -> None:
     """``exc``'s answer over ASGI; ``headers`` are the app's own (an ``Allow``, a ``Connection: close``)."""
-    await _send_json(send, exc.http_status, exc.envelope(), {**(headers or {}), **error_headers(exc)})
+    await _send_json(send, exc.http_status, error_body(exc), {**(headers or {}), **error_headers(exc)})
 
 
 async def _send_json(send, status: int, data, headers: dict[str, str] | None = None) -> None:
