@@ -17,7 +17,9 @@ from models_app import selectors
 from models_app.api.inference import Stream, generate, inference_app, parsed, with_endpoint
 from models_app.api.keys import Caller
 from models_app.api.ollama import models
-from models_app.api.ollama.protocol import OllamaCall, parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model
+from models_app.api.ollama.protocol import (
+    OllamaCall, parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model,
+)
 from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line
 from models_app.transport.messages import OP_EMBED, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient

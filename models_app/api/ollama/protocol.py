@@ -50,9 +50,6 @@ class Options(BaseModel):
     stop: list[str] | None = Field(None, max_length=limits.MAX_STOP_SEQUENCES)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    num_ctx: int | None = Field(None, ge=0)
-    top_k: int | None = None
-    repeat_penalty: float | None = None
 
 
 class CalledFunction(BaseModel):
@@ -311,7 +308,8 @@ def _text(text: str) -> dict:
 
 def _content(text: str, images: list[str] | None, where: str) -> list[dict]:
     parts = [_text(text)] if text else []
-    parts += [{"type": "input_image", "image_url": _data_url(image, f"{where}[{n}]")} for n, image in enumerate(images or ())]
+    parts += [{"type": "input_image", "image_url": _data_url(image, f"{where}[{n}]")}
+              for n, image in enumerate(images or ())]
     if not parts:
         raise InvalidRequest(f"{where.rsplit('.', 1)[0]}: a user message needs content or images", param=where)
     return parts
