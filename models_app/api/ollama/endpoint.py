@@ -14,38 +14,38 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from models_app import selectors
-from models_app.api.inference import Stream, generate, inference_app, parsed, with_endpoint
+from models_app.api.inference import generate, inference_app, parsed, with_endpoint
 from models_app.api.keys import Caller
 from models_app.api.ollama import models
 from models_app.api.ollama.protocol import (
     OllamaCall, parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model,
 )
-from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line
+from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line, waiting_notice
 from models_app.transport.messages import OP_EMBED, REPLY_CHUNK, REPLY_RESULT
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import LLMPoolError, ModelManagementUnsupported
 
 
 def _generating(parse: Callable[..., OllamaCall], chat: bool):
-    async def create(data, caller: Caller) -> dict | Stream:
+    async def create(data, caller: Caller) -> dict | AsyncIterator[bytes]:
         started = time.monotonic()
         call = await parsed(parse, data, caller.fairness_key)
         model = await caller.resolve(call.model)
         answer = Answer(call.model, chat=chat, started=started)
         if call.generation is None:
             await selectors.model_get(model)  # an unknown model is a 404 here too
-            return _whole(answer.loaded(), call.stream, answer)
+            return _whole(answer.loaded(), call.stream)
         outcome = await generate(call.generation, model)
         if not call.generation.stream:
-            return _whole(answer.final(outcome, whole=True), call.stream, answer)
-        return Stream(_ndjson(answer, outcome), NDJSON, answer.waiting)
+            return _whole(answer.final(outcome, whole=True), call.stream)
+        return _ndjson(answer, outcome)
 
     return create
 
 
-def _whole(data: dict, stream: bool, answer: Answer) -> dict | Stream:
+def _whole(data: dict, stream: bool) -> dict | AsyncIterator[bytes]:
     """One object: the answer of a request that did not stream, or the only line of one that did."""
-    return Stream(_one(line(data)), NDJSON, answer.waiting) if stream else data
+    return _one(line(data)) if stream else data
 
 
 async def _one(piece: bytes) -> AsyncIterator[bytes]:
@@ -113,8 +113,9 @@ async def refuse_management(data, caller: Caller) -> dict:
     )
 
 
-def _app(create, path: str, method: str = "POST"):
-    return inference_app(create, path, method=method, error_body=error_body)
+def _app(create, path: str, method: str = "POST", *, chat: bool = True):
+    return inference_app(create, path, envelope=error_body, waiting_notice=waiting_notice(chat), method=method,
+                         stream_type=NDJSON)
 
 
 OLLAMA_ROUTES = {
@@ -123,7 +124,7 @@ OLLAMA_ROUTES = {
     "/api/ps": _app(list_running, "/api/ps", "GET"),
     "/api/show": _app(create_show, "/api/show"),
     "/api/chat": _app(_generating(parse_chat, chat=True), "/api/chat"),
-    "/api/generate": _app(_generating(parse_generate, chat=False), "/api/generate"),
+    "/api/generate": _app(_generating(parse_generate, chat=False), "/api/generate", chat=False),
     "/api/embed": _app(create_embed, "/api/embed"),
     "/api/embeddings": _app(create_embeddings, "/api/embeddings"),
     **{path: _app(refuse_management, path) for path in ("/api/pull", "/api/push", "/api/create", "/api/copy")},

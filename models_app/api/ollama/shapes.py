@@ -11,7 +11,7 @@ model's load, ``prompt_eval_duration`` from getting a replica to the first outpu
 ``eval_duration`` from then to the end (measured by the runtime: its result's ``timings``).
 
 While a stream waits for its model's load, it sends an object with empty content every few
-seconds (``waiting``): NDJSON has no comments, and an empty piece changes no client's text.
+seconds (``waiting_notice``): NDJSON has no comments, and an empty piece changes no client's text.
 An error after the stream started is its last line, ``{"error": message}``, which the ollama
 client raises as ``ResponseError``; before, it is the HTTP error with the same body
 (``error_body``: Ollama's ``error`` and llm-pool's ``code``).
@@ -79,9 +79,6 @@ class Answer:
             return line(self._object(calls=[event["call"]]))
         return b""
 
-    def waiting(self, model: str) -> bytes:
-        return line(self._object())
-
     def final(self, result: dict, *, whole: bool) -> dict:
         """The final object: with the whole answer (``whole``, a request that did not stream)
         or, ending a stream, with empty content."""
@@ -105,6 +102,15 @@ class Answer:
     def loaded(self) -> dict:
         """The answer to a body without messages or prompt (Ollama's way to load a model)."""
         return {**self._object(done=True), "done_reason": "load"}
+
+
+def waiting_notice(chat: bool):
+    """The line a chat (``chat``) or generate stream sends while it waits for ``model``'s load."""
+
+    def notice(model: str) -> bytes:
+        return line(Answer(model, chat=chat, started=0.0)._object())
+
+    return notice
 
 
 def _tool_call(call: dict) -> dict:
