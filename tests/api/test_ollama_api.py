@@ -109,6 +109,7 @@ def test_show_names_each_models_capabilities(client):
     assert client.show("vectors").capabilities == ["completion", "embedding"]
     shown = client.show("echo-alias")
     assert shown.modelinfo["stub.context_length"] == 8192 and shown.parameters == "num_ctx 8192"
+    assert shown.modelinfo["general.basename"] == "echo-alias"  # Copilot's display name
     assert "stub.context_length" not in client.show("agent").modelinfo  # no context known
 
 

@@ -11,8 +11,8 @@
   else the backend's name;
 - ``/api/show``: ``details``, ``capabilities`` (``completion``; ``tools``, ``thinking``,
   ``vision``, ``embedding`` from the model's capabilities), ``model_info`` with
-  ``general.architecture``, ``general.basename`` and ``<architecture>.context_length`` (where
-  the context is known), ``parameters`` (``num_ctx``);
+  ``general.architecture``, ``general.basename`` (the name asked for, which Copilot shows) and
+  ``<architecture>.context_length`` (where the context is known), ``parameters`` (``num_ctx``);
 - ``/api/ps``: the loaded models with ``size`` (the memory they are charged), ``size_vram``
   (its share on GPUs), ``context_length`` and ``expires_at`` (when their ``ttl_seconds``
   unloads them idle; a model without one never expires: 9999-12-31).
@@ -53,7 +53,8 @@ async def show(model: str, caller: Caller) -> dict:
     """``/api/show`` of ``model`` (a name or an alias); 403 model_not_allowed, 404 unknown_model."""
     entry = await selectors.model_get(await caller.resolve(model))
     architecture = _architecture(entry)
-    info = {"general.architecture": architecture, "general.basename": _file(entry).get("basename") or entry["name"]}
+    # Copilot shows general.basename as the model's name in its picker: the name the client asked for.
+    info = {"general.architecture": architecture, "general.basename": model}
     context = entry.get("context_length")
     if context is not None:
         info[f"{architecture}.context_length"] = context
