@@ -31,6 +31,7 @@ MODELS = {
     "vectors": {"backend": "stub", "embeddings": True, "stub_embedding_dimensions": 8},
     "shaped": {"backend": "stub", "response_formats": ["text", "json_schema"], "stub_reply": '{"a": 1}'},
     "cold": {"backend": "stub", "load_on_request": True, "stub_load_seconds": 3.5, "stub_reply": "warm now"},
+    "breaking": {"backend": "stub", "stub_reply": "one two three", "stub_fail_after_tokens": 1},
 }
 API_KEYS = [{"name": "all", "key_sha256": hashlib.sha256(KEY.encode()).hexdigest(), "models": "*"}]
 
@@ -157,6 +158,29 @@ def test_chat_with_the_client_streaming_and_the_length_limit(client):
                               think=False, options={"num_predict": 2, "num_ctx": 1_000_000, "top_k": 5}))
     assert "".join(piece.message.content for piece in pieces) == "a b"
     assert pieces[-1].done_reason == "length"
+
+
+def test_stop_seed_and_logprobs_reach_the_engine(client, http):
+    answer = client.chat(model="echo", messages=[{"role": "user", "content": "one two three"}], stream=False,
+                         think=False, options={"stop": [" three"], "seed": 7}, logprobs=True, top_logprobs=1)
+    assert answer.message.content == "one two"
+    assert [entry.token for entry in answer.logprobs] == ["one", " two"]
+    assert all(entry.logprob == 0.0 and entry.top_logprobs[0].token == entry.token for entry in answer.logprobs)
+    objects = lines(http.post("/api/generate", json={"model": "echo", "prompt": "a b", "think": False,
+                                                     "logprobs": True}))
+    for data in objects:
+        strictly(GenerateResponse, data)
+    assert [entry["token"] for data in objects for entry in data.get("logprobs", ())] == ["a", " b"]
+
+
+def test_an_error_after_the_stream_started_is_its_last_line(client, http):
+    objects = lines(http.post("/api/chat", json={"model": "breaking",
+                                                 "messages": [{"role": "user", "content": "x"}]}))
+    assert objects[0]["message"]["content"] == "one" and objects[-1]["code"] == "backend_error"
+    assert set(objects[-1]) == {"error", "code"}
+    with pytest.raises(ollama.ResponseError) as failed:
+        list(client.chat(model="breaking", messages=[{"role": "user", "content": "x"}], stream=True))
+    assert "stub engine failed" in failed.value.error
 
 
 def test_tools_out_and_results_in(client):
