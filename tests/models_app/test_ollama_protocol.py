@@ -134,3 +134,14 @@ def test_embed_takes_a_string_or_a_batch_and_show_a_model_or_a_name():
     assert shown_model({"model": "a"}) == "a" and shown_model({"name": "b"}) == "b"
     with pytest.raises(InvalidRequest):
         shown_model({})
+
+
+def test_created_at_is_iso_utc_with_microseconds_and_the_time_now():
+    from datetime import datetime, timezone
+
+    from models_app.api.ollama.shapes import now_iso
+
+    stamps = [now_iso() for _ in range(3)]
+    parsed = [datetime.fromisoformat(stamp.replace("Z", "+00:00")) for stamp in stamps]
+    assert all(stamp.endswith("Z") and len(stamp) == len("2026-01-01T00:00:00.000000Z") for stamp in stamps)
+    assert parsed == sorted(parsed) and abs((datetime.now(timezone.utc) - parsed[-1]).total_seconds()) < 1

@@ -38,8 +38,17 @@ def line(data: dict) -> bytes:
     return json_bytes(data) + b"\n"
 
 
+_second: list = [None, ""]  # the last whole second formatted, and its text
+
+
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """The time now, ISO 8601 UTC with microseconds, as each object's ``created_at``; the date
+    and time of day are formatted once a second (a stream sends an object per token)."""
+    now = time.time()
+    second = int(now)
+    if second != _second[0]:
+        _second[:] = [second, datetime.fromtimestamp(second, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")]
+    return f"{_second[1]}.{int((now - second) * 1e6):06d}Z"
 
 
 class Answer:
