@@ -38,7 +38,6 @@ from runtime.model.residency import ModelEvent, Residency
 from runtime.model.state import REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
 from runtime.model.switching import SwapTurn
 
-__all__ = ["Lease", "ModelWriter"]
 
 logger = logging.getLogger("llmpool.runtime")
 
