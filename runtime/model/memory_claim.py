@@ -128,7 +128,7 @@ class MemoryClaim:
             self.memory.release(self.name)
 
     # ---- what the memory manager tells the model (in the writer's step) -----------------
-    def on_notice(self, notice) -> None:
+    def on_notice(self, notice: cmd.Notice) -> None:
         """What the memory manager tells this model (``cmd.MEMORY_NOTICES``), decided from its own state."""
         model, writer = self.owner, self.writer
         match notice:
