@@ -3,75 +3,155 @@
 Callers (the admin operations, requests, engines, the writer's own side tasks, the swap group,
 the memory manager, timers) post a command to the model's ``ModelController``; its writer
 (``runtime.model.writer``) handles them one at a time in one ``match``, taking each apart by
-position, and answers each command's future (with None where its line names no answer).
+position, and answers each command's future (None where its docstring names no answer).
 Nothing but the writer acts on a command.  What the memory manager and a swap group tell a model
 carries no data: those are ``Notice`` members.
 """
 from __future__ import annotations
 
 import enum
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
-def command(name: str, *fields: tuple) -> type:
-    """A command class: a slots dataclass of ``fields``, each (name, type) or (name, type, default)."""
-    specs = [spec if len(spec) == 2 else (spec[0], spec[1], field(default=spec[2])) for spec in fields]
-    made = make_dataclass(name, specs, slots=True)
-    made.__module__ = __name__
-    return made
-
-
 # ---- the lifecycle (runtime.model.writer) --------------------------------------------------
-# An admin, start-up, request or keep_warm load (``reason``); answered once it has settled.
-Load = command("Load", ("overrides", dict), ("replicas", int | None), ("reason", str))
-# The dry run of an admin load (``?dry_run=true``); answered with the memory plan it would follow.
-Plan = command("Plan", ("overrides", dict), ("replicas", int | None))
-# A stage of the load under way, from its side task (runtime.model.load_progress).
-LoadProgress = command("LoadProgress", ("stage", str), ("fraction", float | None))
-# The load's side task is over: its engines and what they hold (MiB), or why it failed.
-LoadFinished = command("LoadFinished", ("engines", list | None), ("error", str | None),
-                       ("observed_mib", int | None, None), ("measured", int | None, None))
-# The admin unload; answered with the state it produced.
-Unload = command("Unload")
-# The engines are released; ``errors``: one line per replica that failed to.
-UnloadFinished = command("UnloadFinished", ("errors", list[str]))
-# A request ran past request_timeout_seconds (``limit``) on ``lease`` and was cancelled; sent
-# before its ``Finish``, so the replica found stuck gets no other request meanwhile.
-TimedOut = command("TimedOut", ("lease", Any), ("limit", float))
-# A loaded engine died: replica ``replica``'s, or (None) the model's as a whole.
-EngineFailed = command("EngineFailed", ("message", str), ("replica", int | None, None))
-# The engines of a model that failed while loaded are released.
-FailedReleased = command("FailedReleased")
+@dataclass(slots=True)
+class Load:
+    """An admin, start-up, request or keep_warm load (``reason``); answered once it has settled."""
+
+    overrides: dict
+    replicas: int | None
+    reason: str
+
+
+@dataclass(slots=True)
+class Plan:
+    """The dry run of an admin load (``?dry_run=true``); answered with the memory plan it would follow."""
+
+    overrides: dict
+    replicas: int | None
+
+
+@dataclass(slots=True)
+class LoadProgress:
+    """A stage of the load under way, from its side task (runtime.model.load_progress)."""
+
+    stage: str
+    fraction: float | None
+
+
+@dataclass(slots=True)
+class LoadFinished:
+    """The load's side task is over: its engines and what they hold (MiB), or why it failed."""
+
+    engines: list | None
+    error: str | None
+    observed_mib: int | None = None
+    measured: int | None = None
+
+
+@dataclass(slots=True)
+class Unload:
+    """The admin unload; answered with the state it produced."""
+
+
+@dataclass(slots=True)
+class UnloadFinished:
+    """The engines are released; ``errors``: one line per replica that failed to."""
+
+    errors: list[str]
+
+
+@dataclass(slots=True)
+class TimedOut:
+    """A request ran past request_timeout_seconds (``limit``) on ``lease`` and was cancelled; sent
+    before its ``Finish``, so the replica found stuck gets no other request meanwhile."""
+
+    lease: Any
+    limit: float
+
+
+@dataclass(slots=True)
+class EngineFailed:
+    """A loaded engine died: replica ``replica``'s, or (None) the model's as a whole."""
+
+    message: str
+    replica: int | None = None
+
+
+@dataclass(slots=True)
+class FailedReleased:
+    """The engines of a model that failed while loaded are released."""
 
 # ---- a settings reload (runtime.model.reload_hold) -----------------------------------------
-# Vote on a reload that gives the model ``entry`` (a CatalogEntry, None: removes it) and hold its
-# loads; answered with the ``ReloadVote``.
-HoldForReload = command("HoldForReload", ("entry", Any))
-# Take the reload's entry, fairness settings and swap group, then release the hold.
-CommitReload = command("CommitReload", ("entry", Any), ("fairness", Any), ("group", Any, None))
-# The reload was refused: release the hold, changing nothing.
-ReleaseReload = command("ReleaseReload")
+@dataclass(slots=True)
+class HoldForReload:
+    """Vote on a reload that gives the model ``entry`` (a CatalogEntry, None: removes it) and hold its
+    loads; answered with the ``ReloadVote``."""
+
+    entry: Any
+
+
+@dataclass(slots=True)
+class CommitReload:
+    """Take the reload's entry, fairness settings and swap group, then release the hold."""
+
+    entry: Any
+    fairness: Any
+    group: Any = None
+
+
+@dataclass(slots=True)
+class ReleaseReload:
+    """The reload was refused: release the hold, changing nothing."""
 
 # ---- requests (runtime.model.leases) -------------------------------------------------------
-# Queue a request, or make it wait for a load; answered with its dispatch future or a ``Waiting``.
-Admit = command("Admit", ("ticket", Any))
-# A request ended (done, failed or withdrawn while queued); ``tokens`` it really used.
-Finish = command("Finish", ("ticket", Any), ("tokens", int | None))
+@dataclass(slots=True)
+class Admit:
+    """Queue a request, or make it wait for a load; answered with its dispatch future or a ``Waiting``."""
+
+    ticket: Any
+
+
+@dataclass(slots=True)
+class Finish:
+    """A request ended (done, failed or withdrawn while queued); ``tokens`` it really used."""
+
+    ticket: Any
+    tokens: int | None
 
 # ---- residency: reconfigure, sleep, wake (runtime.model.operations) --------------------------
-# Change reconfigurable fields while loaded; answered with ``{duration_ms, changed, reason}``.
-Reconfigure = command("Reconfigure", ("body", dict))
-# Free the engines' inference state, keeping the weights; answered with ``{duration_ms, reason}``.
-Sleep = command("Sleep")
-# Build a sleeping model's inference state again; answered as ``Sleep``.
-Wake = command("Wake")
-# A reconfigure, sleep or wake's side task is over: its ``error``, or what the engines hold (MiB).
-OperationFinished = command("OperationFinished", ("operation", Any), ("error", Exception | None), ("measured", Any))
+@dataclass(slots=True)
+class Reconfigure:
+    """Change reconfigurable fields while loaded; answered with ``{duration_ms, changed, reason}``."""
+
+    body: dict
+
+
+@dataclass(slots=True)
+class Sleep:
+    """Free the engines' inference state, keeping the weights; answered with ``{duration_ms, reason}``."""
+
+
+@dataclass(slots=True)
+class Wake:
+    """Build a sleeping model's inference state again; answered as ``Sleep``."""
+
+
+@dataclass(slots=True)
+class OperationFinished:
+    """A reconfigure, sleep or wake's side task is over: its ``error``, or what the engines hold (MiB)."""
+
+    operation: Any
+    error: Exception | None
+    measured: Any
 
 # ---- the TTL timer (runtime.model.switching) -----------------------------------------------
-# The TTL timer armed when the model became idle at ``idle_since`` ran out.
-TtlExpired = command("TtlExpired", ("idle_since", float))
+@dataclass(slots=True)
+class TtlExpired:
+    """The TTL timer armed when the model became idle at ``idle_since`` ran out."""
+
+    idle_since: float
 
 
 class Notice(enum.Enum):
