@@ -9,9 +9,9 @@ import sys
 
 from django.core.management.base import BaseCommand
 
-from llmpool import http_server
-from llmpool.http_protocol import ConnectionLimits
 from models_app.conf import startup_service_settings
+from models_app.http import server as http_server
+from models_app.http.connections import ConnectionLimits
 
 
 class Command(BaseCommand):

@@ -1,15 +1,15 @@
 """``manage.py serve``: the embedded default in one process.
 
 The HTTP server (uvicorn on uvloop by default, daphne with ``--server daphne``;
-``llmpool.http_server``) serves the Django ASGI app, and the runtime worker listens on the
+``models_app.http.server``) serves the Django ASGI app, and the runtime worker listens on the
 ``llmpool-runtime`` channel, both on one event loop with the in-memory channel layer and SQLite.
 """
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from llmpool import http_server
-from llmpool.http_protocol import ConnectionLimits
 from models_app.conf import startup_migrate, startup_service_settings
+from models_app.http import server as http_server
+from models_app.http.connections import ConnectionLimits
 
 
 class Command(BaseCommand):

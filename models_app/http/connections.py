@@ -1,4 +1,4 @@
-"""The protocol class uvicorn serves llm-pool's connections with (``llmpool.http_server``):
+"""The protocol class uvicorn serves llm-pool's connections with (``models_app.http.server``):
 uvicorn's httptools protocol, with each response's head sent with its body (``HeadWithBody``),
 and the connections bounded (``ConnectionLimits``):
 

@@ -18,9 +18,9 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
-from llmpool.http_protocol import ConnectionLimits, bounded_httptools_protocol
 from models_app import diagnostics
 from models_app.host.tasks import cancel_and_wait, cancel_the_rest
+from models_app.http.connections import ConnectionLimits, bounded_httptools_protocol
 
 SERVERS = ("uvicorn", "daphne")
 DEFAULT_SERVER = "uvicorn"
