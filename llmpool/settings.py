@@ -133,6 +133,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    # The inference endpoints are plain ASGI apps (models_app.api.routes), documented by this hook.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "models_app.api.openapi.add_inference_operations",
+    ],
 }
 
 LOGGING = {

@@ -2,9 +2,8 @@
 
 ``create_response`` parses the body into the typed request, runs it through the shared
 ``api.inference.generate`` exchange and shapes the Responses API answer.  ``responses_app``
-serves it straight from ASGI (``api.inference.inference_app``).  The DRF view
-``api.views.ResponseCreateApi`` describes the endpoint in the OpenAPI schema and serves it where
-the ASGI router is not in front (Django's test client); it calls the same ``create_response``.
+serves it straight from ASGI (``api.inference.inference_app``), at its path in the route table
+(``api.routes``).
 """
 from __future__ import annotations
 
