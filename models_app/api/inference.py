@@ -25,7 +25,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from models_app.api.client_timeouts import StreamWriteTimeout, stream_write
-from models_app.api.errors import error_headers, internal_error
+from models_app.api.errors import ErrorShape, error_answer, internal_error, openai_envelope, send_error, send_json
 from models_app.api.keys import Caller, key_ring
 from models_app.api.limits import parse_json
 from models_app.conf import service_settings
@@ -166,21 +166,31 @@ def sse_data(payload) -> bytes:
     return b"data: " + json_bytes(payload) + b"\n\n"
 
 
+def sse_error(exc: LLMPoolError) -> bytes:
+    """The end of an OpenAI-style stream that fails after it started: the error envelope (the
+    one error writer's) as its last ``data:`` event, then ``[DONE]`` (the openai client raises it
+    as an ``APIError``)."""
+    return sse_data(error_answer(exc).body) + DONE
+
+
 class _Disconnected(Exception):
     pass
 
 
-def inference_app(create: Create, path: str):
+def inference_app(create: Create, path: str, *, error_shape: ErrorShape = openai_envelope):
     """The ASGI application that serves ``create`` at ``path`` (POST only).
 
     It reads the body (at most 64 MiB), parses it as JSON whatever its content type, and
-    answers JSON or an event stream.  A client that disconnects cancels its request: the
-    exchange closes, which tells the runtime to cancel the generation and free its slot.
+    answers JSON or an event stream; an error before the answer starts is ``error_shape``'s
+    body (the protocol's own error shape) through the one error writer (``api.errors``).  A
+    client that disconnects cancels its request: the exchange closes, which tells the runtime
+    to cancel the generation and free its slot.
     """
 
     async def app(scope, receive, send) -> None:
         if scope["method"] != "POST":
-            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"})
+            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"},
+                             shape=error_shape)
             return
         try:
             # The key first: a caller without one is refused before its body is read.
@@ -189,13 +199,13 @@ def inference_app(create: Create, path: str):
         except _Disconnected:
             return
         except LLMPoolError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, shape=error_shape)
             return
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
         ENDPOINT.set(path)  # this request's own task: nothing else reads it
         try:
-            await _serve(create, path, caller, body, send)
+            await _serve(create, path, caller, body, send, error_shape)
         except asyncio.CancelledError:
             if not watcher.done():
                 raise
@@ -211,7 +221,7 @@ def _headers(scope) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
 
 
-async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -> None:
+async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, error_shape: ErrorShape) -> None:
     early = _EarlyStream()
     token = _EARLY.set(early)
     large = len(body) >= OFF_LOOP_BODY_BYTES
@@ -220,15 +230,15 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         data = (await asyncio.to_thread(parse_json, body) if large else parse_json(body)) if body else {}
         answer = await create(data, caller)
     except LLMPoolError as exc:
-        await send_error(send, exc)
+        await send_error(send, exc, shape=error_shape)
         return
     except Exception:
-        await send_error(send, internal_error(f"POST {path}"))
+        await send_error(send, internal_error(f"POST {path}"), shape=error_shape)
         return
     finally:
         _EARLY.reset(token)
     if isinstance(answer, dict):
-        await _send_json(send, 200, answer)
+        await send_json(send, 200, json_bytes(answer))
         return
     try:
         await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
@@ -279,21 +289,3 @@ async def _watch_disconnect(receive, task: asyncio.Task) -> None:
         if message["type"] == "http.disconnect":
             task.cancel()
             return
-
-
-async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None) -> None:
-    """``exc``'s answer over ASGI; ``headers`` are the app's own (an ``Allow``, a ``Connection: close``)."""
-    await _send_json(send, exc.http_status, exc.envelope(), {**(headers or {}), **error_headers(exc)})
-
-
-async def _send_json(send, status: int, data, headers: dict[str, str] | None = None) -> None:
-    """One complete JSON answer over ASGI."""
-    body = json_bytes(data)
-    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
-    })
-    await send({"type": "http.response.body", "body": body})
-

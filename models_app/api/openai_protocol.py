@@ -4,7 +4,7 @@ Each protocol parses its body into the typed request (its ``parse``) and shapes 
 with a builder: ``final(result)`` for a non-streamed answer; for a stream,
 ``opening_chunk()`` (b"" when the protocol sends none), ``event_chunk(event)`` per runtime
 event (b"" for the events it does not show), ``closing_chunks(result)`` and, for an error
-after the stream started, ``error_chunks(envelope)``.  ``openai_create`` builds the
+after the stream started, ``inference.sse_error``'s last event.  ``openai_create`` builds the
 protocol's entry point from the two: key check, the one generate path
 (``api.inference.generate``), and the forwarded answer of a model whose engine sends the
 client's body on to its upstream (``api.passthrough``).
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from models_app.api.inference import Create, generate, parsed
+from models_app.api.inference import Create, generate, parsed, sse_error
 from models_app.api.keys import Caller
 from models_app.api.passthrough import forwarded_answer, relay
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
@@ -50,6 +50,6 @@ async def _sse(shapes, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
             elif message["kind"] == REPLY_RESULT:
                 yield b"".join(shapes.closing_chunks(message["data"]))
     except LLMPoolError as exc:
-        yield b"".join(shapes.error_chunks(exc.envelope()))
+        yield sse_error(exc)
     finally:
         await messages.aclose()

@@ -27,7 +27,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from models_app import selectors, services
-from models_app.api.errors import error_json_response
+from models_app.api.errors import error_answer, error_json_response
 from models_app.selectors import effective_values
 from models_app.workbench.forms import LoadForm, ReconfigureForm, reconfigurable_constraints
 from runtime.errors import InvalidRequest, LLMPoolError, UnknownModel
@@ -51,7 +51,7 @@ async def render_page(request: HttpRequest, template: str, context: dict, status
 
 
 def error_of(exc: LLMPoolError) -> dict:
-    return {**exc.envelope()["error"], "http_status": exc.http_status, "details": exc.details}
+    return {**error_answer(exc).body["error"], "http_status": exc.http_status, "details": exc.details}
 
 
 # ---- models list -------------------------------------------------------------------------

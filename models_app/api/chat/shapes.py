@@ -99,10 +99,6 @@ class ChatCompletionBuilder:
             chunks.append(self._chunk([], usage=usage(result)))
         return [*chunks, DONE]
 
-    @staticmethod
-    def error_chunks(envelope: dict) -> list[bytes]:
-        return [sse_data(envelope), DONE]
-
 
 def _tool_call(call: dict) -> dict:
     return {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}

@@ -74,10 +74,6 @@ class CompletionBuilder:
             chunks.append(self._chunk([], usage=usage(result)))
         return [*chunks, DONE]
 
-    @staticmethod
-    def error_chunks(envelope: dict) -> list[bytes]:
-        return [sse_data(envelope), DONE]
-
 
 def legacy_logprobs(entries: list[dict], offset: int = 0) -> dict:
     """The completions ``logprobs`` object of per-token entries (``{"token", "logprob",

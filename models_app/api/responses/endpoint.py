@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from models_app.api.errors import error_answer
 from models_app.api.inference import generate, inference_app, parsed
 from models_app.api.keys import Caller
 from models_app.api.responses.protocol import ResponseBuilder, parse_responses_body
@@ -42,7 +43,7 @@ async def _sse(builder: ResponseBuilder, messages: AsyncIterator[dict]) -> Async
             elif message["kind"] == REPLY_RESULT:
                 yield b"".join(builder.closing_events(message["data"]))
     except LLMPoolError as exc:
-        yield builder.error_event(exc.envelope())
+        yield builder.error_event(error_answer(exc).body)
     finally:
         await messages.aclose()
 
