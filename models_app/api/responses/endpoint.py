@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 from models_app.api.errors import error_answer
 from models_app.api.inference import generate, inference_app, parsed
 from models_app.api.keys import Caller
-from models_app.api.responses.protocol import ResponseBuilder, parse_responses_body
+from models_app.api.responses.protocol import parse_responses_body
+from models_app.api.responses.shapes import ResponseBuilder
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
 
