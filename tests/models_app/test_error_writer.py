@@ -120,9 +120,9 @@ def anthropic_shape(exc: LLMPoolError) -> dict:
 
 
 def test_an_answer_in_a_protocols_own_shape_keeps_the_status_and_headers():
-    answer = error_answer(FairnessKeyQueueFull("the queue is full"), shape=anthropic_shape, headers={"Connection": "close"})
+    answer = error_answer(FairnessKeyQueueFull("full"), shape=anthropic_shape, headers={"Connection": "close"})
     assert answer.status == 429
-    assert answer.body == {"type": "error", "error": {"type": "fairness_key_queue_full", "message": "the queue is full"}}
+    assert answer.body == {"type": "error", "error": {"type": "fairness_key_queue_full", "message": "full"}}
     assert answer.headers == {"Connection": "close", "Retry-After": "1"}
 
 

@@ -26,7 +26,6 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationError,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -34,7 +33,7 @@ from pydantic import (
 
 from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
-from runtime.config import json_path
+from models_app.api.request_body import json_object, validated
 from runtime.errors import InvalidRequest
 from runtime.inputs.request import GenerationRequest
 
@@ -199,15 +198,8 @@ def parse_responses_body(data: Any, fairness_key: str | None) -> GenerationReque
     (sampling fields the client left out stay None: the runtime applies its defaults).
     ``fairness_key`` is what the edge decided (``api.keys``: an API key's bucket or a fairness
     header); None leaves the fairness key to the body's ``user``."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    limits.check_generation_bounds(data, items="input")
-    try:
-        body = ResponsesBody.model_validate(data, strict=True)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        path = json_path(_field_loc(problem["loc"]))
-        raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
+    limits.check_generation_bounds(json_object(data), items="input")
+    body = validated(ResponsesBody, data, where=_field_loc)
     messages = _messages(body.input)
     tools = _tools(body.tools)
     return GenerationRequest(
