@@ -17,23 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.openapi import AutoSchema
 from pydantic import BaseModel
 
 
-class RequestBodySchema(AutoSchema):
-    """drf-spectacular's schema, with a request body marked required when its schema requires a
-    field: drf-spectacular does so for a serializer's body only, not for one given as a schema
-    (``request_schema``'s).  An inference body must be sent (its ``model`` is required); a load
-    body may be left out."""
-
-    def _get_request_body(self, direction="request"):
-        body = super()._get_request_body(direction)
-        if body and any(media.get("schema", {}).get("required") for media in body["content"].values()):
-            body["required"] = True
-        return body
-
-
+# The error envelope's component, which the admin views declare too (``api.views.ERROR``).
 ERROR_RESPONSE = {
     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}},
     "description": "",
@@ -65,6 +52,7 @@ def inference_operation(operation) -> dict:
         "description": operation.description,
         "summary": operation.summary,
         "tags": [segments[0]],
+        # Required: every inference body names its model.
         "requestBody": {"content": {"application/json": {"schema": request_schema(operation.body)}}, "required": True},
         "responses": {
             "200": {"content": answer, "description": ""},
