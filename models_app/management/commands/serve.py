@@ -9,7 +9,6 @@ from django.core.management.base import BaseCommand
 
 from models_app.conf import startup_migrate, startup_service_settings
 from models_app.http import server as http_server
-from models_app.http.connections import ConnectionLimits
 
 
 class Command(BaseCommand):
@@ -23,18 +22,13 @@ class Command(BaseCommand):
         service = startup_service_settings(self.stderr)
         if not options["no_migrate"]:
             startup_migrate(self.stderr)
-        host = options["host"] or service.host
-        port = options["port"] or service.port
-
         from llmpool.asgi import application
         from models_app.host import runtime_host
         from models_app.host.worker import run_runtime_worker
 
-        def ready() -> None:
-            self.stdout.write(f"llm-pool listening on http://{host}:{port}/ (settings: {settings.LLMPOOL_SETTINGS})")
+        def announce(url: str) -> None:
+            self.stdout.write(f"llm-pool listening on {url} (settings: {settings.LLMPOOL_SETTINGS})")
             self.stdout.flush()
 
-        http_server.run(application, host, port, limits=ConnectionLimits.from_service(service),
-                        server=options["server"], on_start=run_runtime_worker,
-                        on_stop=runtime_host.shutdown_runtime, graceful_seconds=options["graceful_timeout"],
-                        ready=ready)
+        http_server.serve(application, options, service, announce, on_start=run_runtime_worker,
+                          on_stop=runtime_host.shutdown_runtime)
