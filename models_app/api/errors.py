@@ -4,7 +4,7 @@
 the exception's envelope in the client protocol's shape, by default OpenAI's
 ``{"error": {"code", "message", "param"}}`` (``LLMPoolError.envelope()``); a protocol whose
 clients expect another shape (Anthropic's ``{"type": "error", "error": {...}}``, Ollama's
-``{"error": "..."}``) passes its own ``shape``.  The headers are ``error_headers``' (Retry-After,
+``{"error": "..."}``) passes its own ``envelope``.  The headers are ``error_headers``' (Retry-After,
 the Bearer challenge of a 401) after the caller's own (an ``Allow``, a ``Connection: close``).
 
 Each HTTP stack then frames that one answer: ``error_response`` for DRF views (whose renderer
@@ -57,7 +57,7 @@ _DRF_ERRORS = {
 }
 
 # A protocol's error body: the exception in the shape its clients read.
-ErrorShape = Callable[[LLMPoolError], Any]
+Envelope = Callable[[LLMPoolError], Any]
 
 
 def openai_envelope(exc: LLMPoolError) -> dict:
@@ -85,10 +85,10 @@ class ErrorAnswer:
         return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def error_answer(exc: LLMPoolError, *, shape: ErrorShape = openai_envelope,
+def error_answer(exc: LLMPoolError, *, envelope: Envelope = openai_envelope,
                  headers: dict[str, str] | None = None) -> ErrorAnswer:
-    """``exc``'s answer: its status, its body in ``shape``, ``headers`` then ``error_headers(exc)``."""
-    return ErrorAnswer(exc.http_status, shape(exc), {**(headers or {}), **error_headers(exc)})
+    """``exc``'s answer: its status, its body ``envelope(exc)``, ``headers`` then ``error_headers(exc)``."""
+    return ErrorAnswer(exc.http_status, envelope(exc), {**(headers or {}), **error_headers(exc)})
 
 
 def error_headers(exc: LLMPoolError) -> dict[str, str]:
@@ -117,9 +117,9 @@ def error_json_response(exc: LLMPoolError, headers: dict[str, str] | None = None
 
 
 async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None, *,
-                     shape: ErrorShape = openai_envelope) -> None:
+                     envelope: Envelope = openai_envelope) -> None:
     """``exc``'s answer over ASGI; ``headers`` are the app's own (an ``Allow``, a ``Connection: close``)."""
-    answer = error_answer(exc, shape=shape, headers=headers)
+    answer = error_answer(exc, envelope=envelope, headers=headers)
     await send_json(send, answer.status, answer.json(), answer.headers)
 
 

@@ -11,8 +11,9 @@ request handling costs a new thread-sensitive executor per request and several t
 
 A stream whose model loads for it (``load_on_request``) opens before the runtime admits it:
 the runtime says it waits (its ``waiting`` chunk), the front answers the stream's headers and
-sends an SSE comment ``: loading <model>`` at once and every ``LOADING_NOTICE_SECONDS`` until
-the wait ends, then the protocol's stream.  Errors before the wait keep their HTTP status; an
+sends the protocol's waiting notice (an SSE comment ``: loading <model>``, or the Messages API's
+``ping`` event) at once and every ``LOADING_NOTICE_SECONDS`` until the wait ends, then the
+protocol's stream.  Errors before the wait keep their HTTP status; an
 error that ends the wait (model_failed, model_loading after load_wait_timeout_seconds) is the
 stream's error event.
 """
@@ -25,7 +26,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from models_app.api.client_timeouts import StreamWriteTimeout, stream_write
-from models_app.api.errors import ErrorShape, error_answer, internal_error, openai_envelope, send_error, send_json
+from models_app.api.errors import Envelope, error_answer, internal_error, openai_envelope, send_error, send_json
 from models_app.api.keys import Caller, key_ring
 from models_app.api.limits import parse_json
 from models_app.conf import service_settings
@@ -177,20 +178,29 @@ class _Disconnected(Exception):
     pass
 
 
-def inference_app(create: Create, path: str, *, error_shape: ErrorShape = openai_envelope):
-    """The ASGI application that serves ``create`` at ``path`` (POST only).
+def loading_comment(model: str) -> bytes:
+    """The OpenAI-style protocols' notice that a stream waits: an SSE comment, which clients ignore."""
+    return f": loading {model}\n\n".encode()
+
+
+def inference_app(create: Create, path: str, *, envelope: Envelope = openai_envelope,
+                  waiting_notice: Callable[[str], bytes] = loading_comment, method: str = "POST",
+                  stream_type: bytes = b"text/event-stream"):
+    """The ASGI application that serves ``create`` at ``path`` (``method`` only: a GET's
+    ``create`` is given ``{}``); a stream it answers is of the media type ``stream_type``.
 
     It reads the body (at most 64 MiB), parses it as JSON whatever its content type, and
-    answers JSON or an event stream; an error before the answer starts is ``error_shape``'s
-    body (the protocol's own error shape) through the one error writer (``api.errors``).  A
-    client that disconnects cancels its request: the exchange closes, which tells the runtime
-    to cancel the generation and free its slot.
+    answers JSON or an event stream.  A client that disconnects cancels its request: the
+    exchange closes, which tells the runtime to cancel the generation and free its slot.
+    An error before the answer starts goes through the one error writer (``api.errors``), its
+    body ``envelope(exc)`` (the protocol's own error shape); ``waiting_notice(model)`` is what a
+    stream sends while it waits for its model (``_send_loading_notices``).
     """
 
     async def app(scope, receive, send) -> None:
-        if scope["method"] != "POST":
-            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"},
-                             shape=error_shape)
+        if scope["method"] != method:
+            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": method},
+                             envelope=envelope)
             return
         try:
             # The key first: a caller without one is refused before its body is read.
@@ -199,13 +209,14 @@ def inference_app(create: Create, path: str, *, error_shape: ErrorShape = openai
         except _Disconnected:
             return
         except LLMPoolError as exc:
-            await send_error(send, exc, shape=error_shape)
+            await send_error(send, exc, envelope=envelope)
             return
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
         ENDPOINT.set(path)  # this request's own task: nothing else reads it
         try:
-            await _serve(create, path, caller, body, send, error_shape)
+            await _serve(create, path, caller, body, send, envelope, waiting_notice,
+                         [(b"content-type", stream_type), *STREAM_HEADERS[1:]])
         except asyncio.CancelledError:
             if not watcher.done():
                 raise
@@ -221,7 +232,8 @@ def _headers(scope) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
 
 
-async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, error_shape: ErrorShape) -> None:
+async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, envelope: Envelope,
+                 waiting_notice: Callable[[str], bytes], stream_headers: list[tuple[bytes, bytes]]) -> None:
     early = _EarlyStream()
     token = _EARLY.set(early)
     large = len(body) >= OFF_LOOP_BODY_BYTES
@@ -230,10 +242,10 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, e
         data = (await asyncio.to_thread(parse_json, body) if large else parse_json(body)) if body else {}
         answer = await create(data, caller)
     except LLMPoolError as exc:
-        await send_error(send, exc, shape=error_shape)
+        await send_error(send, exc, envelope=envelope)
         return
     except Exception:
-        await send_error(send, internal_error(f"POST {path}"), shape=error_shape)
+        await send_error(send, internal_error(f"POST {path}"), envelope=envelope)
         return
     finally:
         _EARLY.reset(token)
@@ -241,9 +253,9 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, e
         await send_json(send, 200, json_bytes(answer))
         return
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": stream_headers})
         if early.admission is not None:
-            await _send_loading_notices(send, early)
+            await _send_loading_notices(send, early, waiting_notice(early.model))
         async for event in answer:
             await stream_write(send, {"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -257,10 +269,10 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, e
         await early.close()
 
 
-async def _send_loading_notices(send, early: _EarlyStream) -> None:
-    """While the request waits for its model's load: ``: loading <model>`` now and every
-    ``LOADING_NOTICE_SECONDS`` until the wait is over (how it ended, the stream then tells)."""
-    notice = f": loading {early.model}\n\n".encode()
+async def _send_loading_notices(send, early: _EarlyStream, notice: bytes) -> None:
+    """While the request waits for its model's load: ``notice`` (``: loading <model>`` for the
+    OpenAI-style protocols) now and every ``LOADING_NOTICE_SECONDS`` until the wait is over (how
+    it ended, the stream then tells)."""
     while True:
         await stream_write(send, {"type": "http.response.body", "body": notice, "more_body": True})
         done, _ = await asyncio.wait((early.admission,), timeout=LOADING_NOTICE_SECONDS)

@@ -19,6 +19,7 @@ from models_app.api.completions.endpoint import completions_app
 from models_app.api.completions.protocol import CompletionBody
 from models_app.api.embeddings.endpoint import embeddings_app
 from models_app.api.embeddings.protocol import EmbeddingBody
+from models_app.api.ollama.endpoint import OLLAMA_ROUTES
 from models_app.api.responses.endpoint import responses_app
 from models_app.api.responses.protocol import ResponsesBody
 
@@ -27,6 +28,7 @@ INFERENCE_ROUTES = {
     "/v1/chat/completions": chat_completions_app,
     "/v1/completions": completions_app,
     "/v1/embeddings": embeddings_app,
+    **OLLAMA_ROUTES,  # Ollama's API (/api/chat, /api/tags ...): GET paths too, each app checks its method
 }
 
 

@@ -35,6 +35,10 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/api/chat": "ollama_chat",
+    "/api/generate": "ollama_generate",
+    "/api/embed": "ollama_embed",
+    "/api/embeddings": "ollama_embeddings",
 }
 OTHER_KEY = "other"  # the fairness keys outside the busiest N
 NO_KEY = ""  # a request without a fairness key

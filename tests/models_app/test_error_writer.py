@@ -114,13 +114,13 @@ def test_a_plain_django_error_answer_carries_retry_after():
     assert response["Retry-After"] == "2" and response["Cache-Control"] == "no-cache"
 
 
-def anthropic_shape(exc: LLMPoolError) -> dict:
+def anthropic_envelope(exc: LLMPoolError) -> dict:
     """A protocol's own error shape, as the Anthropic Messages API answers errors."""
     return {"type": "error", "error": {"type": exc.code, "message": exc.message}}
 
 
 def test_an_answer_in_a_protocols_own_shape_keeps_the_status_and_headers():
-    answer = error_answer(FairnessKeyQueueFull("full"), shape=anthropic_shape, headers={"Connection": "close"})
+    answer = error_answer(FairnessKeyQueueFull("full"), envelope=anthropic_envelope, headers={"Connection": "close"})
     assert answer.status == 429
     assert answer.body == {"type": "error", "error": {"type": "fairness_key_queue_full", "message": "full"}}
     assert answer.headers == {"Connection": "close", "Retry-After": "1"}
@@ -156,9 +156,9 @@ async def _asgi_answer(app, scope: dict, body: bytes = b"") -> tuple[dict, bytes
     return start, b"".join(message.get("body", b"") for message in bodies)
 
 
-async def test_send_error_writes_the_shape_over_asgi():
+async def test_send_error_writes_the_protocols_envelope_over_asgi():
     async def app(scope, receive, send):
-        await send_error(send, FairnessKeyQueueFull("busy"), shape=anthropic_shape)
+        await send_error(send, FairnessKeyQueueFull("busy"), envelope=anthropic_envelope)
 
     start, body = await _asgi_answer(app, {"type": "http"})
     assert start["status"] == 429
@@ -170,7 +170,7 @@ async def test_an_inference_app_answers_its_errors_in_its_shape():
     async def create(data, caller):
         raise FairnessKeyQueueFull("busy")
 
-    app = inference_app(create, "/v1/messages", error_shape=anthropic_shape)
+    app = inference_app(create, "/v1/messages", envelope=anthropic_envelope)
     scope = {"type": "http", "method": "GET", "path": "/v1/messages", "headers": []}
     start, body = await _asgi_answer(app, scope)
     assert (start["status"], (b"allow", b"POST") in start["headers"]) == (405, True)
