@@ -112,7 +112,7 @@ class ServiceSettings(_Strict):
     # A request body that does not arrive in full within this long is answered 408 request_timeout.
     request_body_timeout_seconds: float = Field(60.0, gt=0, le=3600)
     # A connection's request head (request line and headers) must arrive in full within this long,
-    # from the connection's start or the head's first byte (uvicorn; llmpool/http_protocol.py).
+    # from the connection's start or the head's first byte (uvicorn; models_app/http/connections.py).
     http_head_timeout_seconds: float = Field(10.0, gt=0, le=3600)
     # An idle connection between requests is closed after this long; longer than the idle expiry
     # of the common clients (httpx and the openai SDK: 5 s), so none reuses one as it closes.

@@ -5,8 +5,7 @@ it through ``api.inference.generate`` (admission, capability checks, scheduler a
 are the runtime's, shared by every protocol) and shapes the chat completions answer; a model
 whose engine forwards the client's body (the managed servers, openai_remote) answers with its
 upstream's own JSON (``api.passthrough``); see ``api.openai_protocol``.
-``chat_completions_app`` serves it from ASGI; ``api.views.ChatCompletionCreateApi`` describes it
-in the OpenAPI schema and serves it where the ASGI router is not in front.
+``chat_completions_app`` serves it from ASGI, at its path in the route table (``api.routes``).
 """
 from __future__ import annotations
 
