@@ -288,6 +288,8 @@ class RuntimeService:
             "usage": {"input_tokens": run.finished.input_tokens, "output_tokens": run.finished.output_tokens},
         }
         run.add_reasoning_and_logprobs(result)
+        if run.stop_sequence is not None:
+            result["stop_sequence"] = run.stop_sequence  # the request's stop sequence that ended the answer
         if run.tool_calls:
             result["tool_calls"] = [call.to_wire() for call in run.tool_calls]
         if run.answer is not None:
@@ -340,6 +342,7 @@ class _Run:
     logprobs: list[dict] | None = None  # the answer's, when the request asked for them
     unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stop_sequence: str | None = None  # the request's stop sequence that cut the answer
     record: RequestRecord | None = None  # the request's activity record (its first output's time)
 
     async def add_tool_calls(self, calls: list[ToolCall], request: GenerationRequest, emit: Emit) -> None:
@@ -451,6 +454,7 @@ async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, e
                     if request.stream:
                         await emit(delta)
                 if stopped:
+                    run.stop_sequence = stops.found
                     run.finished = Finished(
                         input_tokens=estimate_prompt_tokens(request), output_tokens=run.deltas, finish_reason="stop"
                     )
