@@ -11,8 +11,9 @@ request handling costs a new thread-sensitive executor per request and several t
 
 A stream whose model loads for it (``load_on_request``) opens before the runtime admits it:
 the runtime says it waits (its ``waiting`` chunk), the front answers the stream's headers and
-sends an SSE comment ``: loading <model>`` at once and every ``LOADING_NOTICE_SECONDS`` until
-the wait ends, then the protocol's stream.  Errors before the wait keep their HTTP status; an
+sends the protocol's waiting notice (an SSE comment ``: loading <model>``, or the Messages API's
+``ping`` event) at once and every ``LOADING_NOTICE_SECONDS`` until the wait ends, then the
+protocol's stream.  Errors before the wait keep their HTTP status; an
 error that ends the wait (model_failed, model_loading after load_wait_timeout_seconds) is the
 stream's error event.
 """
@@ -52,6 +53,8 @@ LOADING_NOTICE_SECONDS = 3.0
 
 # A protocol's entry point: (the parsed JSON body, its caller) -> an answer object or SSE bytes.
 Create = Callable[[Any, Caller], Awaitable["dict | AsyncIterator[bytes]"]]
+# A protocol's error body for an error (``LLMPoolError.envelope``: llm-pool's own envelope).
+Envelope = Callable[[LLMPoolError], dict]
 
 
 class _EarlyStream:
@@ -170,17 +173,26 @@ class _Disconnected(Exception):
     pass
 
 
-def inference_app(create: Create, path: str):
+def loading_comment(model: str) -> bytes:
+    """The OpenAI-style protocols' notice that a stream waits: an SSE comment, which clients ignore."""
+    return f": loading {model}\n\n".encode()
+
+
+def inference_app(create: Create, path: str, *, envelope: Envelope = LLMPoolError.envelope,
+                  waiting_notice: Callable[[str], bytes] = loading_comment):
     """The ASGI application that serves ``create`` at ``path`` (POST only).
 
     It reads the body (at most 64 MiB), parses it as JSON whatever its content type, and
     answers JSON or an event stream.  A client that disconnects cancels its request: the
     exchange closes, which tells the runtime to cancel the generation and free its slot.
+    ``envelope`` writes an error's body (the protocol's own error shape), ``waiting_notice(model)``
+    the bytes a stream sends while it waits for its model (``_send_loading_notices``).
     """
 
     async def app(scope, receive, send) -> None:
         if scope["method"] != "POST":
-            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"})
+            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"},
+                             envelope=envelope)
             return
         try:
             # The key first: a caller without one is refused before its body is read.
@@ -189,13 +201,13 @@ def inference_app(create: Create, path: str):
         except _Disconnected:
             return
         except LLMPoolError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, envelope=envelope)
             return
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
         ENDPOINT.set(path)  # this request's own task: nothing else reads it
         try:
-            await _serve(create, path, caller, body, send)
+            await _serve(create, path, caller, body, send, envelope, waiting_notice)
         except asyncio.CancelledError:
             if not watcher.done():
                 raise
@@ -211,7 +223,8 @@ def _headers(scope) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
 
 
-async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -> None:
+async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, envelope: Envelope,
+                 waiting_notice: Callable[[str], bytes]) -> None:
     early = _EarlyStream()
     token = _EARLY.set(early)
     large = len(body) >= OFF_LOOP_BODY_BYTES
@@ -220,10 +233,10 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         data = (await asyncio.to_thread(parse_json, body) if large else parse_json(body)) if body else {}
         answer = await create(data, caller)
     except LLMPoolError as exc:
-        await send_error(send, exc)
+        await send_error(send, exc, envelope=envelope)
         return
     except Exception:
-        await send_error(send, internal_error(f"POST {path}"))
+        await send_error(send, internal_error(f"POST {path}"), envelope=envelope)
         return
     finally:
         _EARLY.reset(token)
@@ -233,7 +246,7 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
     try:
         await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
         if early.admission is not None:
-            await _send_loading_notices(send, early)
+            await _send_loading_notices(send, early, waiting_notice(early.model))
         async for event in answer:
             await stream_write(send, {"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -247,10 +260,10 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send) -
         await early.close()
 
 
-async def _send_loading_notices(send, early: _EarlyStream) -> None:
-    """While the request waits for its model's load: ``: loading <model>`` now and every
-    ``LOADING_NOTICE_SECONDS`` until the wait is over (how it ended, the stream then tells)."""
-    notice = f": loading {early.model}\n\n".encode()
+async def _send_loading_notices(send, early: _EarlyStream, notice: bytes) -> None:
+    """While the request waits for its model's load: ``notice`` (``: loading <model>`` for the
+    OpenAI-style protocols) now and every ``LOADING_NOTICE_SECONDS`` until the wait is over (how
+    it ended, the stream then tells)."""
     while True:
         await stream_write(send, {"type": "http.response.body", "body": notice, "more_body": True})
         done, _ = await asyncio.wait((early.admission,), timeout=LOADING_NOTICE_SECONDS)
@@ -281,9 +294,11 @@ async def _watch_disconnect(receive, task: asyncio.Task) -> None:
             return
 
 
-async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None) -> None:
-    """``exc``'s answer over ASGI; ``headers`` are the app's own (an ``Allow``, a ``Connection: close``)."""
-    await _send_json(send, exc.http_status, exc.envelope(), {**(headers or {}), **error_headers(exc)})
+async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None, *,
+                     envelope: Envelope = LLMPoolError.envelope) -> None:
+    """``exc``'s answer over ASGI, its body ``envelope(exc)``; ``headers`` are the app's own (an
+    ``Allow``, a ``Connection: close``)."""
+    await _send_json(send, exc.http_status, envelope(exc), {**(headers or {}), **error_headers(exc)})
 
 
 async def _send_json(send, status: int, data, headers: dict[str, str] | None = None) -> None:

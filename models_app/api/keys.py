@@ -2,15 +2,17 @@
 request takes.
 
 Every inference endpoint (POST /v1/responses, /v1/chat/completions, /v1/completions, /v1/embeddings,
-GET /v1/models and /v1/models/{id}) asks ``key_ring().caller(header)`` once per request, before anything else:
+/v1/messages, GET /v1/models and /v1/models/{id}) asks ``key_ring().caller(header)`` once per
+request, before anything else:
 
 - no keys configured: anyone may call, every model; the fairness key is the first of
   ``service.fairness_key_headers`` the request carries, else None (the parser then takes the
   body's ``user``);
-- keys configured: ``Authorization: Bearer <key>`` must name one (401 ``invalid_api_key``
-  otherwise); the key may use only its models (403 ``model_not_allowed``), and its bucket
-  (``fairness_key``, else its name) is the fairness key, whatever the ``user`` field or a
-  fairness header say, so a caller cannot leave its share.
+- keys configured: ``Authorization: Bearer <key>`` (or, without it, ``x-api-key: <key>``, as
+  Anthropic's clients send it) must name one (401 ``invalid_api_key`` otherwise); the key may
+  use only its models (403 ``model_not_allowed``), and its bucket (``fairness_key``, else its
+  name) is the fairness key, whatever the ``user`` field or a fairness header say, so a caller
+  cannot leave its share.
 
 A request's model is resolved once, here (``Caller.resolve``), by the one rule
 (``runtime.pool.catalog.canonical_model``) over the pool's names as the nodes announce them: the key
@@ -87,7 +89,7 @@ class KeyRing:
         request carries none of them."""
         if not self._keys:
             return Caller(fairness_key=self._fairness_header(header))
-        key = self._match(header("authorization"))
+        key = self._match(header("authorization"), header("x-api-key"))
         return Caller(fairness_key=key.bucket, models=None if key.models == "*" else frozenset(key.models))
 
     def _fairness_header(self, header: HeaderLookup) -> str | None:
@@ -98,11 +100,13 @@ class KeyRing:
                 return value
         return None
 
-    def _match(self, authorization: str | None) -> ApiKey:
+    def _match(self, authorization: str | None, x_api_key: str | None) -> ApiKey:
         scheme, _, given = (authorization or "").partition(" ")
         given = given.strip()
+        if authorization is None and x_api_key:  # Anthropic's clients send the key so
+            scheme, given = "bearer", x_api_key.strip()
         if scheme.lower() != "bearer" or not given:
-            raise InvalidApiKey("this endpoint requires Authorization: Bearer <API key>")
+            raise InvalidApiKey("this endpoint requires Authorization: Bearer <API key> (or x-api-key: <API key>)")
         digest = hashlib.sha256(given.encode("latin-1", "replace")).digest()
         found = None
         for expected, key in self._keys:
