@@ -10,6 +10,7 @@ from __future__ import annotations
 from models_app.api.chat.endpoint import chat_completions_app
 from models_app.api.completions.endpoint import completions_app
 from models_app.api.embeddings.endpoint import embeddings_app
+from models_app.api.messages.endpoint import messages_app
 from models_app.api.responses.endpoint import responses_app
 
 INFERENCE_ROUTES = {
@@ -17,4 +18,5 @@ INFERENCE_ROUTES = {
     "/v1/chat/completions": chat_completions_app,
     "/v1/completions": completions_app,
     "/v1/embeddings": embeddings_app,
+    "/v1/messages": messages_app,
 }
