@@ -7,11 +7,11 @@ A path that is not here goes on to Django (the admin API, the browser pages).
 """
 from __future__ import annotations
 
-from models_app.api.chat.endpoint import chat_completions_app
+from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens_app
 from models_app.api.completions.endpoint import completions_app
 from models_app.api.embeddings.endpoint import embeddings_app
-from models_app.api.messages.endpoint import messages_app
-from models_app.api.responses.endpoint import responses_app
+from models_app.api.messages.endpoint import count_tokens_app, messages_app
+from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
 
 INFERENCE_ROUTES = {
     "/v1/responses": responses_app,
@@ -19,4 +19,7 @@ INFERENCE_ROUTES = {
     "/v1/completions": completions_app,
     "/v1/embeddings": embeddings_app,
     "/v1/messages": messages_app,
+    "/v1/messages/count_tokens": count_tokens_app,
+    "/v1/chat/completions/input_tokens": chat_input_tokens_app,
+    "/v1/responses/input_tokens": responses_input_tokens_app,
 }

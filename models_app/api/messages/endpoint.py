@@ -4,7 +4,8 @@
 ``api.inference.generate`` (admission, capability checks, scheduler and error codes are the
 runtime's, shared by every protocol) and shapes the Messages answer (``messages.shapes``).
 ``messages_app`` serves it from ASGI with Anthropic's error envelope and ``ping`` events while a
-stream waits for its model's load.  Claude Code's ``?beta=true`` query and the
+stream waits for its model's load.  ``count_tokens_app`` serves POST /v1/messages/count_tokens
+(``api.input_tokens``: the model's tokenizer and chat template).  Claude Code's ``?beta=true`` query and the
 ``anthropic-version`` / ``anthropic-beta`` headers change nothing.
 """
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from models_app.api.inference import generate, inference_app, parsed
+from models_app.api.input_tokens import token_counter
 from models_app.api.keys import Caller
-from models_app.api.messages.protocol import MESSAGES_PATH, parse_messages_body
+from models_app.api.messages.protocol import MESSAGES_PATH, parse_count_tokens_body, parse_messages_body
 from models_app.api.messages.shapes import PING, MessageBuilder, error_envelope
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
@@ -49,3 +51,8 @@ async def _sse(builder: MessageBuilder, messages: AsyncIterator[dict]) -> AsyncI
 
 
 messages_app = inference_app(create_message, MESSAGES_PATH, envelope=error_envelope, waiting_notice=lambda model: PING)
+count_tokens_app = inference_app(
+    token_counter(parse_count_tokens_body, lambda request: request.generation, lambda tokens: {"input_tokens": tokens}),
+    MESSAGES_PATH + "/count_tokens",
+    envelope=error_envelope,
+)
