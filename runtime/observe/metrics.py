@@ -35,6 +35,7 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
 }
 OTHER_KEY = "other"  # the fairness keys outside the busiest N
 NO_KEY = ""  # a request without a fairness key

@@ -41,7 +41,8 @@ MODELS = {
     "flaky": {"backend": "stub", "stub_reply": "one two three four", "stub_fail_after_tokens": 2},
     "lazy": {"backend": "stub", "stub_reply": REPLY, "load_on_request": True, "stub_load_seconds": 1.0},
     "cold": {"backend": "stub"},
-    "smol": SMOLLM2_MODEL,
+    # In an engine process: count_tokens crosses it as generate does.
+    "smol": {**SMOLLM2_MODEL, "isolation": "process"},
 }
 EVENT_TYPES = {
     "message_start": RawMessageStartEvent,
@@ -121,6 +122,15 @@ def test_create(client):
     assert [block.type for block in message.content] == ["text"] and message.content[0].text == REPLY
     assert (message.stop_reason, message.stop_sequence) == ("end_turn", None)
     assert (message.usage.input_tokens, message.usage.output_tokens) == (2, 4)
+
+
+def test_the_activity_and_metrics_label_messages(service, client):
+    client.messages.create(model="fixed", max_tokens=100, messages=[{"role": "user", "content": "label me"}])
+    with service.client() as http:
+        (newest,) = http.get("/v1/admin/activity", params={"model": "fixed", "limit": 1}).json()["requests"]
+        metrics = http.get("/metrics").text
+    assert (newest["endpoint"], newest["input_tokens"]) == ("messages", 2)
+    assert 'endpoint="messages"' in metrics
 
 
 def test_system_blocks_system_turn_and_claude_code_fields_are_read(service):
@@ -273,6 +283,28 @@ def test_a_stream_that_waits_for_a_load_pings(service, client):
     validated(events)
 
 
+def test_count_tokens_on_every_protocol(service, client):
+    """The stub counts the words it would read; each protocol's counting path asks it."""
+    counted = client.messages.count_tokens(model="agent", system="be terse", tools=[WEATHER],
+                                           messages=[{"role": "user", "content": "one two three"}])
+    assert counted.input_tokens == 5 and counted.model_dump() == {"input_tokens": 5}
+    headers = {"x-api-key": KEY}
+    chat = httpx.post(service.url + "/v1/chat/completions/input_tokens", headers=headers, timeout=30,
+                      json={"model": "echo", "messages": [{"role": "user", "content": "one two"}]})
+    assert chat.status_code == 200 and chat.json() == {"object": "chat.completion.input_tokens", "input_tokens": 2}
+    responses = httpx.post(service.url + "/v1/responses/input_tokens", headers=headers, timeout=30,
+                           json={"model": "echo", "input": "one two three four", "instructions": "hi"})
+    assert responses.status_code == 200 and responses.json() == {"object": "response.input_tokens", "input_tokens": 5}
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client.messages.count_tokens(model="no-such-model", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.body["error"]["code"] == "unknown_model"
+    with pytest.raises(anthropic.ConflictError):
+        client.messages.count_tokens(model="cold", messages=[{"role": "user", "content": "x"}])
+    refused = httpx.post(service.url + "/v1/chat/completions/input_tokens", headers=headers, timeout=30,
+                         json={"model": "echo", "messages": []})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request"
+
+
 def test_smollm2_for_real(client):
     message = client.messages.create(model="smol", max_tokens=8, system="Answer briefly.",
                                      messages=[{"role": "user", "content": "What is the capital of France?"}])
@@ -283,3 +315,7 @@ def test_smollm2_for_real(client):
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text.strip() and final.content[0].text == text and final.usage.output_tokens <= 8
+    # count_tokens renders the chat template and tokenizes as the generation did.
+    counted = client.messages.count_tokens(model="smol", system="Answer briefly.",
+                                           messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert counted.input_tokens == message.usage.input_tokens

@@ -38,6 +38,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models_app.api import limits
+from models_app.conf import service_settings
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
 from runtime.inputs.request import GenerationRequest
@@ -158,6 +159,12 @@ class MessagesBody(BaseModel):
     metadata: Metadata | None = None
 
 
+class CountTokensBody(MessagesBody):
+    """POST /v1/messages/count_tokens: the same body, with no output limit to give."""
+
+    max_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
+
+
 @dataclass
 class MessagesRequest:
     """A parsed Messages request: the typed request, and what only the answer's shape needs."""
@@ -169,7 +176,15 @@ class MessagesRequest:
 def parse_messages_body(data: Any, fairness_key: str | None) -> MessagesRequest:
     """Validate a POST /v1/messages body into the typed request (unset sampling left None);
     ``fairness_key`` is the edge's (``api.keys``), None when no key or header decided it."""
-    body = validated_body(data)
+    return _typed_request(validated_body(data), fairness_key)
+
+
+def parse_count_tokens_body(data: Any, fairness_key: str | None) -> MessagesRequest:
+    """A POST /v1/messages/count_tokens body as the typed request its prompt would be."""
+    return _typed_request(validated_body(data, CountTokensBody), fairness_key)
+
+
+def _typed_request(body: MessagesBody, fairness_key: str | None) -> MessagesRequest:
     if body.top_k is not None:
         raise InvalidRequest("top_k is not supported by llm-pool's engines; leave it out", param="top_k")
     tools = _tools(body.tools)
@@ -187,7 +202,7 @@ def parse_messages_body(data: Any, fairness_key: str | None) -> MessagesRequest:
             stream=bool(body.stream),
             thinking=thinking,
             reasoning_effort=effort,
-            fairness_key=fairness_key,
+            fairness_key=_fairness_key(fairness_key, body.metadata),
             stop=stop,
             tools=tools,
             tool_choice=tool_choice,
@@ -197,13 +212,22 @@ def parse_messages_body(data: Any, fairness_key: str | None) -> MessagesRequest:
     )
 
 
-def validated_body(data: Any) -> MessagesBody:
-    """The body checked against the Messages schema (400 invalid_request naming the field)."""
+def _fairness_key(decided: str | None, metadata: Metadata | None) -> str | None:
+    """The edge's fairness key; without one, ``metadata.user_id`` where the operator lets it serve
+    (``service.fairness_key_from_metadata``), else None."""
+    if decided is not None or metadata is None or not service_settings().fairness_key_from_metadata:
+        return decided
+    limits.check_fairness_key(metadata.user_id, param="metadata.user_id")
+    return metadata.user_id
+
+
+def validated_body(data: Any, schema: type[MessagesBody] = MessagesBody) -> MessagesBody:
+    """The body checked against ``schema`` (400 invalid_request naming the field)."""
     if not isinstance(data, dict):
         raise InvalidRequest("the request body must be a JSON object")
     limits.check_generation_bounds(data, items="messages")
     try:
-        return MessagesBody.model_validate(data, strict=True)
+        return schema.model_validate(data, strict=True)
     except ValidationError as exc:
         problem = exc.errors()[0]
         path = json_path(_field_loc(problem["loc"]))
