@@ -41,6 +41,7 @@ MODELS = {
     "flaky": {"backend": "stub", "stub_reply": "one two three four", "stub_fail_after_tokens": 2},
     "lazy": {"backend": "stub", "stub_reply": REPLY, "load_on_request": True, "stub_load_seconds": 1.0},
     "cold": {"backend": "stub"},
+    "slow": {"backend": "stub", "stub_reply": "late", "stub_token_delay_ms": 3500},
     # In an engine process: count_tokens crosses it as generate does.
     "smol": {**SMOLLM2_MODEL, "isolation": "process"},
 }
@@ -303,6 +304,13 @@ def test_count_tokens_on_every_protocol(service, client):
     refused = httpx.post(service.url + "/v1/chat/completions/input_tokens", headers=headers, timeout=30,
                          json={"model": "echo", "messages": []})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request"
+
+
+def test_a_stream_whose_first_token_is_late_pings(service):
+    events = raw_events(service, {"model": "slow", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]})
+    assert [name for name, _ in events[:3]] == ["message_start", "ping", "content_block_start"]
+    assert events[1][1] == {"type": "ping"}
+    validated(events)
 
 
 def test_smollm2_for_real(client):
