@@ -92,6 +92,10 @@ def test_thinking(thinking, mode, effort):
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x", "content": [
         {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]}]}, "messages[0].content[0].content"),
     ({"temperature": 1.5}, "temperature"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "x"}}]}]},
+     "messages[0].content[0].source.data"),
+    ({"system": [{"type": "text", "text": 3}]}, "system[0].text"),
 ])
 def test_refusals_name_the_field(fields, param):
     data = {key: value for key, value in body(**fields).items() if value is not None}

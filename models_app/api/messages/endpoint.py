@@ -6,9 +6,10 @@ runtime's, shared by every protocol) and shapes the Messages answer (``messages.
 ``messages_app`` serves it from ASGI with Anthropic's error envelope and ``ping`` events while a
 stream waits: for its model's load (before ``message_start``), and, once it has started, every
 ``LOADING_NOTICE_SECONDS`` until its first event (a queue wait, a long prompt), as Anthropic's API
-pings an idle stream, so proxies and client read timeouts keep it open.  ``count_tokens_app`` serves POST /v1/messages/count_tokens
-(``api.input_tokens``: the model's tokenizer and chat template).  Claude Code's ``?beta=true`` query and the
-``anthropic-version`` / ``anthropic-beta`` headers change nothing.
+pings an idle stream, so proxies and client read timeouts keep it open.  ``count_tokens_app``
+serves POST /v1/messages/count_tokens (``api.input_tokens``: the model's tokenizer and chat
+template).  Claude Code's ``?beta=true`` query and the ``anthropic-version`` / ``anthropic-beta``
+headers change nothing.
 """
 from __future__ import annotations
 

@@ -229,17 +229,23 @@ def validated_body(data: Any, schema: type[MessagesBody] = MessagesBody) -> Mess
     try:
         return schema.model_validate(data, strict=True)
     except ValidationError as exc:
-        problem = exc.errors()[0]
+        # Of a union's failures (a string, else blocks) the deepest says what is wrong.
+        problem = max(exc.errors(), key=lambda error: len(error["loc"]))
         path = json_path(_field_loc(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
 
 
 def _field_loc(loc: tuple) -> tuple:
-    """Drop the tags pydantic puts in a location (the union member a content or source was tried as)."""
-    return tuple(part for part in loc if not (isinstance(part, str) and (part.startswith("list[") or part in _TAGS)))
-
-
-_TAGS = {"str", "text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking", "base64", "url"}
+    """Drop the members pydantic names in a location: the union member a field was tried as
+    (``str``, ``list[...]``) and the type tag of a block (after its index in a tagged list) or of
+    an image's source."""
+    kept = []
+    for index, part in enumerate(loc):
+        tagged = index > 1 and isinstance(loc[index - 1], int) and str(loc[index - 2]).startswith("list[tagged-union")
+        tried_as = part == "str" or str(part).startswith("list[")
+        if not (tried_as or tagged or (index > 0 and loc[index - 1] == "source")):
+            kept.append(part)
+    return tuple(kept)
 
 
 def typed_messages(body: MessagesBody) -> list[dict]:

@@ -109,7 +109,9 @@ class MessageBuilder:
         if result["text"]:
             content.append({"type": "text", "text": result["text"]})
         for call in result.get("tool_calls") or ():
-            content.append({"type": "tool_use", "id": call["id"], "name": call["name"], "input": tool_input(call["arguments"])})
+            content.append(
+                {"type": "tool_use", "id": call["id"], "name": call["name"], "input": tool_input(call["arguments"])}
+            )
         return self._message(content, result)
 
     # -- SSE -----------------------------------------------------------------------------
@@ -137,7 +139,9 @@ class MessageBuilder:
         ``tool_call``); nothing for the others."""
         kind = event.get("event")
         if kind == GENERATE_REASONING:
-            opening = b"" if self._open == "thinking" else self._start({"type": "thinking", "thinking": "", "signature": ""})
+            opening = b"" if self._open == "thinking" else self._start(
+                {"type": "thinking", "thinking": "", "signature": ""}
+            )
             return opening + self._delta({"type": "thinking_delta", "thinking": event["text"]})
         if kind == GENERATE_DELTA and event["text"]:
             opening = b"" if self._open == "text" else self._start({"type": "text", "text": ""})
