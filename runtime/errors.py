@@ -106,6 +106,8 @@ TooManyConnections = _error("TooManyConnections", "too_many_connections", 503, r
 ContextLengthExceeded = _error("ContextLengthExceeded", "context_length_exceeded", 400)
 # A remote OpenAI-compatible API (openai_remote) failed or timed out.
 UpstreamError = _error("UpstreamError", "upstream_error", 502)
+# Ollama's model management (pull, push, create, copy, delete): models are declared in settings.json.
+ModelManagementUnsupported = _error("ModelManagementUnsupported", "model_management_unsupported", 405)
 
 # Admin errors.
 InvalidLoadRequest = _error("InvalidLoadRequest", "invalid_load_request", 400)

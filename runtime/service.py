@@ -260,12 +260,13 @@ class RuntimeService:
             if request.stream:
                 await emit({"event": GENERATE_WAITING, "model": controller.name})
 
-        dispatched = await controller.admit(ticket, waiting)
+        dispatched = await controller.admit(ticket, record.waited_for_load(waiting))
+        record.admitted()
         try:
             if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
                 await emit({"event": GENERATE_ADMITTED})  # this get their status
             lease = await dispatched
-            record.replica = lease.replica
+            record.leased(lease.replica)
             lease.check()
             await run_on_engine(controller, lease, output)
             await output.open_stream()  # a forwarded stream the upstream ended without a chunk
@@ -273,7 +274,7 @@ class RuntimeService:
             controller.finish(ticket, output.tokens_used(ticket))
         if output.finished is None:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
-        return output.result()
+        return {**output.result(), "timings": record.timings()}  # the phases Ollama's answers report
 
     # ---- embeddings ------------------------------------------------------------------
     async def op_embed(self, payload, emit) -> dict:

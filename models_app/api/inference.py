@@ -179,8 +179,10 @@ def loading_comment(model: str) -> bytes:
 
 
 def inference_app(create: Create, path: str, *, envelope: Envelope = LLMPoolError.envelope,
-                  waiting_notice: Callable[[str], bytes] = loading_comment):
-    """The ASGI application that serves ``create`` at ``path`` (POST only).
+                  waiting_notice: Callable[[str], bytes] = loading_comment, method: str = "POST",
+                  stream_type: bytes = b"text/event-stream"):
+    """The ASGI application that serves ``create`` at ``path`` (``method`` only: a GET's
+    ``create`` is given ``{}``); a stream it answers is of the media type ``stream_type``.
 
     It reads the body (at most 64 MiB), parses it as JSON whatever its content type, and
     answers JSON or an event stream.  A client that disconnects cancels its request: the
@@ -190,8 +192,8 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = LLMPoolErro
     """
 
     async def app(scope, receive, send) -> None:
-        if scope["method"] != "POST":
-            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": "POST"},
+        if scope["method"] != method:
+            await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": method},
                              envelope=envelope)
             return
         try:
@@ -207,7 +209,8 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = LLMPoolErro
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
         ENDPOINT.set(path)  # this request's own task: nothing else reads it
         try:
-            await _serve(create, path, caller, body, send, envelope, waiting_notice)
+            await _serve(create, path, caller, body, send, envelope, waiting_notice,
+                         [(b"content-type", stream_type), *STREAM_HEADERS[1:]])
         except asyncio.CancelledError:
             if not watcher.done():
                 raise
@@ -224,7 +227,7 @@ def _headers(scope) -> dict[str, str]:
 
 
 async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, envelope: Envelope,
-                 waiting_notice: Callable[[str], bytes]) -> None:
+                 waiting_notice: Callable[[str], bytes], stream_headers: list[tuple[bytes, bytes]]) -> None:
     early = _EarlyStream()
     token = _EARLY.set(early)
     large = len(body) >= OFF_LOOP_BODY_BYTES
@@ -244,7 +247,7 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, e
         await _send_json(send, 200, answer)
         return
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": STREAM_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": stream_headers})
         if early.admission is not None:
             await _send_loading_notices(send, early, waiting_notice(early.model))
         async for event in answer:

@@ -1,8 +1,8 @@
 """GET /v1/models and /v1/models/{id}: the OpenAI model object, built from the AdminModelEntry.
 
 The OpenAI keys (``id``, ``object``, ``created``, ``owned_by``) come first; llm-pool's own
-(``runtime_state``, ``backend``, ``capabilities``) sit under their own keys next to them, which
-OpenAI clients ignore.  llm-pool keeps no creation time per model: ``created`` is when this API
+(``runtime_state``, ``backend``, ``capabilities``, ``context_length``: the tokens one request may
+use, null where unknown) sit under their own keys next to them, which OpenAI clients ignore.  llm-pool keeps no creation time per model: ``created`` is when this API
 process started, the same for every model.  A model's aliases (``aliases`` in its definition)
 are listed as models of their own (but a pattern alias, ``claude-*``, is no model id), each with
 ``alias_of`` naming the model it resolves to; the object of a model that has aliases lists them
@@ -38,6 +38,7 @@ def model_object(entry: dict, model_id: str | None = None) -> dict:
         "runtime_state": entry["runtime_state"],
         "backend": entry["resolved_backend"],
         "capabilities": entry["capabilities"],
+        "context_length": entry.get("context_length"),
         **names,
         **({"node": entry["node"]} if "node" in entry else {}),
     }

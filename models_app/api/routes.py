@@ -11,6 +11,7 @@ from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens
 from models_app.api.completions.endpoint import completions_app
 from models_app.api.embeddings.endpoint import embeddings_app
 from models_app.api.messages.endpoint import count_tokens_app, messages_app
+from models_app.api.ollama.endpoint import OLLAMA_ROUTES
 from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
 
 INFERENCE_ROUTES = {
@@ -22,4 +23,5 @@ INFERENCE_ROUTES = {
     "/v1/messages/count_tokens": count_tokens_app,
     "/v1/chat/completions/input_tokens": chat_input_tokens_app,
     "/v1/responses/input_tokens": responses_input_tokens_app,
+    **OLLAMA_ROUTES,  # Ollama's API (/api/chat, /api/tags ...): GET paths too, each app checks its method
 }

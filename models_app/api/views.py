@@ -120,6 +120,15 @@ class AdminModelEntrySerializer(serializers.Serializer):
     sleepable = serializers.BooleanField(
         required=False, help_text="Whether its backend can sleep (POST .../sleep is not 400 not_sleepable)."
     )
+    # What clients size prompts by (docs/api.md "The AdminModelEntry").
+    context_length = serializers.IntegerField(
+        allow_null=True, help_text="The tokens one request may use (effective config, server limit or the GGUF "
+        "file's trained context); null when none is known.",
+    )
+    model_file = serializers.DictField(
+        allow_null=True, help_text="A local GGUF file's description: format, size_bytes, architecture, basename, "
+        "size_label, quantization, trained_context_length; null without one.",
+    )
     # Several nodes, one pool (docs/api.md "Several nodes").
     node = serializers.CharField(
         help_text="The node whose runtime answered this entry (LLMPOOL_NODE_ID, default the host name)."

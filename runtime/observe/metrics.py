@@ -36,6 +36,10 @@ ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/messages": "messages",
+    "/api/chat": "ollama_chat",
+    "/api/generate": "ollama_generate",
+    "/api/embed": "ollama_embed",
+    "/api/embeddings": "ollama_embeddings",
 }
 OTHER_KEY = "other"  # the fairness keys outside the busiest N
 NO_KEY = ""  # a request without a fairness key

@@ -5,6 +5,7 @@ from datetime import datetime, timezone
 
 from runtime.model.writer import ModelController
 from runtime.model.state import RuntimeState
+from runtime.pool.model_card import context_length, model_file
 
 
 def model_entry(controller: ModelController) -> dict:
@@ -41,6 +42,9 @@ def model_entry(controller: ModelController) -> dict:
         "load_recommendations": spec.load_recommendations(definition),
         "load_override": dict(controller.load_override),
         "capabilities": spec.capabilities(definition),
+        # What clients size prompts by, and a local GGUF file's own description (runtime.pool.model_card).
+        "context_length": context_length(entry, controller.load_override),
+        "model_file": model_file(entry),
         "definition": entry.definition_dict(),
         # Switching by itself (docs/api.md): the definition carries
         # load_on_request, ttl_seconds, pinned, keep_warm, aliases and load_wait_timeout_seconds.

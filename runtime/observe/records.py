@@ -23,6 +23,9 @@ class RequestRecord:
     model: str | None = None  # the catalog name, once the lookup found it
     replica: int | None = None
     first_token: float | None = None  # monotonic time of the engine's first output
+    load_wait: float = 0.0  # seconds the request waited for its model's load (load_on_request)
+    load_wait_started: float | None = None
+    dispatched: float | None = None  # monotonic time it got a replica
     ended: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0
@@ -34,6 +37,35 @@ class RequestRecord:
     def saw_output(self) -> None:
         if self.first_token is None:
             self.first_token = time.monotonic()
+
+    def waited_for_load(self, on_wait):
+        """``on_wait`` (a writer's ``admit`` callback, or None) that also starts the load wait's clock;
+        ``admitted`` stops it."""
+        async def waiting() -> None:
+            self.load_wait_started = time.monotonic()
+            if on_wait is not None:
+                await on_wait()
+        return waiting
+
+    def admitted(self) -> None:
+        if self.load_wait_started is not None:
+            self.load_wait = time.monotonic() - self.load_wait_started
+
+    def leased(self, replica: int) -> None:
+        self.replica, self.dispatched = replica, time.monotonic()
+
+    def timings(self) -> dict:
+        """The request's phases so far in nanoseconds, as Ollama reports them: ``load_ns`` waiting
+        for its model's load, ``prompt_ns`` from getting a replica to the engine's first output
+        (the prompt's evaluation), ``generation_ns`` from then on."""
+        now = time.monotonic()
+        start = self.dispatched if self.dispatched is not None else now
+        first = self.first_token if self.first_token is not None else now
+        return {
+            "load_ns": round(self.load_wait * 1e9),
+            "prompt_ns": round(max(0.0, first - start) * 1e9),
+            "generation_ns": round(max(0.0, now - first) * 1e9),
+        }
 
     def succeeded(self, input_tokens: int | None, output_tokens: int | None) -> None:
         self.input_tokens, self.output_tokens = input_tokens or 0, output_tokens or 0

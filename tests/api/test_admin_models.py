@@ -39,6 +39,8 @@ ENTRY_KEYS = {
     "residency", "sleepable",
     # additive (docs/api.md): the node that serves it
     "node",
+    # additive (docs/api.md): the context one request may use, a local GGUF file's description
+    "context_length", "model_file",
 }
 # The keys of each item of "models" in the GET /v1/admin/gpu-memory example.
 GPU_MODEL_KEYS = {

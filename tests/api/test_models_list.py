@@ -51,7 +51,8 @@ def test_the_list_has_the_openai_shape_and_every_configured_model(http):
     assert [item["id"] for item in body["data"]] == list(MODELS)
     for item in body["data"]:
         strict_model(item)
-        assert set(item) == {"id", "object", "created", "owned_by", "runtime_state", "backend", "capabilities", "node"}
+        assert set(item) == {"id", "object", "created", "owned_by", "runtime_state", "backend", "capabilities", "context_length",
+                             "node"}
         assert item["backend"] == "stub"
     states = {item["id"]: item["runtime_state"] for item in body["data"]}
     assert states == {"fixed": "loaded", "vision": "loaded", "cold": "unloaded"}

@@ -23,8 +23,17 @@ def generation_request(text: str = "Hi there", **fields) -> GenerationRequest:
     return GenerationRequest(request_id=f"req-{next(_request_ids)}", messages=user_input(text), **fields).resolved()
 
 
+def without_timings(result: dict) -> dict:
+    """A generate result less its ``timings`` (the request's phases in ns, which differ run to run),
+    once they are checked to be there: what the tests compare exactly."""
+    timings = result.pop("timings")
+    assert set(timings) == {"load_ns", "prompt_ns", "generation_ns"}
+    assert all(isinstance(value, int) and value >= 0 for value in timings.values())
+    return result
+
+
 async def generate(service: RuntimeService, model: str, text: str = "Hi there", **fields) -> tuple[dict, list[str]]:
-    """(result, streamed deltas) of one generate operation."""
+    """(result less its timings, streamed deltas) of one generate operation."""
     deltas: list[str] = []
 
     async def emit(event: dict) -> None:
@@ -33,7 +42,7 @@ async def generate(service: RuntimeService, model: str, text: str = "Hi there", 
 
     payload = {"request_id": f"req-{next(_request_ids)}", "model": model, "messages": user_input(text), **fields}
     result = await service.handle("generate", payload, emit)
-    return result, deltas
+    return without_timings(result), deltas
 
 
 async def load(service: RuntimeService, model: str, body: dict | None = None) -> dict:

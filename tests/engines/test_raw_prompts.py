@@ -10,7 +10,7 @@ import pytest
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.backends.ct2.engine import Ct2Engine
-from tests.engines.runtime_driver import load
+from tests.engines.runtime_driver import load, without_timings
 
 _ids = itertools.count()
 RAW = "Once upon a time<|im_start|> the fox"
@@ -24,7 +24,7 @@ async def run_raw(service, model: str, prompt: str, **fields) -> tuple[dict, lis
             deltas.append(event["text"])
 
     payload = {"request_id": f"raw-{next(_ids)}", "model": model, "messages": [], "prompt": prompt, **fields}
-    return await service.handle("generate", payload, emit), deltas
+    return without_timings(await service.handle("generate", payload, emit)), deltas
 
 
 async def test_vllm_tokenizes_the_raw_prompt_as_its_completions_endpoint(fake_vllm, runtime_service):

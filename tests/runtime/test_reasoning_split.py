@@ -9,7 +9,7 @@ import pytest
 from runtime.config import validate_settings
 from runtime.errors import InvalidRequest, InvalidSettings
 from runtime.inference.reasoning import ReasoningSplitter
-from tests.engines.runtime_driver import load, user_input
+from tests.engines.runtime_driver import load, user_input, without_timings
 
 TAGS = ("<think>", "</think>")
 
@@ -92,14 +92,14 @@ THINKER = {"backend": "stub", "stub_reply": "alpha beta gamma", "stub_reasoning"
 
 
 async def generate(service, model: str, **fields) -> tuple[dict, list[dict]]:
-    """(result, every event the generate operation emitted)."""
+    """(result less its timings, every event the generate operation emitted)."""
     events: list[dict] = []
 
     async def emit(event: dict) -> None:
         events.append(event)
 
     payload = {"request_id": f"req-{model}-{len(fields)}", "model": model, "messages": user_input("hi"), **fields}
-    return await service.handle("generate", payload, emit), events
+    return without_timings(await service.handle("generate", payload, emit)), events
 
 
 def streamed(events: list[dict]) -> list[tuple[str, str]]:

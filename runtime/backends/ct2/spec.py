@@ -49,10 +49,7 @@ class Ct2Definition(FamilyDefinition):
         return self
 
 
-class Ct2Spec(LibrarySpec):
-    engine_class = Ct2Engine
-    import_library = staticmethod(import_ctranslate2)
-
+class Ct2Spec(LibrarySpec, engine=Ct2Engine, library=import_ctranslate2):
     name = "ct2"
     definition_model = Ct2Definition
 

@@ -77,10 +77,7 @@ def _bits_constraint() -> dict:
     }
 
 
-class Exllamav3Spec(LibrarySpec):
-    engine_class = ExllamaEngine
-    import_library = staticmethod(import_exllamav3)
-
+class Exllamav3Spec(LibrarySpec, engine=ExllamaEngine, library=import_exllamav3):
     name = "exllamav3"
     definition_model = Exllamav3Definition
     overrides = (

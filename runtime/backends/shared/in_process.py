@@ -28,10 +28,18 @@ from runtime.errors import BackendError, LLMPoolError
 
 
 class LibrarySpec(BackendSpec):
-    """A backend whose engine is a Python library (the module docstring)."""
+    """A backend whose engine is a Python library (the module docstring), declared by its class:
+    ``class Ct2Spec(LibrarySpec, engine=Ct2Engine, library=import_ctranslate2)``."""
 
     engine_class: ClassVar[type]  # built as engine_class(config, context)
-    import_library: ClassVar[Callable[[], Any]]  # a staticmethod: imports the library, or raises
+    import_library: ClassVar[Callable[[], Any]]  # imports the library, or raises
+
+    def __init_subclass__(cls, *, engine: type | None = None, library: Callable[[], Any] | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if engine is not None:  # a subclass of a backend's spec keeps its engine and library
+            cls.engine_class = engine
+        if library is not None:
+            cls.import_library = staticmethod(library)
 
     def create_engine(self, model_name, config, replica_index, context):
         return self.engine_class(config, context)

@@ -79,6 +79,8 @@ class StubDefinition(CommonDefinition):
     # estimate and what it measures then); null: not sleepable.
     stub_sleep_mib: int | None = Field(None, ge=0)
     stub_remote: bool = False
+    # The context length it reports (runtime.pool.model_card); null: none.
+    stub_context_length: int | None = Field(None, ge=1)
     # Allocate this much GPU memory with torch while loaded (scripts/gpu_check.sh checks
     # observed_load_delta against it); needs torch with CUDA.
     stub_gpu_alloc_mib: int | None = Field(None, ge=1)
@@ -339,6 +341,9 @@ class StubSpec(BackendSpec):
 
     def multi_turn(self, definition: StubDefinition) -> bool:
         return definition.multi_turn
+
+    def context_length(self, config):
+        return config.get("stub_context_length")
 
     def thinking_modes(self, definition: StubDefinition) -> list[str]:
         return list(definition.thinking_modes)

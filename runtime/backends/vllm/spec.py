@@ -89,10 +89,7 @@ def _optional_string(name: str, fmt: str, examples: list[str]) -> LoadOverride:
     return LoadOverride(name, str, {"kind": "string_or_null", "format": fmt, "default": None, "examples": examples})
 
 
-class VllmSpec(LibrarySpec):
-    engine_class = VllmEngine
-    import_library = staticmethod(import_vllm)
-
+class VllmSpec(LibrarySpec, engine=VllmEngine, library=import_vllm):
     name = "vllm"
     definition_model = VllmDefinition
     overrides = (

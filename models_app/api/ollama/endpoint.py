@@ -1,0 +1,132 @@
+"""Ollama's API served from ASGI: ``OLLAMA_ROUTES`` (path -> app), which ``api.routes`` adds.
+
+Each app is ``api.inference.inference_app`` (the inference keys, the body limits, a
+disconnect cancelling the request) with Ollama's error body.  /api/chat and /api/generate run
+the typed request through ``api.inference.generate``, the one path to the runtime, and answer
+an NDJSON stream (``stream`` true, Ollama's default) or one object.  A streamed request that
+asks for a ``format`` is run whole (the runtime constrains only an answer it sends whole) and
+streamed as its one final object.  /api/pull, /api/push, /api/create, /api/copy and
+/api/delete answer 405 ``model_management_unsupported``: models are declared in settings.json.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+
+from models_app import selectors
+from models_app.api.inference import generate, inference_app, parsed, with_endpoint
+from models_app.api.keys import Caller
+from models_app.api.ollama import models
+from models_app.api.ollama.protocol import (
+    OllamaCall, parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model,
+)
+from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line, waiting_notice
+from models_app.transport.messages import OP_EMBED, REPLY_CHUNK, REPLY_RESULT
+from models_app.transport.runtime_client import RuntimeClient
+from runtime.errors import LLMPoolError, ModelManagementUnsupported
+
+
+def _generating(parse: Callable[..., OllamaCall], chat: bool):
+    async def create(data, caller: Caller) -> dict | AsyncIterator[bytes]:
+        started = time.monotonic()
+        call = await parsed(parse, data, caller.fairness_key)
+        model = await caller.resolve(call.model)
+        answer = Answer(call.model, chat=chat, started=started)
+        if call.generation is None:
+            await selectors.model_get(model)  # an unknown model is a 404 here too
+            return _whole(answer.loaded(), call.stream)
+        outcome = await generate(call.generation, model)
+        if not call.generation.stream:
+            return _whole(answer.final(outcome, whole=True), call.stream)
+        return _ndjson(answer, outcome)
+
+    return create
+
+
+def _whole(data: dict, stream: bool) -> dict | AsyncIterator[bytes]:
+    """One object: the answer of a request that did not stream, or the only line of one that did."""
+    return _one(line(data)) if stream else data
+
+
+async def _one(piece: bytes) -> AsyncIterator[bytes]:
+    yield piece
+
+
+async def _ndjson(answer: Answer, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    try:
+        async for message in messages:
+            if message["kind"] == REPLY_CHUNK:
+                piece = answer.piece(message["data"])
+                if piece:
+                    yield piece
+            elif message["kind"] == REPLY_RESULT:
+                yield line(answer.final(message["data"], whole=False))
+    except LLMPoolError as exc:
+        yield line(error_body(exc))
+    finally:
+        await messages.aclose()
+
+
+async def _embedded(parse: Callable, data, caller: Caller) -> tuple[str, dict, float]:
+    started = time.monotonic()
+    request = await parsed(parse, data, caller.fairness_key)
+    model = await caller.resolve(request.model)
+    result = await RuntimeClient().call(OP_EMBED, with_endpoint({**request.to_wire(), "model": model}))
+    return request.model, result, started
+
+
+async def create_embed(data, caller: Caller) -> dict:
+    model, result, started = await _embedded(parse_embed, data, caller)
+    return {
+        "model": model,
+        "embeddings": result["vectors"],
+        "total_duration": round((time.monotonic() - started) * 1e9),
+        "prompt_eval_count": result["usage"]["prompt_tokens"],
+    }
+
+
+async def create_embeddings(data, caller: Caller) -> dict:
+    _model, result, _started = await _embedded(parse_embeddings, data, caller)
+    return {"embedding": result["vectors"][0]}
+
+
+async def create_show(data, caller: Caller) -> dict:
+    return await models.show(shown_model(data), caller)
+
+
+async def list_tags(data, caller: Caller) -> dict:
+    return await models.tags(caller)
+
+
+async def list_running(data, caller: Caller) -> dict:
+    return await models.ps(caller)
+
+
+async def report_version(data, caller: Caller) -> dict:
+    return models.version()
+
+
+async def refuse_management(data, caller: Caller) -> dict:
+    raise ModelManagementUnsupported(
+        "llm-pool does not pull, push, create, copy or delete models: they are declared in settings.json "
+        "(and local.json), and /api/tags lists them"
+    )
+
+
+def _app(create, path: str, method: str = "POST", *, chat: bool = True):
+    return inference_app(create, path, envelope=error_body, waiting_notice=waiting_notice(chat), method=method,
+                         stream_type=NDJSON)
+
+
+OLLAMA_ROUTES = {
+    "/api/version": _app(report_version, "/api/version", "GET"),
+    "/api/tags": _app(list_tags, "/api/tags", "GET"),
+    "/api/ps": _app(list_running, "/api/ps", "GET"),
+    "/api/show": _app(create_show, "/api/show"),
+    "/api/chat": _app(_generating(parse_chat, chat=True), "/api/chat"),
+    "/api/generate": _app(_generating(parse_generate, chat=False), "/api/generate", chat=False),
+    "/api/embed": _app(create_embed, "/api/embed"),
+    "/api/embeddings": _app(create_embeddings, "/api/embeddings"),
+    **{path: _app(refuse_management, path) for path in ("/api/pull", "/api/push", "/api/create", "/api/copy")},
+    "/api/delete": _app(refuse_management, "/api/delete", "DELETE"),
+}
