@@ -98,6 +98,9 @@ class ServiceSettings(_Strict):
     fairness_key_headers: list[Annotated[str, Field(pattern=HEADER_NAME.pattern)]] = Field(
         default_factory=lambda: [DEFAULT_FAIRNESS_HEADER]
     )
+    # POST /v1/messages: with no API key's bucket and no fairness header, the body's metadata.user_id
+    # is the fairness key (Claude Code sends one per device and conversation).
+    fairness_key_from_metadata: bool = False
     # The browser origins that may call /v1 (CORS, models_app/api/cors.py); empty: CORS off.
     cors_allowed_origins: list[Annotated[str, AfterValidator(_cors_origin)]] = Field(default_factory=list)
     # GET /metrics: this token opens it to a scraper alone (the admin token opens it too).

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from models_app.api.chat.endpoint import chat_completions_app
+from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens_app
 from models_app.api.chat.protocol import ChatBody
 from models_app.api.completions.endpoint import completions_app
 from models_app.api.completions.protocol import CompletionBody
 from models_app.api.embeddings.endpoint import embeddings_app
 from models_app.api.embeddings.protocol import EmbeddingBody
+from models_app.api.messages.endpoint import count_tokens_app, messages_app
+from models_app.api.messages.protocol import CountTokensBody, MessagesBody
 from models_app.api.ollama.endpoint import OLLAMA_ROUTES
-from models_app.api.responses.endpoint import responses_app
+from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
 from models_app.api.responses.protocol import ResponsesBody
 
 INFERENCE_ROUTES = {
@@ -28,6 +30,10 @@ INFERENCE_ROUTES = {
     "/v1/chat/completions": chat_completions_app,
     "/v1/completions": completions_app,
     "/v1/embeddings": embeddings_app,
+    "/v1/messages": messages_app,
+    "/v1/messages/count_tokens": count_tokens_app,
+    "/v1/chat/completions/input_tokens": chat_input_tokens_app,
+    "/v1/responses/input_tokens": responses_input_tokens_app,
     **OLLAMA_ROUTES,  # Ollama's API (/api/chat, /api/tags ...): GET paths too, each app checks its method
 }
 
@@ -86,6 +92,22 @@ INFERENCE_OPERATIONS = [
         "as /v1/responses. encoding_format float (default) or base64 (little-endian float32, as OpenAI); "
         "dimensions only where the upstream judges it (vllm_serve, openai_remote), else 400 naming the field. "
         + KEYS_NOTE,
+        streams=False,
+    ),
+    InferenceOperation(
+        "/v1/messages", MessagesBody, "Create a message (Anthropic Messages API)",
+        "The same request as /v1/chat/completions in Anthropic's shapes (what Claude Code and the anthropic "
+        "SDK send): system, messages with text, image, tool_use, tool_result and thinking blocks, tools and "
+        "tool_choice, thinking, stop_sequences. stream=true answers with Anthropic's server-sent events "
+        "(message_start ... message_stop, ping while the model loads or the request waits). Errors come in "
+        "Anthropic's envelope (type error) with llm-pool's code kept. x-api-key is accepted as the API key. "
+        + KEYS_NOTE,
+        streams=True,
+    ),
+    InferenceOperation(
+        "/v1/messages/count_tokens", CountTokensBody, "Count a message's input tokens (Anthropic Messages API)",
+        "The input_tokens the same body would take on its model, from the model's own tokenizer and chat "
+        "template (400 token_count_unsupported for a model that forwards to an upstream server). " + KEYS_NOTE,
         streams=False,
     ),
 ]

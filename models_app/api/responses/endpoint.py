@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 from models_app.api.errors import error_answer
 from models_app.api.inference import generate, inference_app, parsed
+from models_app.api.input_tokens import token_counter
 from models_app.api.keys import Caller
 from models_app.api.responses.protocol import parse_responses_body
 from models_app.api.responses.shapes import ResponseBuilder
@@ -50,3 +51,9 @@ async def _sse(builder: ResponseBuilder, messages: AsyncIterator[dict]) -> Async
 
 
 responses_app = inference_app(create_response, "/v1/responses")
+# POST /v1/responses/input_tokens: the body's prompt tokens (api.input_tokens), as OpenAI answers them.
+responses_input_tokens_app = inference_app(
+    token_counter(parse_responses_body, lambda request: request,
+                  lambda tokens: {"object": "response.input_tokens", "input_tokens": tokens}),
+    "/v1/responses/input_tokens",
+)
