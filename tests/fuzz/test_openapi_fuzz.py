@@ -40,6 +40,11 @@ UNSTATED_RULES = [re.compile(rule) for rule in (
     r"^tool_choice names function .*, which is not one of the tools$",
     r"^tools\[\d+\]: a second function named ",
     r"^top_logprobs needs logprobs: true$",
+    # /v1/messages (Anthropic's shapes): which blocks a role's turn may hold, tool_choice against tools
+    r'^tool_choice "(any|tool)" needs tools$',
+    r"^tool_choice names tool .*, which is not one of the tools$",
+    r"^tools\[\d+\]: a second tool named ",
+    r"^messages\[\d+\]\.content(\[\d+\])?: (an assistant message has no|a \w+ message has no|a system message is text|a \w+ message needs content|a tool result is text here)",
 )]
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from models_app.api import limits
 from models_app.conf import service_settings
@@ -148,7 +148,10 @@ class MessagesBody(BaseModel):
     system: str | list[TextBlock] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=limits.MAX_FIELD_INTEGER)
+    # Parsed so that a value gets a clear refusal (``_typed_request``); the document says only
+    # null is accepted, which is the truth.
+    top_k: Annotated[int | None, WithJsonSchema({"type": "null", "description": "Not supported: no engine "
+                                                 "takes it; a value is refused (400)."})] = None
     stop_sequences: list[Annotated[str, Field(max_length=limits.MAX_STOP_LENGTH)]] | None = Field(
         None, max_length=limits.MAX_STOP_SEQUENCES
     )

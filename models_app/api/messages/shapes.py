@@ -22,6 +22,7 @@ import uuid
 
 import orjson
 
+from models_app.api.errors import openai_envelope
 from models_app.api.inference import json_bytes
 from models_app.api.messages.protocol import MessagesRequest
 from runtime.errors import LLMPoolError
@@ -47,7 +48,7 @@ PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
 def error_envelope(exc: LLMPoolError) -> dict:
     """``exc`` in Anthropic's error envelope, llm-pool's code and param kept in ``error``."""
-    error = exc.envelope()["error"]
+    error = openai_envelope(exc)["error"]
     return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.http_status, "api_error"), **error}}
 
 
