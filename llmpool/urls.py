@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from models_app.api import metrics, views
+from models_app.api import admin_keys, metrics, views
 
 urlpatterns = [
     path("v1/admin/models", views.ModelListApi.as_view(), name="admin-models"),
@@ -16,6 +16,8 @@ urlpatterns = [
     path("v1/admin/gpu-memory", views.GpuMemoryApi.as_view(), name="admin-gpu-memory"),
     path("v1/admin/settings/reload", views.SettingsReloadApi.as_view(), name="admin-settings-reload"),
     path("v1/admin/activity", views.ActivityApi.as_view(), name="admin-activity"),
+    path("v1/admin/keys", admin_keys.KeyListApi.as_view(), name="admin-keys"),
+    path("v1/admin/keys/<str:key_id>", admin_keys.KeyDetailApi.as_view(), name="admin-key"),
     path("v1/admin/events", views.AdminEventStreamApi.as_view(), name="admin-events"),
     path("v1/responses", views.ResponseCreateApi.as_view(), name="responses"),
     path("v1/chat/completions", views.ChatCompletionCreateApi.as_view(), name="chat-completions"),
