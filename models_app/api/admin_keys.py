@@ -1,5 +1,5 @@
 """The keys API (/v1/admin/keys, additive to the contract): inference keys created, listed,
-changed, disabled and deleted while the service runs, guarded by the admin token.
+changed, disabled and deleted while the service runs, guarded by the admin token (and refused, 403 admin_token_required, while none is set).
 
 Keys of the database have ids ``key_<n>``; the keys of settings.json are listed too, read-only,
 with ids ``settings:<name>`` (PATCH or DELETE: 409 api_key_read_only; the file is their source).
@@ -15,6 +15,7 @@ from rest_framework.response import Response
 
 from models_app import selectors, services
 from models_app.api import keys
+from models_app.api.auth import AdminTokenConfigured, AdminTokenPermission
 from models_app.api.views import ERROR, AdminApi
 from models_app.conf import service_settings
 from models_app.key_fields import (
@@ -53,7 +54,11 @@ def _database_pk(key_id: str) -> int:
     return int(number)
 
 
-class KeyListApi(AdminApi):
+class KeysAdminApi(AdminApi):
+    permission_classes = [AdminTokenPermission, AdminTokenConfigured]
+
+
+class KeyListApi(KeysAdminApi):
     @extend_schema(
         summary="List the inference keys (docs/api.md \"Inference keys managed live\")",
         description="Every key: those of settings.json (source settings, read-only) then those of the database "
@@ -80,7 +85,7 @@ class KeyListApi(AdminApi):
         return Response({**row_json(row), "key": secret}, status=201)
 
 
-class KeyDetailApi(AdminApi):
+class KeyDetailApi(KeysAdminApi):
     @extend_schema(
         summary="One inference key", parameters=[KEY_ID],
         responses={200: OpenApiTypes.OBJECT, 401: ERROR, 404: ERROR},

@@ -275,3 +275,15 @@ def test_create_api_key_stores_a_key_the_running_service_takes_up(service, admin
     )
     assert again.returncode != 0 and "api_key_name_taken" in again.stderr
     admin.delete(f"/v1/admin/keys/{shown['id']}")
+
+
+def test_without_an_admin_token_the_keys_api_is_refused(live_service):
+    open_service = live_service({"echo": {"backend": "stub"}})
+    with open_service.client() as client:
+        for method, path in (("GET", "/v1/admin/keys"), ("POST", "/v1/admin/keys"), ("PATCH", "/v1/admin/keys/key_1"),
+                             ("DELETE", "/v1/admin/keys/key_1")):
+            answer = client.request(method, path, json={"name": "mine"})
+            assert (answer.status_code, answer.json()["error"]["code"]) == (403, "admin_token_required")
+        assert client.get("/v1/admin/models").status_code == 200  # the rest of the admin API is as it was
+        assert client.post("/v1/responses", json={"model": "echo", "input": "x"}).json()["error"]["code"] \
+            == "model_not_loaded"  # no key was made: the service stays open
