@@ -178,3 +178,14 @@ def test_no_inference_key_secret_reaches_the_websocket_snapshot(service, browser
         assert made["key"] not in snapshot and made["key"].removeprefix("sk-llmpool-") not in snapshot
     finally:
         httpx.delete(service.url + f"/v1/admin/keys/{made['id']}", headers=AUTH, timeout=15)
+
+
+def test_the_playground_asks_for_a_key_once_one_is_made_through_the_keys_api(service, browser_session):
+    page = "/admin/llm-pool/models/stub-list/"
+    assert 'id="playground-key"' not in browser_session.get(page).text
+    made = httpx.post(service.url + "/v1/admin/keys", json={"name": "playground"}, headers=AUTH, timeout=15).json()
+    try:
+        assert 'id="playground-key"' in browser_session.get(page).text
+    finally:
+        httpx.delete(service.url + f"/v1/admin/keys/{made['id']}", headers=AUTH, timeout=15)
+    assert 'id="playground-key"' not in browser_session.get(page).text
