@@ -5,7 +5,7 @@ proxy built on that server and that client pays on this machine, before llm-pool
 (the channel layer, the runtime's scheduling, the Responses mapping) adds its share.
 
 SERVER is ``uvicorn`` (uvloop and httptools, with llm-pool's own protocol class: a response's head
-sent with its body, ``llmpool.http_protocol.HeadWithBody``, as ``manage.py serve`` runs it), ``daphne`` (Twisted)
+sent with its body, ``models_app.http.connections.HeadWithBody``, as ``manage.py serve`` runs it), ``daphne`` (Twisted)
 or ``granian`` (its Rust HTTP server, one worker, asyncio in Python); CLIENT is ``httpx`` (httpx's
 own pool, the managed engines' client) or ``upstream`` (``runtime.backends.shared.upstream``, the
 aiohttp-based candidate).  Non-streamed POSTs only.
@@ -71,7 +71,7 @@ def run_uvicorn(port: int) -> None:
     import uvicorn
     import uvloop
 
-    from llmpool.http_protocol import bounded_httptools_protocol
+    from models_app.http.connections import bounded_httptools_protocol
 
     async def main() -> None:
         config = uvicorn.Config(app, host="127.0.0.1", port=port, loop="none", http=bounded_httptools_protocol(),

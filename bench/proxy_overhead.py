@@ -33,12 +33,18 @@ both see the same load:
   two paths taking turns every request) and the streamed tokens/s ratios at 1 and 16
   streams (same targets). Beside each, the CPU time llm-pool's serving process spent per
   request or per streamed token, which the machine's other load moves less than the
-  latencies and ratios.
+  latencies and ratios;
+- the Anthropic Messages API (``messages_*``, ``--only messages``): ``/v1/messages`` against
+  ``/v1/chat/completions`` through llm-pool on the same model in the same turns, on the
+  zero-delay stub (both typed: what the Messages translation and its shapes add) and on the
+  llama_server model (chat passed through, Messages typed): the added p50 of a 1-token
+  non-streamed request (target: within 0.3 ms on the stub), and streamed tokens/s at 1 stream,
+  Messages / chat (target: at least 0.99).
 
 llama-server decodes on ``--server-threads`` threads (default 1: on a two-core
 machine a server on both cores slows down whenever anything else runs, the
 benchmark's own client included).  Prints one JSON object.
-Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 128] [--server-threads 1] [--server uvicorn|daphne] [--only chat]
+Run: .venv/bin/python bench/proxy_overhead.py [--requests 200] [--tokens 128] [--server-threads 1] [--server uvicorn|daphne] [--only chat|messages]
 """
 from __future__ import annotations
 
@@ -189,6 +195,49 @@ async def pool_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int,
 async def pool_chat_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
     """The plain client's chat completions request, to llm-pool (passed through to llama-server)."""
     return await direct_once(http, url, prompt, tokens, stream)
+
+
+def pool_chat_call(model: str):
+    """A chat completions request to llm-pool's ``model`` (the usage in the stream's last chunk)."""
+
+    async def pool_chat(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+                "temperature": 0.0, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
+        if not stream:
+            response = await http.post(url + "/v1/chat/completions", json=body)
+            response.raise_for_status()
+            return response.json()["usage"]["completion_tokens"]
+        used = 0
+        async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    usage = json.loads(line[6:]).get("usage")
+                    used = usage["completion_tokens"] if usage else used
+        return used
+
+    return pool_chat
+
+
+def messages_call(model: str):
+    """The same request as an Anthropic Messages one (the output tokens of its message_delta)."""
+
+    async def messages(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
+        body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+                "temperature": 0.0, "stream": stream}
+        if not stream:
+            response = await http.post(url + "/v1/messages", json=body)
+            response.raise_for_status()
+            return response.json()["usage"]["output_tokens"]
+        used = 0
+        async with http.stream("POST", url + "/v1/messages", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and '"message_delta"' in line:
+                    used = json.loads(line[6:])["usage"]["output_tokens"]
+        return used
+
+    return messages
 
 
 RETRIED: dict[str, int] = {}
@@ -352,6 +401,43 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
     }
 
 
+async def messages_against_chat(http: httpx.AsyncClient, pool: str, requests: int, tokens: int, rounds: int) -> dict:
+    """/v1/messages against /v1/chat/completions on the same model, taking turns every request."""
+    figures = {}
+    for model in ("stub", "smol"):
+        paths = (("chat", retried_once(f"chat_{model}", pool_chat_call(model))),
+                 ("messages", retried_once(f"messages_{model}", messages_call(model))))
+        samples: dict[str, list[float]] = {name: [] for name, _ in paths}
+        for _, call in paths:
+            for _ in range(5):
+                await call(http, pool, LATENCY_PROMPT, 1, False)
+        for _ in range(requests):
+            for name, call in paths:
+                began = time.perf_counter()
+                await call(http, pool, LATENCY_PROMPT, 1, False)
+                samples[name].append(time.perf_counter() - began)
+        stats = {name: percentiles(values) for name, values in samples.items()}
+        figures[model] = {**stats, "added_p50_ms": round(stats["messages"]["p50_ms"] - stats["chat"]["p50_ms"], 3)}
+    measured: dict[str, list[tuple[int, float]]] = {"chat": [], "messages": []}
+    calls = {"chat": pool_chat_call("smol"), "messages": messages_call("smol")}
+    await stream_rate(http, calls["chat"], pool, 1, tokens)  # warm up
+    for _ in range(rounds):
+        for name, call in calls.items():
+            measured[name].append(await stream_rate(http, retried_once(f"{name}_streamed", call), pool, 1, tokens))
+    rates = {name: sum(u for u, _ in runs) / sum(e for _, e in runs) for name, runs in measured.items()}
+    return {
+        "max_output_tokens": 1,
+        "stub": figures["stub"],
+        "llama_server": figures["smol"],
+        "target_stub_added_p50_ms": 0.3,
+        "streamed_1": {
+            "tokens_per_stream": tokens, "rounds": rounds,
+            "chat_tokens_per_s": round(rates["chat"], 2), "messages_tokens_per_s": round(rates["messages"], 2),
+            "ratio": round(rates["messages"] / rates["chat"], 4), "target_ratio": 0.99,
+        },
+    }
+
+
 async def measure(direct: str, relays: dict[str, str], pool: str, args) -> dict:
     limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as http:
@@ -372,6 +458,8 @@ async def measure(direct: str, relays: dict[str, str], pool: str, args) -> dict:
                 "chat_streamed_16": await streamed_ratio(http, direct, pool, 16, args.tokens, args.rounds, 0.95,
                                                          pool_chat_once),
             })
+        if args.only in (None, "messages"):
+            results["messages"] = await messages_against_chat(http, pool, args.requests, args.tokens, args.rounds)
         return {**results, "retried_requests": dict(RETRIED)}
 
 
@@ -384,8 +472,9 @@ def main() -> None:
                         help="llama-server decode threads (-t); 0 leaves llama-server's own default")
     parser.add_argument("--server", choices=("uvicorn", "daphne"), default="uvicorn", help="llm-pool's HTTP server")
     parser.add_argument("--granian", action="store_true", help="also the granian relay floor")
-    parser.add_argument("--only", choices=("responses", "chat"), default=None,
-                        help="measure only /v1/responses or only chat completions passed through (default: both)")
+    parser.add_argument("--only", choices=("responses", "chat", "messages"), default=None,
+                        help="measure only /v1/responses, chat completions passed through, or /v1/messages "
+                             "against chat (default: all)")
     args = parser.parse_args()
     binary, model = llama_server_binary(), smollm2_gguf()
     with tempfile.TemporaryDirectory() as state:

@@ -1,28 +1,32 @@
+"""Django's routes: the machine API's admin and discovery views, the OpenAPI document and its
+UI, the metrics, and the admin pages.  The inference endpoints are not here: plain ASGI apps
+serve them in front of Django (``models_app.api.routes``, wired in ``llmpool.asgi``)."""
 from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
 from models_app.api import admin_keys, metrics, views
 
+# POST /v1/admin/models/<name>/<operation>, each named admin-model-<operation>.
+MODEL_OPERATIONS = {
+    "load": views.ModelLoadApi,
+    "unload": views.ModelUnloadApi,
+    "reconfigure": views.ModelReconfigureApi,
+    "sleep": views.ModelSleepApi,
+    "wake": views.ModelWakeApi,
+    "logs": views.ModelLogsApi,
+}
+
 urlpatterns = [
     path("v1/admin/models", views.ModelListApi.as_view(), name="admin-models"),
-    path("v1/admin/models/<str:model_name>/load", views.ModelLoadApi.as_view(), name="admin-model-load"),
-    path("v1/admin/models/<str:model_name>/unload", views.ModelUnloadApi.as_view(), name="admin-model-unload"),
-    path("v1/admin/models/<str:model_name>/reconfigure", views.ModelReconfigureApi.as_view(),
-         name="admin-model-reconfigure"),
-    path("v1/admin/models/<str:model_name>/sleep", views.ModelSleepApi.as_view(), name="admin-model-sleep"),
-    path("v1/admin/models/<str:model_name>/wake", views.ModelWakeApi.as_view(), name="admin-model-wake"),
-    path("v1/admin/models/<str:model_name>/logs", views.ModelLogsApi.as_view(), name="admin-model-logs"),
+    *(path(f"v1/admin/models/<str:model_name>/{operation}", view.as_view(), name=f"admin-model-{operation}")
+      for operation, view in MODEL_OPERATIONS.items()),
     path("v1/admin/gpu-memory", views.GpuMemoryApi.as_view(), name="admin-gpu-memory"),
     path("v1/admin/settings/reload", views.SettingsReloadApi.as_view(), name="admin-settings-reload"),
     path("v1/admin/activity", views.ActivityApi.as_view(), name="admin-activity"),
     path("v1/admin/keys", admin_keys.KeyListApi.as_view(), name="admin-keys"),
     path("v1/admin/keys/<str:key_id>", admin_keys.KeyDetailApi.as_view(), name="admin-key"),
     path("v1/admin/events", views.AdminEventStreamApi.as_view(), name="admin-events"),
-    path("v1/responses", views.ResponseCreateApi.as_view(), name="responses"),
-    path("v1/chat/completions", views.ChatCompletionCreateApi.as_view(), name="chat-completions"),
-    path("v1/completions", views.CompletionCreateApi.as_view(), name="completions"),
-    path("v1/embeddings", views.EmbeddingCreateApi.as_view(), name="embeddings"),
     path("v1/models", views.OpenAIModelListApi.as_view(), name="models"),
     path("v1/models/<str:model_id>", views.OpenAIModelApi.as_view(), name="model"),
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(), name="openapi-schema"),

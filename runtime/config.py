@@ -98,6 +98,9 @@ class ServiceSettings(_Strict):
     fairness_key_headers: list[Annotated[str, Field(pattern=HEADER_NAME.pattern)]] = Field(
         default_factory=lambda: [DEFAULT_FAIRNESS_HEADER]
     )
+    # POST /v1/messages: with no API key's bucket and no fairness header, the body's metadata.user_id
+    # is the fairness key (Claude Code sends one per device and conversation).
+    fairness_key_from_metadata: bool = False
     # The browser origins that may call /v1 (CORS, models_app/api/cors.py); empty: CORS off.
     cors_allowed_origins: list[Annotated[str, AfterValidator(_cors_origin)]] = Field(default_factory=list)
     # GET /metrics: this token opens it to a scraper alone (the admin token opens it too).
@@ -112,7 +115,7 @@ class ServiceSettings(_Strict):
     # A request body that does not arrive in full within this long is answered 408 request_timeout.
     request_body_timeout_seconds: float = Field(60.0, gt=0, le=3600)
     # A connection's request head (request line and headers) must arrive in full within this long,
-    # from the connection's start or the head's first byte (uvicorn; llmpool/http_protocol.py).
+    # from the connection's start or the head's first byte (uvicorn; models_app/http/connections.py).
     http_head_timeout_seconds: float = Field(10.0, gt=0, le=3600)
     # An idle connection between requests is closed after this long; longer than the idle expiry
     # of the common clients (httpx and the openai SDK: 5 s), so none reuses one as it closes.

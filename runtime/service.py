@@ -31,6 +31,7 @@ from runtime.inputs.request import (
 )
 from runtime.model.scheduler import Ticket
 from runtime.model.state import RuntimeState, TransitionEvent
+from runtime.inference.token_count import count_tokens
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -72,6 +73,7 @@ class RuntimeService:
             "reload_abort": self.op_reload_abort, "gpu_memory": self.op_gpu_memory, "catalog": self.op_catalog,
             "metrics": self.op_metrics, "activity": self.op_activity, "model_logs": self.op_model_logs,
             "generate": self.op_generate, "embed": self.op_embed,
+            "count_tokens": lambda payload, emit: count_tokens(self.pool, payload),
         }
 
     async def start(self, *, load_enabled: bool = True) -> None:

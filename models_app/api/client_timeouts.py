@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from models_app.api.errors import send_error
 from models_app.conf import service_settings
 from runtime.errors import LLMPoolError, RequestBodyTimeout
 
@@ -79,6 +80,4 @@ def with_client_timeouts(app):
 
 
 async def _refuse(send, exc: LLMPoolError) -> None:
-    from models_app.api.inference import send_error  # it imports stream_write from here
-
     await send_error(send, exc, {"Connection": "close"})

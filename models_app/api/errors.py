@@ -1,20 +1,31 @@
 """The one translation point from exceptions to HTTP error answers.
 
-``LLMPoolError.envelope()`` (runtime.errors) is the only writer of the envelope
-``{"error": {"code", "message", "param"}}`` and ``error_headers`` the only source of the headers an
-error answer carries.  Each HTTP stack frames the two its own way: ``error_response`` for DRF
-views, ``error_json_response`` for plain Django views, ``inference.send_error`` over ASGI, and
-``llmpool.http_protocol.error_answer`` in raw bytes before any application runs.  DRF's own
-exceptions become errors of the hierarchy first (``from_drf``), so they take the same path.
+``error_answer`` writes every error answer: its status, its body and its headers.  The body is
+the exception's envelope in the client protocol's shape, by default OpenAI's
+``{"error": {"code", "message", "param"}}`` (``LLMPoolError.envelope()``); a protocol whose
+clients expect another shape (Anthropic's ``{"type": "error", "error": {...}}``, Ollama's
+``{"error": "..."}``) passes its own ``envelope``.  The headers are ``error_headers``' (Retry-After,
+the Bearer challenge of a 401) after the caller's own (an ``Allow``, a ``Connection: close``).
+
+Each HTTP stack then frames that one answer: ``error_response`` for DRF views (whose renderer
+writes the body: JSON, or an SSE ``error`` event), ``error_json_response`` for plain Django views,
+``send_error`` over ASGI (the inference apps), ``ErrorAnswer.http_bytes`` for a connection that
+the HTTP server answers before any application runs; a stream that fails after it started
+sends ``ErrorAnswer.body`` as its last event.  DRF's own exceptions become errors of the
+hierarchy first (``from_drf``), so they take the same path.
 """
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -29,6 +40,7 @@ from runtime.errors import (
     RequestTooLarge,
     Unauthorized,
 )
+from runtime.json_codec import dumps
 
 logger = logging.getLogger("llmpool.api")
 
@@ -43,6 +55,40 @@ _DRF_ERRORS = {
     drf.PermissionDenied: Forbidden,
     drf.ValidationError: InvalidRequest,
 }
+
+# A protocol's error body: the exception in the shape its clients read.
+Envelope = Callable[[LLMPoolError], Any]
+
+
+def openai_envelope(exc: LLMPoolError) -> dict:
+    """``{"error": {"code", "message", "param"}}`` (with ``details`` where the error has them)."""
+    return exc.envelope()
+
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """One error answer: what every HTTP stack sends for an exception."""
+
+    status: int
+    body: Any
+    headers: dict[str, str]
+
+    def json(self) -> bytes:
+        return dumps(self.body)
+
+    def http_bytes(self) -> bytes:
+        """The whole HTTP/1.1 answer (head and JSON body), for a connection that is about to close."""
+        body = self.json()
+        lines = [f"HTTP/1.1 {self.status} {HTTPStatus(self.status).phrase}",
+                 "content-type: application/json", f"content-length: {len(body)}",
+                 *(f"{name.lower()}: {value}" for name, value in self.headers.items())]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def error_answer(exc: LLMPoolError, *, envelope: Envelope = openai_envelope,
+                 headers: dict[str, str] | None = None) -> ErrorAnswer:
+    """``exc``'s answer: its status, its body ``envelope(exc)``, ``headers`` then ``error_headers(exc)``."""
+    return ErrorAnswer(exc.http_status, envelope(exc), {**(headers or {}), **error_headers(exc)})
 
 
 def error_headers(exc: LLMPoolError) -> dict[str, str]:
@@ -59,12 +105,33 @@ def error_headers(exc: LLMPoolError) -> dict[str, str]:
 
 def error_response(exc: LLMPoolError) -> Response:
     """``exc``'s answer from a DRF view."""
-    return Response(exc.envelope(), status=exc.http_status, headers=error_headers(exc))
+    answer = error_answer(exc)
+    return Response(answer.body, status=answer.status, headers=answer.headers)
 
 
-def error_json_response(exc: LLMPoolError, headers: dict[str, str] | None = None) -> JsonResponse:
+def error_json_response(exc: LLMPoolError, headers: dict[str, str] | None = None) -> HttpResponse:
     """``exc``'s answer from a plain Django view; ``headers`` are the view's own (an ``Allow``)."""
-    return JsonResponse(exc.envelope(), status=exc.http_status, headers={**(headers or {}), **error_headers(exc)})
+    answer = error_answer(exc, headers=headers)
+    return HttpResponse(answer.json(), status=answer.status, headers=answer.headers,
+                        content_type="application/json")
+
+
+async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None, *,
+                     envelope: Envelope = openai_envelope) -> None:
+    """``exc``'s answer over ASGI; ``headers`` are the app's own (an ``Allow``, a ``Connection: close``)."""
+    answer = error_answer(exc, envelope=envelope, headers=headers)
+    await send_json(send, answer.status, answer.json(), answer.headers)
+
+
+async def send_json(send, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    """One complete JSON answer over ASGI (an error's, an inference app's)."""
+    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
+    })
+    await send({"type": "http.response.body", "body": body})
 
 
 def internal_error(where: str) -> LLMPoolError:

@@ -26,7 +26,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from models_app.api.client_timeouts import StreamWriteTimeout, stream_write
-from models_app.api.errors import error_headers, internal_error
+from models_app.api.errors import Envelope, error_answer, internal_error, openai_envelope, send_error, send_json
 from models_app.api.keys import Caller, key_ring
 from models_app.api.limits import parse_json
 from models_app.conf import service_settings
@@ -53,8 +53,6 @@ LOADING_NOTICE_SECONDS = 3.0
 
 # A protocol's entry point: (the parsed JSON body, its caller) -> an answer object or SSE bytes.
 Create = Callable[[Any, Caller], Awaitable["dict | AsyncIterator[bytes]"]]
-# A protocol's error body for an error (``LLMPoolError.envelope``: llm-pool's own envelope).
-Envelope = Callable[[LLMPoolError], dict]
 
 
 class _EarlyStream:
@@ -169,6 +167,13 @@ def sse_data(payload) -> bytes:
     return b"data: " + json_bytes(payload) + b"\n\n"
 
 
+def sse_error(exc: LLMPoolError) -> bytes:
+    """The end of an OpenAI-style stream that fails after it started: the error envelope (the
+    one error writer's) as its last ``data:`` event, then ``[DONE]`` (the openai client raises it
+    as an ``APIError``)."""
+    return sse_data(error_answer(exc).body) + DONE
+
+
 class _Disconnected(Exception):
     pass
 
@@ -178,7 +183,7 @@ def loading_comment(model: str) -> bytes:
     return f": loading {model}\n\n".encode()
 
 
-def inference_app(create: Create, path: str, *, envelope: Envelope = LLMPoolError.envelope,
+def inference_app(create: Create, path: str, *, envelope: Envelope = openai_envelope,
                   waiting_notice: Callable[[str], bytes] = loading_comment, method: str = "POST",
                   stream_type: bytes = b"text/event-stream"):
     """The ASGI application that serves ``create`` at ``path`` (``method`` only: a GET's
@@ -187,8 +192,9 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = LLMPoolErro
     It reads the body (at most 64 MiB), parses it as JSON whatever its content type, and
     answers JSON or an event stream.  A client that disconnects cancels its request: the
     exchange closes, which tells the runtime to cancel the generation and free its slot.
-    ``envelope`` writes an error's body (the protocol's own error shape), ``waiting_notice(model)``
-    the bytes a stream sends while it waits for its model (``_send_loading_notices``).
+    An error before the answer starts goes through the one error writer (``api.errors``), its
+    body ``envelope(exc)`` (the protocol's own error shape); ``waiting_notice(model)`` is what a
+    stream sends while it waits for its model (``_send_loading_notices``).
     """
 
     async def app(scope, receive, send) -> None:
@@ -244,7 +250,7 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, e
     finally:
         _EARLY.reset(token)
     if isinstance(answer, dict):
-        await _send_json(send, 200, answer)
+        await send_json(send, 200, json_bytes(answer))
         return
     try:
         await send({"type": "http.response.start", "status": 200, "headers": stream_headers})
@@ -295,23 +301,3 @@ async def _watch_disconnect(receive, task: asyncio.Task) -> None:
         if message["type"] == "http.disconnect":
             task.cancel()
             return
-
-
-async def send_error(send, exc: LLMPoolError, headers: dict[str, str] | None = None, *,
-                     envelope: Envelope = LLMPoolError.envelope) -> None:
-    """``exc``'s answer over ASGI, its body ``envelope(exc)``; ``headers`` are the app's own (an
-    ``Allow``, a ``Connection: close``)."""
-    await _send_json(send, exc.http_status, envelope(exc), {**(headers or {}), **error_headers(exc)})
-
-
-async def _send_json(send, status: int, data, headers: dict[str, str] | None = None) -> None:
-    """One complete JSON answer over ASGI."""
-    body = json_bytes(data)
-    extra = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in (headers or {}).items()]
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
-    })
-    await send({"type": "http.response.body", "body": body})
-

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from models_app.api.errors import error_answer
 from models_app.api.event_stream import sse_event
 from models_app.transport.messages import OP_MODEL_LOGS
 from models_app.transport.runtime_client import RuntimeClient
@@ -41,5 +42,5 @@ async def logs_follow(first: dict, name: str) -> AsyncIterator[bytes]:
         try:
             answer = await RuntimeClient().call(OP_MODEL_LOGS, {"name": name, "after": after, "lines": 200})
         except LLMPoolError as exc:
-            yield sse_event("error", exc.envelope()["error"])
+            yield sse_event("error", error_answer(exc).body["error"])
             return

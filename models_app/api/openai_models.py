@@ -4,8 +4,9 @@ The OpenAI keys (``id``, ``object``, ``created``, ``owned_by``) come first; llm-
 (``runtime_state``, ``backend``, ``capabilities``, ``context_length``: the tokens one request may
 use, null where unknown) sit under their own keys next to them, which OpenAI clients ignore.  llm-pool keeps no creation time per model: ``created`` is when this API
 process started, the same for every model.  A model's aliases (``aliases`` in its definition)
-are listed as models of their own, each with ``alias_of`` naming the model it resolves to; the
-object of a model that has aliases lists them (``aliases``).  ``node`` names the node
+are listed as models of their own (but a pattern alias, ``claude-*``, is no model id), each with
+``alias_of`` naming the model it resolves to; the object of a model that has aliases lists them
+(``aliases``).  ``node`` names the node
 that serves it; a model several nodes serve is listed once, from a node where it is loaded if any.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from models_app import selectors
 from models_app.api.keys import Caller
 from models_app.conf import service_settings
 from models_app.transport import nodes
+from runtime.pool.catalog import is_pattern
 
 OWNED_BY = "llm-pool"
 STARTED_AT = int(time.time())
@@ -67,7 +69,7 @@ async def model_list(caller: Caller) -> dict:
         model_object(entry, model_id)
         for entry in entries
         if caller.allows(entry["name"], names)
-        for model_id in (entry["name"], *_aliases(entry))
+        for model_id in (entry["name"], *[alias for alias in _aliases(entry) if not is_pattern(alias)])
     ]
     return {"object": "list", "data": data}
 

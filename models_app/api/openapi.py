@@ -1,4 +1,5 @@
-"""OpenAPI 3.0 request schemas from the pydantic models that really validate the bodies.
+"""OpenAPI 3.0 request schemas from the pydantic models that really validate the bodies, and the
+inference endpoints' operations in the document.
 
 drf-spectacular writes OpenAPI 3.0.3; pydantic writes JSON Schema 2020-12.  ``request_schema``
 inlines pydantic's ``$defs`` and turns what 3.0 spells differently into its spelling:
@@ -6,26 +7,58 @@ inlines pydantic's ``$defs`` and turns what 3.0 spells differently into its spel
 ``exclusiveMinimum``/``exclusiveMaximum`` -> ``minimum``/``maximum`` with the boolean flag, and
 drops ``discriminator`` (its mapping names the inlined definitions).  A field that a validator
 widens before validation (a string ``input`` or ``content``) is documented in its full form.
+
+drf-spectacular writes the admin views' operations from the DRF views.  The inference endpoints
+are plain ASGI apps, not DRF views: ``add_inference_operations`` (a drf-spectacular
+postprocessing hook, ``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``) adds their operations from
+the route table's ``INFERENCE_OPERATIONS``, each request body's schema from its pydantic model.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.openapi import AutoSchema
 from pydantic import BaseModel
 
 
-class RequestBodySchema(AutoSchema):
-    """drf-spectacular's schema, with a request body marked required when its schema requires a
-    field: drf-spectacular does so for a serializer's body only, not for one given as a schema
-    (``request_schema``'s).  An inference body must be sent (its ``model`` is required); a load
-    body may be left out."""
+# The error envelope's component, which the admin views declare too (``api.views.ERROR``).
+ERROR_RESPONSE = {
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}},
+    "description": "",
+}
+# What an inference endpoint answers with the error envelope.
+INFERENCE_ERROR_STATUSES = (400, 401, 403, 404, 405, 409, 413, 429, 502, 503, 504)
 
-    def _get_request_body(self, direction="request"):
-        body = super()._get_request_body(direction)
-        if body and any(media.get("schema", {}).get("required") for media in body["content"].values()):
-            body["required"] = True
-        return body
+
+def add_inference_operations(result: dict, generator, request, public) -> dict:
+    """The inference paths' POST operations, added to the document drf-spectacular generated
+    (the paths kept in its order, by path)."""
+    from models_app.api.routes import INFERENCE_OPERATIONS  # the route table imports the protocols
+
+    paths = dict(result["paths"])
+    for operation in INFERENCE_OPERATIONS:
+        paths[operation.path] = {"post": inference_operation(operation)}
+    result["paths"] = dict(sorted(paths.items()))
+    return result
+
+
+def inference_operation(operation) -> dict:
+    """One ``InferenceOperation`` (``api.routes``) as an OpenAPI operation."""
+    segments = operation.path.strip("/").split("/")
+    answer = {"application/json": {"schema": {"type": "object", "additionalProperties": {}}}}
+    if operation.streams:
+        answer["text/event-stream"] = {"schema": {"type": "string"}}
+    return {
+        "operationId": "_".join(segments) + "_create",
+        "description": operation.description,
+        "summary": operation.summary,
+        "tags": [segments[0]],
+        # Required: every inference body names its model.
+        "requestBody": {"content": {"application/json": {"schema": request_schema(operation.body)}}, "required": True},
+        "responses": {
+            "200": {"content": answer, "description": ""},
+            **{str(status): ERROR_RESPONSE for status in INFERENCE_ERROR_STATUSES},
+        },
+    }
 
 
 def request_schema(model: type[BaseModel]) -> dict:

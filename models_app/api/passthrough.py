@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from models_app.api.inference import DONE, sse_data
+from models_app.api.inference import DONE, sse_data, sse_error
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
 from runtime.inputs.request import GENERATE_UPSTREAM
 
 Messages = AsyncIterator[dict]
-
 
 
 def forwarded_answer(result: dict, model: str) -> dict | None:
@@ -45,7 +44,7 @@ async def relay(messages: Messages, model: str, typed: Callable[[Messages], Asyn
         try:
             first = await anext(messages, None)
         except LLMPoolError as exc:
-            yield sse_data(exc.envelope()) + DONE
+            yield sse_error(exc)
             return
         shaped = _forwarded(_chained(first, messages), model) if _is_upstream(first) else typed(_chained(first, messages))
         async for piece in shaped:
@@ -62,7 +61,7 @@ async def _forwarded(messages: Messages, model: str) -> AsyncIterator[bytes]:
             elif message["kind"] == REPLY_RESULT:
                 yield DONE
     except LLMPoolError as exc:
-        yield sse_data(exc.envelope()) + DONE
+        yield sse_error(exc)
 
 
 async def _chained(first: dict | None, rest: Messages) -> Messages:

@@ -1,22 +1,113 @@
-"""The route table of the inference edge: each path served by a plain ASGI app (no Django), and
-the protocol handler that serves it.
+"""The route table of the inference edge: each path served by a plain ASGI app (no Django), the
+protocol handler that serves it, and how the OpenAPI document describes it.
 
 Every client protocol is a translation onto the one typed request (``runtime.inputs.request``):
 its package parses the body, ``api.inference.generate`` runs it, and the package shapes the answer.
-A path that is not here goes on to Django (the admin API, the browser pages).
+A path that is not here goes on to Django (the admin API, the browser pages).  A path listed in
+``INFERENCE_OPERATIONS`` too is in the OpenAPI document, its request body's schema written from
+the pydantic model that validates it (``api.openapi.add_inference_operations``).
 """
 from __future__ import annotations
 
-from models_app.api.chat.endpoint import chat_completions_app
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens_app
+from models_app.api.chat.protocol import ChatBody
 from models_app.api.completions.endpoint import completions_app
+from models_app.api.completions.protocol import CompletionBody
 from models_app.api.embeddings.endpoint import embeddings_app
+from models_app.api.embeddings.protocol import EmbeddingBody
+from models_app.api.messages.endpoint import count_tokens_app, messages_app
+from models_app.api.messages.protocol import CountTokensBody, MessagesBody
 from models_app.api.ollama.endpoint import OLLAMA_ROUTES
-from models_app.api.responses.endpoint import responses_app
+from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
+from models_app.api.responses.protocol import ResponsesBody
 
 INFERENCE_ROUTES = {
     "/v1/responses": responses_app,
     "/v1/chat/completions": chat_completions_app,
     "/v1/completions": completions_app,
     "/v1/embeddings": embeddings_app,
+    "/v1/messages": messages_app,
+    "/v1/messages/count_tokens": count_tokens_app,
+    "/v1/chat/completions/input_tokens": chat_input_tokens_app,
+    "/v1/responses/input_tokens": responses_input_tokens_app,
     **OLLAMA_ROUTES,  # Ollama's API (/api/chat, /api/tags ...): GET paths too, each app checks its method
 }
+
+
+@dataclass(frozen=True)
+class InferenceOperation:
+    """One inference path's POST operation in the OpenAPI document."""
+
+    path: str
+    body: type[BaseModel]  # the model that validates the request body: its schema is the document's
+    summary: str
+    description: str
+    streams: bool  # whether ``stream: true`` answers text/event-stream
+
+
+KEYS_NOTE = (
+    "With service.api_keys set, it needs Authorization: Bearer <API key> (401 invalid_api_key) and a model the "
+    "key may use (403 model_not_allowed), and the key decides the fairness key. Else the fairness key is the "
+    "first of service.fairness_key_headers present (default X-LLMPool-Fairness-Key), else the user field."
+)
+
+INFERENCE_OPERATIONS = [
+    InferenceOperation(
+        "/v1/responses", ResponsesBody, "Create a response (OpenAI Responses API)",
+        "Runs one request on a loaded model. stream=true answers with server-sent events "
+        "(response.created … response.output_text.delta … response.completed; a failure mid-stream is a "
+        "final error event). " + KEYS_NOTE,
+        streams=True,
+    ),
+    InferenceOperation(
+        "/v1/chat/completions", ChatBody, "Create a chat completion (OpenAI chat completions API)",
+        "Runs one request on a loaded model, through the same admission, capability checks and scheduler "
+        "as /v1/responses. stream=true answers with `data: <chat.completion.chunk>` server-sent events and "
+        "`data: [DONE]`; stream_options.include_usage adds a last chunk with the usage. n must be 1. tools "
+        "(functions), tool_choice and parallel_tool_calls need a model with capabilities.tools (else 400 "
+        "tools_unsupported, unless tool_choice is \"none\"); calls come back as message.tool_calls "
+        "(delta.tool_calls when streamed) with finish_reason tool_calls. " + KEYS_NOTE,
+        streams=True,
+    ),
+    InferenceOperation(
+        "/v1/completions", CompletionBody, "Create a text completion (OpenAI legacy completions API)",
+        "Runs one raw text prompt (no chat template) on a loaded model whose capabilities.raw_prompt is true "
+        "(else 400 raw_prompt_unsupported), through the same admission, capability checks and scheduler as "
+        "/v1/responses. prompt is one string (or a list of one); several prompts, token-id prompts, n or "
+        "best_of > 1, echo, suffix, logit_bias and the fields chat completions refuses are 400 naming the "
+        "field, except on a model that forwards the body to its upstream. stream=true answers with "
+        "`data: <text_completion>` server-sent events and `data: [DONE]`; stream_options.include_usage adds "
+        "a last chunk with the usage. " + KEYS_NOTE,
+        streams=True,
+    ),
+    InferenceOperation(
+        "/v1/embeddings", EmbeddingBody, "Create embeddings (OpenAI embeddings API)",
+        "The vectors of input (a string, a list of strings, a token array or a list of token arrays; at most "
+        "2048 inputs, none empty) from a model whose capabilities.embeddings is true (else 400 "
+        "embeddings_unsupported), through the same model lookup, lifecycle rejections, admission and scheduler "
+        "as /v1/responses. encoding_format float (default) or base64 (little-endian float32, as OpenAI); "
+        "dimensions only where the upstream judges it (vllm_serve, openai_remote), else 400 naming the field. "
+        + KEYS_NOTE,
+        streams=False,
+    ),
+    InferenceOperation(
+        "/v1/messages", MessagesBody, "Create a message (Anthropic Messages API)",
+        "The same request as /v1/chat/completions in Anthropic's shapes (what Claude Code and the anthropic "
+        "SDK send): system, messages with text, image, tool_use, tool_result and thinking blocks, tools and "
+        "tool_choice, thinking, stop_sequences. stream=true answers with Anthropic's server-sent events "
+        "(message_start ... message_stop, ping while the model loads or the request waits). Errors come in "
+        "Anthropic's envelope (type error) with llm-pool's code kept. x-api-key is accepted as the API key. "
+        + KEYS_NOTE,
+        streams=True,
+    ),
+    InferenceOperation(
+        "/v1/messages/count_tokens", CountTokensBody, "Count a message's input tokens (Anthropic Messages API)",
+        "The input_tokens the same body would take on its model, from the model's own tokenizer and chat "
+        "template (400 token_count_unsupported for a model that forwards to an upstream server). " + KEYS_NOTE,
+        streams=False,
+    ),
+]

@@ -12,7 +12,6 @@ from drf_spectacular.utils import (
     inline_serializer,
 )
 from rest_framework import serializers
-from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
@@ -20,21 +19,11 @@ from models_app import selectors, services
 from models_app.api import openai_models
 from models_app.api.auth import AdminTokenPermission
 from models_app.api.base import APIView
-from models_app.api.chat.endpoint import create_chat_completion
-from models_app.api.chat.protocol import ChatBody
-from models_app.api.completions.endpoint import create_completion
-from models_app.api.completions.protocol import CompletionBody
-from models_app.api.embeddings.endpoint import create_embedding
-from models_app.api.embeddings.protocol import EmbeddingBody
 from models_app.api.errors import error_json_response, error_response
-from models_app.api.inference import ENDPOINT
 from models_app.api.model_logs import logs_follow, logs_tail
 from models_app.api.event_stream import sse_event, transition_stream
 from models_app.api.keys import key_ring
 from models_app.api.limits import BodyRefused, refused_as
-from models_app.api.openapi import request_schema
-from models_app.api.responses.endpoint import create_response
-from models_app.api.responses.protocol import ResponsesBody
 from models_app.transport.messages import OP_CATALOG
 from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import LoadBody
@@ -388,123 +377,6 @@ class AdminEventStreamApi(AdminApi):
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
         return response
-
-
-class JsonAnswers(BaseContentNegotiation):
-    """Answers are JSON whatever the Accept header says: OpenAI clients that stream send
-    ``Accept: text/event-stream``; a stream is a StreamingHttpResponse and needs no renderer,
-    and an error before it starts is the JSON envelope with its status."""
-
-    def select_parser(self, request, parsers):
-        return parsers[0]
-
-    def select_renderer(self, request, renderers, format_suffix=None):
-        return renderers[0], renderers[0].media_type
-
-
-class InferenceApi(APIView):
-    """A protocol's POST endpoint where the ASGI router is not in front (``llmpool/asgi.py``)."""
-
-    content_negotiation_class = JsonAnswers
-
-    @staticmethod
-    async def answer(create, request):
-        ENDPOINT.set(request.path)  # the runtime's metrics label (models_app.api.inference)
-        answer = await create(request.data, (await key_ring()).caller(request.headers.get))
-        if isinstance(answer, dict):
-            return Response(answer)
-        response = StreamingHttpResponse(answer, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
-        return response
-
-
-KEYS_NOTE = (
-    "With service.api_keys set, it needs Authorization: Bearer <API key> (401 invalid_api_key) and a model the "
-    "key may use (403 model_not_allowed), and the key decides the fairness key. Else the fairness key is the "
-    "first of service.fairness_key_headers present (default X-LLMPool-Fairness-Key), else the user field."
-)
-
-# A streamed answer (stream true) is text/event-stream, any other answer JSON.
-STREAMED_ANSWERS = {
-    (200, "application/json"): OpenApiTypes.OBJECT,
-    (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description="The server-sent events (stream true)."),
-}
-
-INFERENCE_ERRORS = {
-    400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 405: ERROR, 409: ERROR, 413: ERROR, 429: ERROR, 502: ERROR,
-    503: ERROR, 504: ERROR,
-}
-
-
-class ResponseCreateApi(InferenceApi):
-    @extend_schema(
-        summary="Create a response (OpenAI Responses API)",
-        description=(
-            "Runs one request on a loaded model. stream=true answers with server-sent events "
-            "(response.created … response.output_text.delta … response.completed; a failure mid-stream is a "
-            "final error event). " + KEYS_NOTE
-        ),
-        request={"application/json": request_schema(ResponsesBody)},
-        responses=STREAMED_ANSWERS | INFERENCE_ERRORS,
-    )
-    async def post(self, request):
-        return await self.answer(create_response, request)
-
-
-class ChatCompletionCreateApi(InferenceApi):
-    @extend_schema(
-        summary="Create a chat completion (OpenAI chat completions API)",
-        description=(
-            "Runs one request on a loaded model, through the same admission, capability checks and scheduler "
-            "as /v1/responses. stream=true answers with `data: <chat.completion.chunk>` server-sent events and "
-            "`data: [DONE]`; stream_options.include_usage adds a last chunk with the usage. n must be 1. tools "
-            "(functions), tool_choice and parallel_tool_calls need a model with capabilities.tools (else 400 "
-            "tools_unsupported, unless tool_choice is \"none\"); calls come back as message.tool_calls "
-            "(delta.tool_calls when streamed) with finish_reason tool_calls. " + KEYS_NOTE
-        ),
-        request={"application/json": request_schema(ChatBody)},
-        responses=STREAMED_ANSWERS | INFERENCE_ERRORS,
-    )
-    async def post(self, request):
-        return await self.answer(create_chat_completion, request)
-
-
-class CompletionCreateApi(InferenceApi):
-    @extend_schema(
-        summary="Create a text completion (OpenAI legacy completions API)",
-        description=(
-            "Runs one raw text prompt (no chat template) on a loaded model whose capabilities.raw_prompt is true "
-            "(else 400 raw_prompt_unsupported), through the same admission, capability checks and scheduler as "
-            "/v1/responses. prompt is one string (or a list of one); several prompts, token-id prompts, n or "
-            "best_of > 1, echo, suffix, logit_bias and the fields chat completions refuses are 400 naming the "
-            "field, except on a model that forwards the body to its upstream. stream=true answers with "
-            "`data: <text_completion>` server-sent events and `data: [DONE]`; stream_options.include_usage adds "
-            "a last chunk with the usage. " + KEYS_NOTE
-        ),
-        request={"application/json": request_schema(CompletionBody)},
-        responses=STREAMED_ANSWERS | INFERENCE_ERRORS,
-    )
-    async def post(self, request):
-        return await self.answer(create_completion, request)
-
-
-class EmbeddingCreateApi(InferenceApi):
-    @extend_schema(
-        summary="Create embeddings (OpenAI embeddings API)",
-        description=(
-            "The vectors of input (a string, a list of strings, a token array or a list of token arrays; at most "
-            "2048 inputs, none empty) from a model whose capabilities.embeddings is true (else 400 "
-            "embeddings_unsupported), through the same model lookup, lifecycle rejections, admission and scheduler "
-            "as /v1/responses. encoding_format float (default) or base64 (little-endian float32, as OpenAI); "
-            "dimensions only where the upstream judges it (vllm_serve, openai_remote), else 400 naming the field. "
-            + KEYS_NOTE
-        ),
-        request={"application/json": request_schema(EmbeddingBody)},
-        responses={200: OpenApiTypes.OBJECT} | INFERENCE_ERRORS,
-    )
-    async def post(self, request):
-        return await self.answer(create_embedding, request)
 
 
 class OpenAIModelListApi(APIView):

@@ -14,6 +14,7 @@ import logging
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from models_app import selectors
+from models_app.api.errors import error_answer
 from models_app.transport.messages import ADMIN_EVENTS_GROUP, EVENT_SNAPSHOT
 from runtime.errors import LLMPoolError
 
@@ -52,5 +53,5 @@ class AdminEventsConsumer(AsyncJsonWebsocketConsumer):
             snapshot = {"kind": EVENT_SNAPSHOT, "models": await selectors.models_list(), "error": None}
         except LLMPoolError as exc:
             logger.warning("admin WebSocket snapshot failed: %s", exc.message)
-            snapshot = {"kind": EVENT_SNAPSHOT, "models": None, "error": exc.envelope()["error"]}
+            snapshot = {"kind": EVENT_SNAPSHOT, "models": None, "error": error_answer(exc).body["error"]}
         await self.send_json(snapshot)

@@ -35,7 +35,7 @@ THINK_TAGS = ("<think>", "</think>")
 # The kinds of tool_choice (capabilities.tool_choice): a named function is "function".
 TOOL_CHOICES = ("none", "auto", "required", "function")
 # request_timeout_seconds of a model in engine processes when its definition leaves it out: an
-# engine stuck past it is killed (runtime.model.writer, ``timed_out``), so it must not be unbounded.
+# engine stuck past it is killed (runtime.model.controller, ``timed_out``), so it must not be unbounded.
 ENGINE_PROCESS_REQUEST_TIMEOUT_SECONDS = 600.0
 
 
@@ -76,8 +76,9 @@ class CommonDefinition(BaseModel):
     pinned: bool = False
     # Come back (when its swap group is free again) after a swap took it away; see docs/settings.md.
     keep_warm: bool = False
-    # Extra names clients may use for this model (unique across the catalog; runtime.config checks).
-    aliases: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")]] = Field(
+    # Extra names clients may use for this model (unique across the catalog; runtime.config checks);
+    # one with "*" is a pattern standing for every name it matches (runtime.pool.catalog.canonical_model).
+    aliases: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9*][A-Za-z0-9._:+*-]{0,127}$")]] = Field(
         default_factory=list
     )
     # The tags around a thinking model's reasoning in its output (docs/settings.md, "Reasoning"):

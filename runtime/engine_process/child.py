@@ -27,6 +27,7 @@ from typing import Any
 from runtime.backends import BACKENDS
 from runtime.backends.base import EngineUnavailable, Finished, TextDelta
 from runtime.engine_process import protocol as p
+from runtime.errors import TokenCountUnsupported
 from runtime.gpu import process_gpu_memory_bytes
 from runtime.inputs.request import GenerationRequest
 
@@ -51,6 +52,7 @@ class EngineHost:
         self._tasks: set[asyncio.Task] = set()
         self._handlers = {
             p.LOAD: self._on_load, p.GENERATE: self._on_generate, p.EMBED: self._on_embed,
+            p.COUNT: self._on_count,
             p.CANCEL: self._on_cancel, p.STATS: self._on_stats, p.RECONFIGURE: self._on_reconfigure,
             p.SLEEP: self._on_sleep, p.WAKE: self._on_wake, p.UNLOAD: self._on_unload,
         }
@@ -137,6 +139,16 @@ class EngineHost:
         with self._running(embed_id):
             vectors, prompt_tokens = await self.engine.embed(message["inputs"], dimensions=message.get("dimensions"))
             self.outbox.send({"op": p.EMBEDDED, "id": embed_id, "vectors": vectors, "prompt_tokens": prompt_tokens})
+
+    async def _on_count(self, message: dict[str, Any]) -> None:
+        """The engine's ``count_tokens`` (runtime.inference.token_count), cancellable like a generation."""
+        count_id = message["id"]
+        with self._running(count_id):
+            count = getattr(self.engine, "count_tokens", None)
+            if count is None:
+                raise TokenCountUnsupported(f"the {type(self.engine).__name__} engine cannot count tokens")
+            tokens = await count(GenerationRequest.from_wire(message["request"]))
+            self.outbox.send({"op": p.COUNTED, "id": count_id, "input_tokens": tokens})
 
     async def _on_cancel(self, message: dict[str, Any]) -> None:
         task = self.generations.get(message["id"])

@@ -96,15 +96,15 @@ class _Stream:
             return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"])
         raise p.error_from_message(item)
 
-    async def next_reply(self) -> dict[str, Any]:
-        """The one answer of an embed: its ``embedded`` frame (an error frame or a failure raise)."""
+    async def next_reply(self, op: str = p.EMBEDDED) -> dict[str, Any]:
+        """The one answer of an embed or a count: its ``op`` frame (an error frame or a failure raise)."""
         while not self.items:
             self.ready.clear()
             await self.ready.wait()
         item = self.items.popleft()
         if isinstance(item, LLMPoolError):
             raise item
-        if item["op"] != p.EMBEDDED:
+        if item["op"] != op:
             raise p.error_from_message(item)
         return item
 
@@ -279,6 +279,21 @@ class ProcessEngine:
         finally:
             await self._close_stream(embed_id, stream, ended=answered)
 
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """Send ``count`` and await the child's engine's count of ``request``'s prompt tokens."""
+        count_id, stream = self._open_stream()
+        answered = False
+        try:
+            await self._send({"op": p.COUNT, "id": count_id, "request": request.to_wire()})
+            reply = await stream.next_reply(p.COUNTED)
+            answered = True
+            return reply["input_tokens"]
+        except LLMPoolError:
+            answered = True  # the child ended it (or died)
+            raise
+        finally:
+            await self._close_stream(count_id, stream, ended=answered)
+
     async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
         """Tell the child to stop ``generation_id`` and wait (briefly) until it has; unanswered, the
         engine is ``stalled`` until the answer comes."""
@@ -346,7 +361,7 @@ class ProcessEngine:
 
     def _receive(self, message: dict[str, Any]) -> None:
         op = message["op"]
-        if op in (p.DELTA, p.FINISHED, p.EMBEDDED, p.CANCELLED) or (op == p.ERROR and message.get("id") is not None):
+        if op in (p.DELTA, p.FINISHED, p.EMBEDDED, p.COUNTED, p.CANCELLED) or (op == p.ERROR and message.get("id") is not None):
             if op == p.CANCELLED:
                 self._unanswered.discard(message.get("id"))  # a late answer: it was not stuck after all
             stream = self._streams.get(message.get("id"))

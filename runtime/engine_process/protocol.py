@@ -8,6 +8,8 @@ runtime -> engine process
         {tool_call_formats} (the engine's, see runtime.inference.tool_calls.format_for; null: none) or ``error``
     ``generate`` {id, request}   answered by ``delta``* then ``finished`` or ``error``
     ``embed`` {id, inputs, dimensions}   answered by ``embedded`` or ``error``
+    ``count`` {id, request}      answered by ``counted`` {id, input_tokens} (the engine's
+        ``count_tokens``, runtime.inference.token_count) or ``error``
     ``cancel`` {id}              answered by ``cancelled`` once that generate (or embed) has stopped
     ``stats``                    answered by ``stats`` {rss_bytes, gpu_memory_bytes}
     ``unload``                   answered by ``unloaded``; the process then exits 0
@@ -47,6 +49,7 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 
 # Requests (runtime -> engine process).
 LOAD, GENERATE, EMBED, CANCEL, STATS, UNLOAD = "load", "generate", "embed", "cancel", "stats", "unload"
+COUNT, COUNTED = "count", "counted"  # runtime.inference.token_count
 RECONFIGURE, SLEEP, WAKE = "reconfigure", "sleep", "wake"  # runtime.model.residency
 RECONFIGURED, SLEPT, WOKEN = "reconfigured", "slept", "woken"
 # Replies and events (engine process -> runtime); STATS answers with its own name.

@@ -45,26 +45,26 @@ Emit = Callable[[dict], Awaitable[None]]
 
 class AnswerFilters:
     """The answer text's chain: the tool-call parse (when the request has tools), then the stop
-    sequences.  ``feed`` and ``finish`` return the text that passed, the calls found, and whether
-    a stop sequence ended the answer."""
+    sequences.  ``feed`` and ``finish`` return the text that passed, the calls found, and the stop
+    sequence that ended the answer (None while none has)."""
 
     def __init__(self, tools: ToolCallParser | None, stops: StopWatch):
         self._tools = tools
         self._stops = stops
 
-    def feed(self, text: str) -> tuple[str, list[ToolCall], bool]:
+    def feed(self, text: str) -> tuple[str, list[ToolCall], str | None]:
         calls: list[ToolCall] = []
         if self._tools is not None:
             text, calls = self._tools.feed(text)
         text, stopped = self._stops.feed(text)
-        return text, calls, stopped
+        return text, calls, self._stops.found if stopped else None
 
-    def finish(self) -> tuple[str, list[ToolCall], bool]:
+    def finish(self) -> tuple[str, list[ToolCall], str | None]:
         tail, calls = self._tools.finish() if self._tools is not None else ("", [])
         text, stopped = self._stops.feed(tail)
         if not stopped:
             text += self._stops.flush()
-        return text, calls, stopped
+        return text, calls, self._stops.found if stopped else None
 
 
 @dataclass
@@ -83,6 +83,7 @@ class Output:
     logprobs: list[dict] | None = None  # the answer's, when the request asked for them
     unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
     tool_calls: list[ToolCall] = field(default_factory=list)
+    stop_sequence: str | None = None  # the request's stop sequence that ended the answer
     record: RequestRecord | None = None  # the request's activity record (its first output's time)
 
     def __post_init__(self):
@@ -120,9 +121,10 @@ class Output:
             await self.send({"event": GENERATE_TOOL_CALL, "index": len(self.tool_calls), "call": call.to_wire()})
             self.tool_calls.append(call)
 
-    async def add_answer(self, text: str, stopped: bool) -> None:
-        """Answer text that passed the filters (with the logprobs of its tokens since the last)."""
-        if stopped:
+    async def add_answer(self, text: str, stop: str | None) -> None:
+        """Answer text that passed the filters (with the logprobs of its tokens since the last);
+        ``stop``: the stop sequence that ended the answer, if one did."""
+        if stop is not None:
             self.unsent_logprobs = []  # the stop sequence's tokens, cut with it
         if text or (self.finished is not None and self.unsent_logprobs):
             self.pieces.append(text)
@@ -131,7 +133,8 @@ class Output:
                 delta["logprobs"], self.unsent_logprobs = self.unsent_logprobs, []
                 self.logprobs.extend(delta["logprobs"])
             await self.send(delta)
-        if stopped:
+        if stop is not None:
+            self.stop_sequence = stop
             self.finished = Finished(
                 input_tokens=estimate_prompt_tokens(self.request), output_tokens=self.deltas, finish_reason="stop"
             )
@@ -153,6 +156,8 @@ class Output:
             result["usage"]["reasoning_tokens"] = min(self.reasoning_tokens, self.finished.output_tokens)
         if self.logprobs is not None:
             result["logprobs"] = self.logprobs
+        if self.stop_sequence is not None:
+            result["stop_sequence"] = self.stop_sequence
         if self.tool_calls:
             result["tool_calls"] = [call.to_wire() for call in self.tool_calls]
         if self.answer is not None:
@@ -205,16 +210,16 @@ async def _take(event, output: Output, filters: AnswerFilters) -> bool:
         case TextDelta():
             output.deltas += event.tokens
             output.unsent_logprobs.extend(event.logprobs or ())
-            text, calls, stopped = filters.feed(event.text)
+            text, calls, stop = filters.feed(event.text)
             await output.add_tool_calls(calls)
-            await output.add_answer(text, stopped)
-            return stopped
+            await output.add_answer(text, stop)
+            return stop is not None
         case Finished():
-            text, calls, stopped = filters.finish()
+            text, calls, stop = filters.finish()
             await output.add_tool_calls(calls)
             output.finished = event
-            await output.add_answer(text, stopped)
-            return stopped
+            await output.add_answer(text, stop)
+            return stop is not None
         case _:
             raise TypeError(f"an engine produced {type(event).__name__}, which no stage of the pipeline takes")
     return False

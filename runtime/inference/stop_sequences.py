@@ -1,9 +1,10 @@
 """Finding a generation's first stop sequence as its text arrives, in time linear in the text.
 
 ``StopWatch.feed`` answers the text that may go out now (never a piece that could begin a stop
-sequence) and whether a stop sequence was found; ``flush`` what was held back.  Each piece is
-searched once: a stop sequence that ends in it starts at most ``len(stop) - 1`` characters
-before it, inside the held text, so ``str.find`` over the held text and the piece finds it.
+sequence) and whether a stop sequence was found (``found`` then names it); ``flush`` what was
+held back.  Each piece is searched once: a stop sequence that ends in it starts at most
+``len(stop) - 1`` characters before it, inside the held text, so ``str.find`` over the held text
+and the piece finds it.
 Which tail of the text may begin a stop sequence is kept per sequence as the length of its
 longest prefix that ends the text (Knuth-Morris-Pratt's state, moved on by each new character),
 so a piece costs its own length per sequence, never the sequence's length squared.
@@ -15,17 +16,19 @@ class StopWatch:
     def __init__(self, stops: list[str] | tuple[str, ...] | None):
         self._stops = [_Stop(stop) for stop in dict.fromkeys(stops or ()) if stop]
         self.held = ""
+        self.found: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         if not self._stops:
             return text, False
         held = self.held + text
-        found = [index for index in (held.find(stop.text) for stop in self._stops) if index >= 0]
+        found = [(index, stop.text) for stop in self._stops if (index := held.find(stop.text)) >= 0]
         if found:
             self.held = ""
             for stop in self._stops:
                 stop.matched = 0
-            return held[: min(found)], True
+            cut, self.found = min(found)
+            return held[:cut], True
         keep = max(stop.advance(text) for stop in self._stops)
         self.held = held[len(held) - keep:] if keep else ""
         return held[: len(held) - keep], False

@@ -1,50 +1,61 @@
-"""The part of a model's writer that deals with memory (``ModelController`` mixes it in).
+"""A model's claim on the memory budget: one collaborator of its writer, shared by load and wake.
 
-Before a load starts, the writer asks the pool's ``MemoryManager`` (``runtime.pool.memory``) for a
-plan: it reserves its estimate on the devices it is placed on, waits for the models evicted
-for it to be released, waits for busy or loading ones (a request-triggered load), or is refused
-(``insufficient_memory``, nothing changed).  After the load it charges what was measured, and
-the charge goes when its engines are released.  A model asked to make room (``memory_evict``)
-decides from its own state: idle, unpinned and loaded, it unloads with reason
-``memory_eviction``; otherwise it declines and the loader plans again.
+Before a load starts, the writer asks for a plan (``plan_load``, ``checked_plan``) from the
+pool's ``MemoryManager`` (``runtime.pool.memory``) and hands it to ``act``, which reserves the
+estimate on the devices it is placed on and tells the writer what comes next: ``GO`` (the
+engines start), ``WAIT`` (busy or loading models are waited for: a request-triggered load) or
+``MAKE_ROOM`` (the models evicted or relieved for it give memory back first).  A refused plan
+raises ``insufficient_memory`` before anything changed.  A wake is planned by the residency
+collaborator and acted on by the same ``act``.  After the load the claim charges what was
+measured (``loaded``), and the charge goes when the engines are released (``release``).
+
+The claim holds its own bookkeeping (the plan acted on, the effective config's key, the
+placement) and handles what the memory manager tells the model (``cmd.MEMORY_NOTICES``) inside
+the writer's step, through the writer's lifecycle steps: a model asked to make room decides from its own state (idle, unpinned and loaded, it
+unloads with reason ``memory_eviction``; otherwise it declines and the loader plans again).
 """
 from __future__ import annotations
 
+import enum
 import logging
 
-from runtime.model import commands as cmd
 from runtime.errors import InsufficientMemory
+from runtime.model import commands as cmd
+from runtime.model.phases import Mark, Phase
+from runtime.model.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, RuntimeState
 from runtime.pool.devices import measure_process_memory
 from runtime.pool.memory_plan import Plan
-from runtime.model.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, RuntimeState
 
 logger = logging.getLogger("llmpool.runtime")
 
-S = RuntimeState
-# memory_relieve: sleep or shrink to make room; memory_grow: grow back once memory frees
-# (runtime.model.residency, ``_on_memory_relieve`` / ``_on_memory_grow``).
 MIB = 1024 * 1024
+S = RuntimeState
+P = Phase
 
 
-class MemoryWriter:
-    """Handlers of ``ModelController`` (which provides ``memory``, the state and the load steps)."""
+class Claim(str, enum.Enum):
+    """What acting on a plan leaves: start now, or wait for memory first."""
 
-    memory = None  # the pool's MemoryManager, or None (a controller outside a pool)
-    placement: list[str] | None = None  # the devices of the current (or last) load
-    _awaiting_memory = False  # loading, but waiting for evicted or busy models to give memory back
-    _memory_plan: Plan | None = None
-    _memory_key: str | None = None  # the effective config the charge was estimated for
+    GO = "go"
+    WAIT = "wait"  # busy or loading models are waited for
+    MAKE_ROOM = "make_room"  # evicted or relieved models give memory back first
 
-    def memory_command(self, command: cmd.Command) -> None:
-        if not isinstance(command, cmd.MEMORY_COMMANDS):
-            raise ValueError(f"not a memory command: {command!r}")
-        if not self._stopped:
-            self._post(command)
 
-    def memory_idle(self) -> bool:
-        """Whether this model could be evicted now (read by the manager between commands); a
-        model about to wake is wanted (runtime.model.residency)."""
-        return self._is_drained() and not self.waiters and not self.waking()
+class MemoryClaim:
+    """The writer's side of the memory manager.  The model (``owner``, its controller) is what the
+    manager reads (its entry, group and state)."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.owner = writer.model
+        self.memory = self.owner.memory  # the pool's MemoryManager, or None (a controller outside a pool)
+        self.placement: list[str] | None = None  # the devices of the current (or last) load
+        self.plan: Plan | None = None  # the plan the current (or last) load acted on
+        self.key: str | None = None  # the effective config the charge was estimated for
+
+    @property
+    def name(self) -> str:
+        return self.owner.name
 
     # ---- planning ----------------------------------------------------------------------
     def plan_load(self, overrides: dict, count: int, reason: str) -> Plan | None:
@@ -52,124 +63,126 @@ class MemoryWriter:
         it changes nothing (the dry run answers it)."""
         if self.memory is None:
             return None
-        needed, source, _key = self.memory.estimate(self, overrides, count)
-        config = self.entry.spec.effective_config(self.entry.definition, overrides)
-        requested = self.memory.requested(self, config.get("device"))
-        return self.memory.decide(self, needed, requested, operator=reason == REASON_ADMIN, source=source)
+        entry = self.owner.entry
+        needed, source, _key = self.memory.estimate(self.owner, overrides, count)
+        config = entry.spec.effective_config(entry.definition, overrides)
+        requested = self.memory.requested(self.owner, config.get("device"))
+        return self.memory.decide(self.owner, needed, requested, operator=reason == REASON_ADMIN, source=source)
 
     def checked_plan(self, overrides: dict, count: int, reason: str) -> Plan | None:
         """``plan_load``, raising ``InsufficientMemory`` with the plan when it is refused."""
         plan = self.plan_load(overrides, count, reason)
         if self.memory is not None:
-            self._memory_key = self.memory.estimate(self, overrides, count)[2]
+            self.key = self.memory.estimate(self.owner, overrides, count)[2]
         if plan is not None and plan.action == "refuse":
-            raise InsufficientMemory(_refusal(self.name, plan), details=plan.details())
+            raise self.refusal(plan)
         return plan
 
-    def _on_plan(self, future, overrides: dict, replicas: int | None) -> None:
+    def dry_run(self, state: RuntimeState, count: int, accepted: dict) -> dict:
         """The dry run of an admin load: what it would do, checked as the load would be, acting on nothing."""
-        state = self.state
-        count, accepted = self.checked_load_body(overrides, replicas)
         answer = {"model": self.name, "runtime_state": state.value}
         if state in (S.LOADED, S.LOADING, S.UNLOADING) or self.memory is None:
-            charge = self.memory.charges.get(self.name) if self.memory is not None else None
             answer.update({"fits": state is not S.UNLOADING, "action": "none", "placement": self.placement,
-                           "charge_mib": dict(charge.mib) if charge is not None else {}})
+                           "charge_mib": self.charge_mib()})
         else:
             answer.update(self.plan_load(accepted, count, REASON_ADMIN).to_dict())
-        future.set_result(answer)
+        return answer
 
-    def _memory_go(self, plan: Plan | None) -> bool:
-        """Act on ``plan`` once the model is loading: True when its engines may start now."""
-        self._memory_plan = plan
-        self._awaiting_memory = False
+    def refusal(self, plan: Plan) -> InsufficientMemory:
+        blocking = ", ".join(f"{b['name']} ({b['why']})" for b in plan.blocking if b["name"]) or "none"
+        return InsufficientMemory(
+            f"model {self.name} needs {plan.needed_mib} MiB on {plan.device} but {plan.free_mib} MiB of its "
+            f"budget are free; blocking: {blocking}",
+            details=plan.details(),
+        )
+
+    # ---- acting on a plan --------------------------------------------------------------
+    def act_for_load(self, plan: Plan | None) -> Claim:
+        """Act on a load's plan once the model is loading (None: no accounting, it goes)."""
+        self.plan = plan
         if plan is None:
-            return True
+            return Claim.GO
         self.placement = plan.placement
+        return self.act(plan, "fit")
+
+    def act(self, plan: Plan, purpose: str) -> Claim:
+        """Wait for busy models, or reserve the plan's charge and make room first when it says so."""
         if plan.action == "wait":
-            self._awaiting_memory = True
             self.memory.wait(self.name)
-            return False
+            return Claim.WAIT
         self.memory.reserve(self.name, plan.needed)
         if plan.action == "evict":
-            self._awaiting_memory = True
             if plan.evict:
-                logger.info("model %s: evicting %s to fit on %s", self.name, ", ".join(plan.evict), plan.device)
+                logger.info("model %s: evicting %s to %s on %s", self.name, ", ".join(plan.evict), purpose, plan.device)
             self.memory.claim(self.name, plan.evict, plan.relieve)
-            return False
-        return True
+            return Claim.MAKE_ROOM
+        return Claim.GO
 
-    def _memory_release(self) -> None:
-        self._awaiting_memory = False
+    def charge_mib(self) -> dict[str, int]:
+        """The charge held now, per device ({} when none)."""
+        charge = self.memory.charges.get(self.name) if self.memory is not None else None
+        return dict(charge.mib) if charge is not None else {}
+
+    def release(self) -> None:
         if self.memory is not None:
             self.memory.release(self.name)
 
-    # ---- commands ----------------------------------------------------------------------
-    def _on_memory_evict(self, future) -> None:
-        future.set_result(None)
-        if self.state is S.LOADED and self.memory_idle() and not self.entry.definition.pinned:
-            self._swapped_out = False
-            self._start_unload(REASON_MEMORY_EVICTION)
-        elif self.memory is not None:
-            self.memory.declined(self.name)
+    # ---- what the memory manager tells the model (in the writer's step) -----------------
+    def on_notice(self, notice: cmd.Notice) -> None:
+        """What the memory manager tells this model (``cmd.MEMORY_NOTICES``), decided from its own state."""
+        model, writer = self.owner, self.writer
+        match notice:
+            case cmd.Notice.MEMORY_EVICT:
+                if model.state is S.LOADED and model.memory_idle() and not model.entry.definition.pinned:
+                    model.phases.clear(Mark.SWAPPED_OUT)
+                    writer.start_unload(REASON_MEMORY_EVICTION)
+                elif self.memory is not None:
+                    self.memory.declined(self.name)
+            case cmd.Notice.MEMORY_READY:
+                if model.state is S.LOADED:
+                    writer.operations.memory_ready(replan=False)  # a wake: it runs
+                elif model.phases.is_(P.AWAITING_MEMORY, S.LOADING):
+                    writer.after_memory(P.AWAITING_MEMORY)  # the models evicted for it are released
+            case cmd.Notice.MEMORY_REPLAN if self.memory is not None:
+                if model.state is S.LOADED:
+                    writer.operations.memory_ready(replan=True)
+                elif model.phases.is_(P.AWAITING_MEMORY, S.LOADING):
+                    self._replan()
+            case cmd.Notice.MEMORY_RELIEVE:
+                writer.operations.relieve()
+            case cmd.Notice.MEMORY_GROW:
+                writer.operations.grow()
 
-    def _on_memory_ready(self, future) -> None:
-        """The models evicted for this load are released: its engines start (a wake: it runs)."""
-        future.set_result(None)
-        if self.state is S.LOADED:
-            self._wake_memory(replan=False)
-        elif self.state is S.LOADING and self._awaiting_memory:
-            self._awaiting_memory = False
-            self._after_memory()
-
-    def _on_memory_replan(self, future) -> None:
-        """Memory was given back, a model became idle, or a model refused eviction: plan again."""
-        future.set_result(None)
-        if self.state is S.LOADED and self.memory is not None:
-            self._wake_memory(replan=True)
-            return
-        if self.state is not S.LOADING or not self._awaiting_memory or self.memory is None:
-            return
+    def _replan(self) -> None:
+        """Memory was given back, a model became idle, or a model refused eviction: plan the load again."""
+        model = self.owner
         self.memory.release(self.name)  # the old reservation, if any, does not count against itself
-        plan = self.plan_load(self.load_override, self.replicas, self.reason)
+        plan = self.plan_load(model.load_override, model.replicas, model.reason)
         if plan.action == "refuse":
-            error = InsufficientMemory(_refusal(self.name, plan), details=plan.details())
-            self._awaiting_memory = False
-            self.last_error = error.message
-            self.machine.transition(S.LOADING, S.UNLOADED, self.reason)
-            self.waiters.fail(error)
-            for waiter in self._load_waiters:
-                if not waiter.done():
-                    waiter.set_exception(error)
-            self._load_waiters.clear()
+            self.writer.refuse_load(self.refusal(plan))
             return
-        if self._memory_go(plan):
-            self._after_memory()
+        self.writer.claimed(P.AWAITING_MEMORY, self.act_for_load(plan))
 
-    def _withdraw_memory_wait(self) -> None:
+    def withdraw_wait(self) -> None:
         """A request-triggered load that waits for memory, all its requests gone: it does not happen."""
-        if (
-            self.state is S.LOADING and self._awaiting_memory and not self.waiters and not self._load_waiters
-            and self.reason == REASON_REQUEST
-        ):
-            self._memory_release()
-            self.machine.transition(S.LOADING, S.UNLOADED, REASON_REQUEST)
+        model = self.owner
+        if (model.phases.is_(P.AWAITING_MEMORY, S.LOADING) and not model.waiters and not self.writer.load_waiters
+                and model.reason == REASON_REQUEST):
+            self.writer.withdraw(P.AWAITING_MEMORY)
 
     # ---- after the load ----------------------------------------------------------------
-    def _memory_loaded(self, measured_mib: int | None) -> None:
+    def loaded(self, measured_mib: int | None, serving: int) -> None:
         """Charge what the load measured (the estimate stays when nothing could be measured)."""
         if self.memory is None or self.placement is None:
             return
         if measured_mib is None:
-            plan = self._memory_plan
-            self.memory.measured(self.name, plan.needed if plan is not None else {})
+            self.memory.measured(self.name, self.plan.needed if self.plan is not None else {})
             return
         self.memory.measured(self.name, self.memory.split(measured_mib, self.placement))
-        if self._memory_key is not None:
-            per_replica = -(-measured_mib // max(1, len(self.serving_engines)))
-            self.memory.learn(self.name, self._memory_key, per_replica, "measured")
+        if self.key is not None:
+            self.memory.learn(self.name, self.key, -(-measured_mib // max(1, serving)), "measured")
 
-    def _memory_replica_failed(self, serving_before: int) -> None:
+    def replica_failed(self, serving_before: int) -> None:
         """One of ``serving_before`` serving replicas failed: its share of the charge goes back."""
         charge = self.memory.charges.get(self.name) if self.memory is not None else None
         if charge is None or serving_before < 2:
@@ -177,25 +190,27 @@ class MemoryWriter:
         left = serving_before - 1
         self.memory.measured(self.name, {device: -(-mib * left // serving_before) for device, mib in charge.mib.items()})
 
-    def _memory_failed(self, error: str) -> None:
-        """The load failed: its reservation goes; out of memory, its next estimate is raised."""
-        plan = self._memory_plan
-        if self.memory is not None and plan is not None and self._memory_key is not None:
-            if self.memory.learn_from_failure(self.name, self._memory_key, plan.needed_mib * len(plan.placement),
-                                              self.replicas, error):
-                self.last_error = f"out of memory on {', '.join(plan.placement)}: {error}"
-        self._memory_release()
+    def failed(self, error: str, replicas: int) -> str | None:
+        """The load failed: its reservation goes; out of memory, its next estimate is raised and
+        the answer is the last_error that says so (None: ``error`` as it is)."""
+        plan, why = self.plan, None
+        if self.memory is not None and plan is not None and self.key is not None:
+            if self.memory.learn_from_failure(self.name, self.key, plan.needed_mib * len(plan.placement), replicas,
+                                              error):
+                why = f"out of memory on {', '.join(plan.placement)}: {error}"
+        self.release()
+        return why
 
-    def memory_view(self) -> dict | None:
+    def view(self, overrides: dict, replicas: int, awaiting: bool) -> dict | None:
         """The admin entry's ``memory``: the estimate of the next load and the charge held now."""
         if self.memory is None:
             return None
         try:
-            estimate, source, _key = self.memory.estimate(self, self.load_override, self.replicas)
+            estimate, source, _key = self.memory.estimate(self.owner, overrides, replicas)
         except Exception:  # an estimate that cannot be made is no reason to fail a read
             estimate, source = None, "unavailable"
         try:
-            parts = self.memory.estimate_parts(self, self.load_override) if source == "estimate" else None
+            parts = self.memory.estimate_parts(self.owner, overrides) if source == "estimate" else None
         except Exception:
             parts = None
         charge = self.memory.charges.get(self.name)
@@ -205,7 +220,7 @@ class MemoryWriter:
             "estimate_parts": parts,
             "charge_mib": dict(charge.mib) if charge is not None else {},
             "charge": charge.kind if charge is not None else None,
-            "awaiting_memory": self._awaiting_memory,
+            "awaiting_memory": awaiting,
         }
 
 
@@ -242,11 +257,3 @@ def process_rss_mib() -> int | None:
         return measure_process_memory()
     except Exception:
         return None
-
-
-def _refusal(name: str, plan: Plan) -> str:
-    blocking = ", ".join(f"{b['name']} ({b['why']})" for b in plan.blocking if b["name"]) or "none"
-    return (
-        f"model {name} needs {plan.needed_mib} MiB on {plan.device} but {plan.free_mib} MiB of its budget are "
-        f"free; blocking: {blocking}"
-    )

@@ -1,5 +1,5 @@
 """What a model that switches by itself keeps beside its lifecycle: the requests waiting for it
-to load, and its idle clock (the TTL).
+to load, and its idle clock (the TTL); and what a request is refused with when it may not wait.
 
 Both belong to one ``ModelController`` and are touched only by its writer, like its state.
 """
@@ -9,9 +9,35 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from runtime.errors import LLMPoolError
+from runtime.errors import LLMPoolError, ModelFailed, ModelLoading, ModelNotLoaded, ModelUnloading
 from runtime.model.scheduler import Ticket
+from runtime.model.state import RuntimeState
+
+S = RuntimeState
+# How a request for a failed model learns where the reason is: last_error, on the admin side only.
+OPERATOR_SEES_WHY = "an operator can see why in its last_error (GET /v1/admin/models)"
+
+
+def not_serving(name: str, state: RuntimeState) -> LLMPoolError:
+    """What a request for a model in ``state`` is refused with.  A failed model's last_error is
+    the operator's (paths, the engine's output, stacks): requests are only told where it is."""
+    if state is S.LOADING:
+        return ModelLoading(f"model {name} is loading; retry shortly")
+    if state is S.UNLOADING:
+        return ModelUnloading(f"model {name} is unloading")
+    if state is S.FAILED:
+        return ModelFailed(f"model {name} failed; {OPERATOR_SEES_WHY}")
+    return ModelNotLoaded(f"model {name} is not loaded; load it through the admin API first")
+
+
+def resolve(waiters: list[asyncio.Future], result: Any = None) -> None:
+    """Answer every waiter still waiting with ``result``; the list is emptied."""
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(result)
+    waiters.clear()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Building and releasing a model's replicas: the slow work a controller runs in a side task.
 
-The controller (``runtime.model.writer``) owns the model's state and never awaits
+The model's writer (``runtime.model.writer``) owns the model's state and never awaits
 an engine itself; ``load_replicas`` and ``release_replicas`` do, and it hears
 their outcome back through its inbox.
 """
@@ -14,7 +14,9 @@ from runtime import gpu
 from runtime.backends.base import Engine
 from runtime.pool.catalog import CatalogEntry
 from runtime.engine_process.engine import ProcessEngine
+from runtime.model import commands as cmd
 from runtime.model.load_progress import ProgressCallback, replica_reporter
+from runtime.model.memory_claim import measure_engines, process_rss_mib
 from runtime.paths import state_dir
 
 logger = logging.getLogger("llmpool.runtime")
@@ -68,6 +70,26 @@ async def load_replicas(
         await release_replicas(engines)
         raise
     return engines, gpu.load_delta(used_before, used_after)
+
+
+async def load_and_measure(
+    entry: CatalogEntry, overrides: dict, count: int, placement: list[str] | None,
+    on_engine_failure: Callable[[str, int], None], on_load_progress: ProgressCallback,
+) -> cmd.LoadFinished:
+    """``load_replicas``, with what the loaded model holds measured (``measure_engines``: the
+    engines' own figures, else the GPU delta, else the runtime process's RSS growth); a failure
+    is the command's ``error``."""
+    try:
+        rss_before = await asyncio.to_thread(process_rss_mib)
+        engines, observed_mib = await load_replicas(entry, overrides, count, on_engine_failure, on_load_progress)
+        rss_after = await asyncio.to_thread(process_rss_mib)
+        rss_delta = None if None in (rss_before, rss_after) else max(0, rss_after - rss_before)
+        measured = await measure_engines(engines, placement, observed_mib, rss_delta)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return cmd.LoadFinished(None, str(exc) or type(exc).__name__)
+    return cmd.LoadFinished(engines, None, observed_mib, measured)
 
 
 def _replica_context(context: dict, index: int, count: int, on_engine_failure: Callable[[str, int], None],

@@ -1,146 +1,122 @@
-"""The part of a model's writer that switches it by itself (``ModelController`` mixes it in).
+"""The swap-group turn and the idle clock of one model: a collaborator of its writer.
 
-These handlers run inside the model's single writer like every other command: requests that
-wait for a load (``runtime.model.on_demand``), the idle TTL, and what the model's swap group asks
-(``runtime.pool.groups``: ``slot_granted``, ``swap_out``, ``end_turn``, ``resume_turn``,
-``warm_up``), which the writer decides from its own state.  ``_settle`` runs after every
-command and tells the idle clock and the group what the step left.
+A model may switch by itself (docs/settings.md): requests may wait for its load
+(``runtime.model.on_demand``), its TTL unloads it once idle, and its swap group
+(``runtime.pool.groups``) hands out the slots its members load into and asks them to give one
+back (``cmd.GROUP_NOTICES``: a slot granted, swap out, end or resume the turn, warm up).  ``SwapTurn``
+handles those inside the writer's step, deciding from the model's own state, and after every
+command tells the idle clock and the group what the step left (``settle``).
 """
 from __future__ import annotations
 
-from runtime.model import commands as cmd
 from runtime.errors import InsufficientMemory
-from runtime.model.state import (
-    ACTIVE_STATES,
-    REASON_ADMIN,
-    REASON_GROUP_SWAP,
-    REASON_KEEP_WARM,
-    REASON_REQUEST,
-    REASON_TTL,
-    RuntimeState,
-)
+from runtime.model import commands as cmd
+from runtime.model.phases import Mark, Phase
+from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_TTL, RuntimeState
 
 S = RuntimeState
-# The commands a swap group sends a member (``SwapGroup._tell``).
+P = Phase
 
 
-class SwitchingWriter:
-    """Handlers of ``ModelController`` (which provides the state, the clock, the waiters, the
-    scheduler, the group and ``_begin_load`` / ``_start_engines`` / ``_start_unload``)."""
+class SwapTurn:
+    """What the idle clock and the swap group were last told, and the model's side of its turn."""
 
-    def group_command(self, command: cmd.Command) -> None:
-        """A command from the model's swap group (``cmd.GROUP_COMMANDS``); its writer decides."""
-        if not isinstance(command, cmd.GROUP_COMMANDS):
-            raise ValueError(f"not a group command: {command!r}")
-        if not self._stopped:
-            self._post(command)
+    def __init__(self, writer):
+        self.writer = writer
+        self.model = writer.model
+        self.idle: bool | None = None  # as last told to the clock (None: tell it again)
+        self._drained: bool | None = None  # as last reported to the group
 
-    def _load_for_waiters(self) -> None:
-        if self.waiters and self.state is S.UNLOADED and not self._reload_held:
-            try:
-                self._begin_load(S.UNLOADED, REASON_REQUEST)
-            except InsufficientMemory as exc:  # nothing changed: the requests get the plan
-                self.waiters.fail(exc)
+    def tell_again(self) -> None:
+        """The definition or the group changed: the next ``settle`` reports afresh."""
+        self.idle = self._drained = None
 
-    def _release_slot(self) -> None:
-        self._awaiting_slot = False
-        if self.group is not None:
-            self.group.release(self.name)
+    def ttl(self) -> int | None:
+        definition = self.model.entry.definition
+        return None if definition.pinned else definition.ttl_seconds
 
-    def _may_wait(self, state: RuntimeState) -> bool:
+    def settle(self) -> None:
+        """After each command: tell the idle clock (TTL) and the swap group what the step left."""
+        model = self.model
+        drained = model.drained
+        idle = drained and not model.waiters
+        if idle != self.idle:
+            self.idle = idle
+            if idle:
+                model.clock.idle(self.ttl(), self._ttl_expired)
+                if model.memory is not None:
+                    model.memory.model_idle()  # a load waiting for memory may evict it now
+            else:
+                model.clock.busy()
+        if drained != self._drained and model.group is not None:
+            self._drained = drained
+            model.group.report(model.name, drained, model.clock.last_request_at)
+
+    def _ttl_expired(self, idle_since: float) -> None:
+        if not self.model._stopped:
+            self.writer.post(cmd.TtlExpired(idle_since))
+
+    def expires_at(self) -> float | None:
+        """When the TTL unloads the model if nothing comes (epoch seconds), or None."""
+        return self.model.clock.expires_at(self.ttl()) if self.idle else None
+
+    def may_wait(self, state: RuntimeState) -> bool:
         """Whether a request may wait for this model rather than be refused now: only with
         load_on_request, never for a failed model (an admin load is needed), and never during an
         admin unload (the contract refuses requests once it starts)."""
-        if not self.entry.definition.load_on_request or state is S.FAILED:
+        if not self.model.entry.definition.load_on_request or state is S.FAILED:
             return False
-        return not (state is S.UNLOADING and self.reason == REASON_ADMIN)
+        return not (state is S.UNLOADING and self.model.reason == REASON_ADMIN)
 
-    def _withdraw_unwanted_load(self) -> None:
+    def withdraw_unwanted_load(self) -> None:
         """A load that waits for a group slot for requests only, all gone now, does not happen."""
+        model = self.model
         if (
-            self.state is S.LOADING and self._awaiting_slot and not self.waiters and not self._load_waiters
-            and self.group is not None and self.group.withdraw(self.name)
+            model.phases.is_(P.AWAITING_SLOT, S.LOADING) and not model.waiters and not self.writer.load_waiters
+            and model.group is not None and model.group.withdraw(model.name)
         ):
-            self._awaiting_slot = False
-            self._memory_release()
-            self.machine.transition(S.LOADING, S.UNLOADED, REASON_REQUEST)
+            self.writer.withdraw(P.AWAITING_SLOT)
 
-    def _on_ttl_expired(self, future, idle_since: float) -> None:
-        future.set_result(None)
-        if self._idle and self.clock.idle_since == idle_since and self._ttl() is not None:
-            self._start_unload(REASON_TTL)
+    # ---- the commands of the TTL timer and the swap group ----------------------------
+    def ttl_expired(self, idle_since: float) -> None:
+        if self.idle and self.model.clock.idle_since == idle_since and self.ttl() is not None:
+            self.writer.start_unload(REASON_TTL)
 
-    def _on_slot_granted(self, future) -> None:
-        future.set_result(None)
-        if self.state is S.LOADING and self._awaiting_slot:
-            self._awaiting_slot = False
-            self._start_engines()
-        elif self.group is not None and self.state not in ACTIVE_STATES:
-            self.group.release(self.name)  # withdrawn meanwhile
+    def on_notice(self, notice: cmd.Notice) -> None:
+        """What the swap group tells this member (``cmd.GROUP_NOTICES``), decided from its own state."""
+        model, writer = self.model, self.writer
+        definition = model.entry.definition
+        match notice:
+            case cmd.Notice.SLOT_GRANTED:
+                if model.phases.is_(P.AWAITING_SLOT, S.LOADING):
+                    writer.start_engines(P.AWAITING_SLOT)
+                elif model.group is not None and model.state not in ACTIVE_STATES:
+                    model.group.release(model.name)  # withdrawn meanwhile
+            case cmd.Notice.SWAP_OUT if model.group is not None:
+                if model.drained and not definition.pinned:
+                    model.phases.mark(Mark.SWAPPED_OUT)
+                    model.group.swapping_out(model.name)
+                    writer.start_unload(REASON_GROUP_SWAP)
+                else:
+                    model.group.declined(model.name)
+            case cmd.Notice.END_TURN if model.state in (S.LOADING, S.LOADED) and not definition.pinned:
+                model.phases.mark(Mark.YIELDING)
+            case cmd.Notice.RESUME_TURN:
+                model.phases.clear(Mark.YIELDING)
+                if model.state is S.LOADED:
+                    model.waiters.release(writer.requests.queue)
+            case cmd.Notice.WARM_UP if self._may_warm_up():
+                try:
+                    writer.begin_load(S.UNLOADED, REASON_KEEP_WARM)
+                except InsufficientMemory as exc:
+                    model.last_error = exc.message  # it comes back when there is room (the next warm_up)
 
-    def _on_swap_out(self, future) -> None:
-        future.set_result(None)
-        if self.group is None:
-            return
-        if self.state is S.LOADED and self._is_drained() and not self.entry.definition.pinned:
-            self._swapped_out = True
-            self.group.swapping_out(self.name)
-            self._start_unload(REASON_GROUP_SWAP)
-        else:
-            self.group.declined(self.name)
-
-    def _on_end_turn(self, future) -> None:
-        future.set_result(None)
-        if self.state in (S.LOADING, S.LOADED) and not self.entry.definition.pinned:
-            self._yielding = True
-
-    def _on_resume_turn(self, future) -> None:
-        future.set_result(None)
-        self._yielding = False
-        if self.state is S.LOADED:
-            self.waiters.release(self._queue)
-
-    def _on_warm_up(self, future) -> None:
+    def _may_warm_up(self) -> bool:
         """A free slot in the group: a keep_warm model that enabled loaded and a swap took comes back."""
-        future.set_result(None)
-        definition = self.entry.definition
-        if (
-            self.state is S.UNLOADED and definition.keep_warm and definition.enabled and self._swapped_out
-            and not self._reload_held and self.group is not None and self.group.has_free_slot()
-        ):
-            try:
-                self._begin_load(S.UNLOADED, REASON_KEEP_WARM)
-            except InsufficientMemory as exc:
-                self.last_error = exc.message  # it comes back when there is room (the next warm_up)
-
-    def _settle(self) -> None:
-        """After each command: tell the idle clock (TTL) and the swap group what the step left."""
-        drained = self._is_drained()
-        idle = drained and not self.waiters
-        if idle != self._idle:
-            self._idle = idle
-            if idle:
-                self.clock.idle(self._ttl(), self._ttl_expired)
-                if self.memory is not None:
-                    self.memory.model_idle()  # a load waiting for memory may evict it now
-            else:
-                self.clock.busy()
-        if drained != self._drained and self.group is not None:
-            self._drained = drained
-            self.group.report(self.name, drained, self.clock.last_request_at)
-
-    def _is_drained(self) -> bool:
-        return self.state is S.LOADED and self.scheduler.inflight == 0 and self.scheduler.queue_depth == 0
-
-    def _ttl(self) -> int | None:
-        definition = self.entry.definition
-        return None if definition.pinned else definition.ttl_seconds
-
-    def _ttl_expired(self, idle_since: float) -> None:
-        if not self._stopped:
-            self._post(cmd.TtlExpired(idle_since))
-
-    @property
-    def idle_expires_at(self) -> float | None:
-        """When the TTL unloads the model if nothing comes (epoch seconds), or None."""
-        return self.clock.expires_at(self._ttl()) if self._idle else None
+        model = self.model
+        definition = model.entry.definition
+        return (
+            model.state is S.UNLOADED and definition.keep_warm and definition.enabled
+            and model.phases.has(Mark.SWAPPED_OUT) and not model.phases.has(Mark.RELOAD_HELD)
+            and model.group is not None and model.group.has_free_slot()
+        )

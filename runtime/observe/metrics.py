@@ -35,6 +35,7 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
     "/api/chat": "ollama_chat",
     "/api/generate": "ollama_generate",
     "/api/embed": "ollama_embed",

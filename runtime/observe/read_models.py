@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from runtime.model.writer import ModelController
+from runtime.model.controller import ModelController
 from runtime.model.state import RuntimeState
 from runtime.pool.model_card import context_length, model_file
 

@@ -1,8 +1,10 @@
 """The catalog: configured models from the merged settings, keyed by public name; and the one rule
 that says which model a name given by a client means.
 
-A model is asked for by its name or by one of its ``aliases``.  ``model_names`` indexes both,
-``canonical_model`` resolves a name through that index.  Every place that needs the model a name
+A model is asked for by its name or by one of its ``aliases``; an alias with ``*`` is a pattern
+(``claude-*haiku*``) that stands for every name it matches, so an operator can land the dated
+names a client asks for (Claude Code's) on a configured model.  ``model_names`` indexes names and
+aliases, ``canonical_model`` resolves a name through that index.  Every place that needs the model a name
 means uses the two: the runtime's lookup (``ModelPool.lookup``), the API's routing over the nodes'
 records (``models_app.transport.nodes``) and its key check (``models_app.api.keys``), so the three
 never disagree on what a name means.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from runtime.backends import BACKENDS, BackendSpec
 from runtime.backends.base import CommonDefinition
@@ -68,5 +71,14 @@ def model_names(models: Mapping[str, Iterable[str]]) -> dict[str, str]:
 
 def canonical_model(name: str, names: Mapping[str, str]) -> str | None:
     """The configured model ``name`` means, by ``names`` (``model_names``): a model's name is
-    itself, an alias is its model, any other name None."""
-    return names.get(name)
+    itself, an alias is its model; a name that is neither is the model of the first pattern alias
+    (``*`` for any run of characters) it matches, in the settings' order; any other name None."""
+    model = names.get(name)
+    if model is not None:
+        return model
+    return next((model for alias, model in names.items() if is_pattern(alias) and fnmatchcase(name, alias)), None)
+
+
+def is_pattern(alias: str) -> bool:
+    """Whether an alias is a name pattern (holds ``*``) rather than one name."""
+    return "*" in alias

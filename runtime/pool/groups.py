@@ -2,9 +2,9 @@
 
 A ``SwapGroup`` owns its slots: which members hold one (loading, loaded or unloading), which
 wait for one (first come, first served) and when each holder's turn began.  It never changes
-a member's state: it asks the member's writer (``ModelController``) to ``SwapOut`` or to
-``EndTurn``, and that writer decides from its own state, so a member that became busy in
-the meantime declines.  Every method is synchronous and runs on the event loop, called from
+a member's state: it tells the member's writer (``ModelController.tell``) to swap out
+(``Notice.SWAP_OUT``) or to end its turn (``Notice.END_TURN``), and that writer decides from its
+own state, so a member that became busy in the meantime declines.  Every method is synchronous and runs on the event loop, called from
 a member's writer or from the group's own turn timer, so nothing interleaves inside one.
 
 The rules (docs/settings.md, "Swap groups"):
@@ -18,7 +18,7 @@ The rules (docs/settings.md, "Swap groups"):
   finishes what it has, and is swapped out.  So with continuous demand for two members, a slot
   changes hands at most once per ``max_turn_seconds`` plus the drain, and requests that arrive
   interleaved are served grouped, every waiting request of a member in the same turn;
-- ``keep_warm`` members come back into a slot nobody waits for (``WarmUp``), never by eviction.
+- ``keep_warm`` members come back into a slot nobody waits for (``Notice.WARM_UP``), never by eviction.
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class SwapGroup:
     # ---- called by a member's writer ---------------------------------------------------
     def want(self, name: str) -> bool:
         """``name`` is about to load: True when it holds a slot now; otherwise it waits and is
-        told with ``SlotGranted`` (a command to its writer) once a slot is free."""
+        told with ``Notice.SLOT_GRANTED`` (a notice to its writer) once a slot is free."""
         if name in self.holders or self._grant(name):
             return True
         self.waiting.setdefault(name, time.monotonic())
@@ -86,7 +86,7 @@ class SwapGroup:
         while self.waiting and self._grant(next(iter(self.waiting))):
             granted = next(iter(self.waiting))
             del self.waiting[granted]
-            self._tell(granted, cmd.SlotGranted())
+            self._tell(granted, cmd.Notice.SLOT_GRANTED)
         if self.waiting:
             self._rebalance()
         else:
@@ -109,12 +109,12 @@ class SwapGroup:
             self._rebalance()
 
     def swapping_out(self, name: str) -> None:
-        """``name`` accepted ``SwapOut``: it is unloading for a waiting member."""
+        """``name`` accepted ``Notice.SWAP_OUT``: it is unloading for a waiting member."""
         self.swaps += 1
         logger.info("group %s: %s swapped out for %s", self.name, name, ", ".join(self.waiting) or "-")
 
     def declined(self, name: str) -> None:
-        """``name`` refused ``SwapOut`` (it became busy or pinned meanwhile)."""
+        """``name`` refused ``Notice.SWAP_OUT`` (it became busy or pinned meanwhile)."""
         holder = self.holders.get(name)
         if holder is not None:
             holder.asked = False
@@ -156,11 +156,11 @@ class SwapGroup:
         for name, holder in sorted(self._candidates(), key=lambda item: item[1].last_used):
             if holder.drained and (holder.yielding or self._needed() > 0):
                 holder.asked = True
-                self._tell(name, cmd.SwapOut())
+                self._tell(name, cmd.Notice.SWAP_OUT)
         for name, holder in self.holders.items():
             if holder.yielding and not holder.asked and self._needed() < 0:
                 holder.yielding = False  # nobody needs its slot any more: it serves again
-                self._tell(name, cmd.ResumeTurn())
+                self._tell(name, cmd.Notice.RESUME_TURN)
         if self._needed() <= 0:
             return
         busy = [name for name, holder in self._candidates() if not holder.yielding]
@@ -172,7 +172,7 @@ class SwapGroup:
             self._turn_timer = asyncio.get_running_loop().call_later(delay, self._rebalance)
             return
         self.holders[name].yielding = True
-        self._tell(name, cmd.EndTurn())
+        self._tell(name, cmd.Notice.END_TURN)
         self._rebalance()
 
     def _warm_up(self) -> None:
@@ -182,17 +182,17 @@ class SwapGroup:
                 return
             controller = self._member(name)
             if name not in self.holders and controller is not None and controller.entry.definition.keep_warm:
-                self._tell(name, cmd.WarmUp())
+                self._tell(name, cmd.Notice.WARM_UP)
 
     # ---- effects ----------------------------------------------------------------------
     def _pinned(self, name: str) -> bool:
         controller = self._member(name)
         return controller is not None and controller.entry.definition.pinned
 
-    def _tell(self, name: str, command: cmd.Command) -> None:
+    def _tell(self, name: str, notice: cmd.Notice) -> None:
         controller = self._member(name)
         if controller is not None:
-            controller.group_command(command)
+            controller.tell(notice)
 
     def _disarm(self) -> None:
         if self._turn_timer is not None:

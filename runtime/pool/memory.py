@@ -21,7 +21,7 @@ docs/settings.md ("Memory and devices") states the rules; docs/architecture.md t
 
 Everything here is synchronous and runs on the event loop, called from a model's writer
 (``ModelController``): nothing interleaves inside one decision.  The manager never changes
-another model's state: it asks that model's writer (``memory_evict``), which decides from its
+another model's state: it asks that model's writer (``Notice.MEMORY_EVICT``), which decides from its
 own state, so a model that became busy meanwhile declines and the loader plans again.
 """
 from __future__ import annotations
@@ -202,9 +202,9 @@ class MemoryManager:
                     del self.victims[loader]
                     if loader in self._relief_loaders:
                         self._relief_loaders.discard(loader)
-                        self._tell(loader, cmd.MemoryReplan())
+                        self._tell(loader, cmd.Notice.MEMORY_REPLAN)
                     else:
-                        self._tell(loader, cmd.MemoryReady())
+                        self._tell(loader, cmd.Notice.MEMORY_READY)
 
     def device_report(self) -> list[dict]:
         report = []
@@ -380,9 +380,9 @@ class MemoryManager:
         for item in relieve:
             logger.info("model %s: asking %s to %s (frees about %d MiB)", loader, item["name"], item["action"],
                         item["frees_mib"])
-            self._tell(item["name"], cmd.MemoryRelieve())
+            self._tell(item["name"], cmd.Notice.MEMORY_RELIEVE)
         for victim in victims:
-            self._tell(victim, cmd.MemoryEvict())
+            self._tell(victim, cmd.Notice.MEMORY_EVICT)
 
     def declined(self, victim: str) -> None:
         """``victim`` refused to be evicted (it became busy or pinned meanwhile): its charge comes
@@ -395,7 +395,7 @@ class MemoryManager:
         if loader is not None:
             self.victims.pop(loader, None)
             self._relief_loaders.discard(loader)
-            self._tell(loader, cmd.MemoryReplan())
+            self._tell(loader, cmd.Notice.MEMORY_REPLAN)
 
     def wait(self, loader: str) -> None:
         self.waiting.add(loader)
@@ -404,7 +404,7 @@ class MemoryManager:
         """Memory was given back or a model became idle: loaders that wait plan again; with none
         waiting or making room, the models shrunk under pressure try to grow back."""
         for loader in sorted(self.waiting):
-            self._tell(loader, cmd.MemoryReplan())
+            self._tell(loader, cmd.Notice.MEMORY_REPLAN)
         self._grow_back()
 
     def model_idle(self) -> None:
@@ -419,9 +419,9 @@ class MemoryManager:
         if self.waiting or self.victims:
             return
         for name in sorted(self.shrunk):
-            self._tell(name, cmd.MemoryGrow())
+            self._tell(name, cmd.Notice.MEMORY_GROW)
 
-    def _tell(self, name: str, command: cmd.Command) -> None:
+    def _tell(self, name: str, notice: cmd.Notice) -> None:
         controller = self._controllers().get(name)
         if controller is not None:
-            controller.memory_command(command)
+            controller.tell(notice)

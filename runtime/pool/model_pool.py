@@ -22,7 +22,7 @@ from runtime.config import (
     load_settings,
     with_key_weights,
 )
-from runtime.model.writer import ModelController
+from runtime.model.controller import ModelController
 from runtime.pool.groups import SwapGroup
 from runtime.pool.memory import MemoryManager
 from runtime.engine_process.spares import SPARES

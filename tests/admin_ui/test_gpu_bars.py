@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.template.loader import render_to_string
 
-from models_app.workbench.views import gpu_bars
+from models_app.workbench.memory_bars import gpu_bars
 
 MEMORY = {
     "gpus": [

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.template.loader import render_to_string
 
-from models_app.workbench.views import device_bars, load_plan_context
+from models_app.workbench.memory_bars import device_bars, load_plan_context
 
 DEVICES = [{"device": "cpu", "total_mib": 64000, "budget_mib": 1000, "used_mib": 300, "reserved_mib": 500,
             "free_mib": 200, "models": {"a": 300, "b": 500},

@@ -1,4 +1,4 @@
-"""Both HTTP servers serve llm-pool in both shapes (llmpool/http_server.py): uvicorn, the default,
+"""Both HTTP servers serve llm-pool in both shapes (models_app/http/server.py): uvicorn, the default,
 and daphne (``--server daphne``); and uvicorn's graceful stop lets a stream in flight finish.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Clients that hold connections: heads sent a byte a second (slowloris), connections that send
-nothing, more connections than the service takes; and clients that reuse an idle connection.  Under uvicorn (llmpool/http_protocol.py) a
+nothing, more connections than the service takes; and clients that reuse an idle connection.  Under uvicorn (models_app/http/connections.py) a
 request head must arrive within ``service.http_head_timeout_seconds`` (else 408
 ``request_head_timeout`` and the close), and at most ``service.max_connections`` connections are
 open (the next is answered 503 ``too_many_connections`` and closed), so requests on other
@@ -27,7 +27,7 @@ MODELS = {"m": {"backend": "stub", "enabled": True}}
 # How long httpx (and the openai SDK, built on it) reuses an idle connection: httpx.Limits().
 CLIENT_IDLE_EXPIRY_SECONDS = 5.0
 BODY = {"model": "m", "input": "meanwhile"}
-uvicorn_only = pytest.mark.skipif(TEST_SERVER == "daphne", reason="the bounds are uvicorn's (llmpool/http_protocol.py)")
+uvicorn_only = pytest.mark.skipif(TEST_SERVER == "daphne", reason="the bounds are uvicorn's (models_app/http/connections.py)")
 pytestmark = uvicorn_only
 
 

@@ -183,7 +183,7 @@ def raw_exchange(port: int, request: bytes) -> bytes:
 def test_what_the_http_server_itself_refuses_gets_a_bare_400(service):
     """The documented server-level refusals (docs/api.md, "Limits"): the HTTP server's parser
     answers 400 itself, before llm-pool sees the request (uvicorn's httptools with llm-pool's
-    16 KiB bound on a request's head, llmpool.http_protocol; or daphne's Twisted)."""
+    16 KiB bound on a request's head, models_app.http.connections; or daphne's Twisted)."""
     refused = [
         b"GET /v1/ad\x00min HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /v1/\xe9 HTTP/1.1\r\nHost: x\r\n\r\n",

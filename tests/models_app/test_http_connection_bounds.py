@@ -1,4 +1,4 @@
-"""The bounds llm-pool's uvicorn protocol puts on connections (llmpool/http_protocol.py), on a real
+"""The bounds llm-pool's uvicorn protocol puts on connections (models_app/http/connections.py), on a real
 socket and uvloop, as ``manage.py serve`` and ``manage.py api`` run it, with a small ASGI app in
 front of it: the head timeout (from the connection's start, from a later request's first byte,
 never while the server still answers the request before), the cap on connections, and the
@@ -19,7 +19,7 @@ import uvicorn
 import uvloop
 from websockets.sync.client import connect
 
-from llmpool.http_protocol import ConnectionLimits, RefusalLog, bounded_httptools_protocol
+from models_app.http.connections import ConnectionLimits, RefusalLog, bounded_httptools_protocol
 from tests.conftest import free_port
 
 GET = b"GET / HTTP/1.1\r\nHost: test\r\n\r\n"

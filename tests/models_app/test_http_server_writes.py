@@ -1,4 +1,4 @@
-"""uvicorn as llm-pool runs it (llmpool.http_protocol.bounded_httptools_protocol) sends a response's
+"""uvicorn as llm-pool runs it (models_app.http.connections.bounded_httptools_protocol) sends a response's
 head with its body in one write (``HeadWithBody``): one segment and one wake-up of the client for a
 JSON answer.  uvicorn's own protocol class is driven here over a transport that records each write."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import uvicorn
 from uvicorn.server import ServerState
 
-from llmpool.http_protocol import HeadWithBody, bounded_httptools_protocol
+from models_app.http.connections import HeadWithBody, bounded_httptools_protocol
 
 
 class RecordingTransport(asyncio.Transport):

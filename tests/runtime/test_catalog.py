@@ -22,3 +22,19 @@ def test_a_models_name_wins_over_an_alias_and_the_first_model_keeps_an_alias():
     """What the settings never allow, two nodes' records read a moment apart may say."""
     names = model_names({"a": ["b", "x"], "b": [], "c": ["x"]})
     assert (canonical_model("b", names), canonical_model("x", names)) == ("b", "a")
+
+
+def test_a_pattern_alias_means_its_model_for_every_name_it_matches():
+    """Claude Code asks for dated claude-* names: patterns land them on configured models."""
+    names = model_names({"big": ["claude-*sonnet*", "claude-opus-*"], "small": ["claude-*haiku*"], "claude-x": []})
+    assert canonical_model("claude-sonnet-4-5-20250929", names) == "big"
+    assert canonical_model("claude-3-5-haiku-20241022", names) == "small"
+    assert canonical_model("claude-opus-4-1", names) == "big"
+    assert canonical_model("claude-x", names) == "claude-x"  # a model's own name before any pattern
+    assert canonical_model("gpt-4o", names) is None
+    assert canonical_model("Claude-3-haiku", names) is None  # patterns are exact about case too
+
+
+def test_the_first_matching_pattern_in_the_settings_order_wins():
+    names = model_names({"a": ["claude-*"], "b": ["claude-*haiku*"]})
+    assert canonical_model("claude-3-haiku", names) == "a"

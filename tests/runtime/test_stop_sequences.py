@@ -26,6 +26,13 @@ def test_the_earliest_of_several_stops_cuts_and_a_flush_gives_back_what_was_held
     assert stop.feed("N") == ("", False)
     assert stop.flush() == "EN"
     assert stop.feed("xND!yEND") == ("x", True)
+    assert stop.found == "ND!"  # the sequence that cut the text, as the Messages API reports it
+
+
+def test_found_names_no_sequence_until_one_cuts():
+    stop = StopWatch(["brown", "fox"])
+    assert stop.feed("the quick bro") == ("the quick ", False) and stop.found is None
+    assert stop.feed("wn fox") == ("", True) and stop.found == "brown"
 
 
 def plain_search(stops: list[str], text: str) -> tuple[str, bool]:

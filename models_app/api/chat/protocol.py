@@ -23,17 +23,23 @@ refuses them for a model without ``capabilities.tools``.  The deprecated ``funct
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
 
 from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
-from runtime.inputs.chat_messages import typed_chat_messages
-from runtime.config import json_path
+from models_app.api.request_body import (
+    OpenAIRequest,
+    StreamOptions,
+    json_object,
+    openai_request,
+    refuse_changes,
+    refuse_unknown,
+    validated,
+)
 from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
-from runtime.inputs.request import GenerationRequest
+from runtime.inputs.chat_messages import typed_chat_messages
 
 
 class _Part(BaseModel):
@@ -123,11 +129,6 @@ class ChatMessage(BaseModel):
         return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool | None = None
-
-
 class ChatBody(BaseModel):
     # Fields it does not declare are kept (model_extra) and recorded as refused: an upstream that
     # the body is forwarded to may know them (llama-server's n_probs and grammar, vLLM's top_k ...).
@@ -188,60 +189,32 @@ _CHANGES_THE_ANSWER = {
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 
 
-@dataclass
-class ChatRequest:
-    """A parsed chat completions request: the typed request and what only the answer's shape needs."""
-
-    generation: GenerationRequest
-    include_usage: bool = False
-
-
-def parse_chat_body(data: Any, fairness_key: str | None) -> ChatRequest:
+def parse_chat_body(data: Any, fairness_key: str | None) -> OpenAIRequest:
     """Validate a POST /v1/chat/completions body into the typed request (unset sampling left None);
     ``fairness_key`` as for ``parse_responses_body``."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    limits.check_generation_bounds(data, items="messages")
-    try:
-        body = ChatBody.model_validate(data, strict=True)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        path = json_path(_field_loc(problem["loc"]))
-        raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
+    limits.check_generation_bounds(json_object(data), items="messages")
+    body = validated(ChatBody, data, where=_field_loc)
     refused: list[LLMPoolError] = []
-    _refuse_what_changes_the_answer(body, refused)
+    if body.n is not None and body.n > 1:
+        refused.append(InvalidRequest("n must be 1: llm-pool generates one choice per request", param="n"))
+    refuse_changes(body, _CHANGES_THE_ANSWER, refused)
     _refuse_legacy_functions(body, refused)
     tools = _tools(body)
-    for name in body.model_extra or {}:
-        refused.append(InvalidRequest(f"{name} is not a field of /v1/chat/completions for this model", param=name))
+    refuse_unknown(body, CHAT_COMPLETIONS_PATH, refused)
     for index, message in enumerate(body.messages):
         _check_message(index, message, refused)
-    stream = bool(body.stream)
-    return ChatRequest(
-        generation=GenerationRequest(
-            request_id="",  # the runtime client names the exchange
-            model=body.model,
-            messages=typed_chat_messages(data["messages"]),
-            max_output_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            stream=stream,
-            thinking=body.thinking,
-            response_format=_response_format(body.response_format),
-            fairness_key=limits.fairness_key(fairness_key, body.user),
-            stop=_stop_sequences(body.stop),
-            seed=body.seed,
-            presence_penalty=body.presence_penalty or None,
-            frequency_penalty=body.frequency_penalty or None,
-            logprobs=_logprobs(body),
-            reasoning_effort=None if body.thinking is not None else body.reasoning_effort,
-            tools=tools,
-            tool_choice=_tool_choice(body.tool_choice, tools),
-            parallel_tool_calls=body.parallel_tool_calls,
-            passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data, "messages_from_body": True},
-            refused=[error.to_dict() for error in refused],
-        ),
-        include_usage=stream and body.stream_options is not None and bool(body.stream_options.include_usage),
+    return openai_request(
+        body, fairness_key, refused,
+        messages=typed_chat_messages(data["messages"]),
+        max_output_tokens=body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
+        thinking=body.thinking,
+        response_format=_response_format(body.response_format),
+        logprobs=_logprobs(body),
+        reasoning_effort=None if body.thinking is not None else body.reasoning_effort,
+        tools=tools,
+        tool_choice=_tool_choice(body.tool_choice, tools),
+        parallel_tool_calls=body.parallel_tool_calls,
+        passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data, "messages_from_body": True},
     )
 
 
@@ -253,15 +226,6 @@ def _field_loc(loc: tuple) -> tuple:
     if len(loc) > 1 and loc[0] == "stop":
         return loc[:1] + loc[2:]
     return loc
-
-
-def _refuse_what_changes_the_answer(body: ChatBody, refused: list[LLMPoolError]) -> None:
-    if body.n is not None and body.n > 1:
-        refused.append(InvalidRequest("n must be 1: llm-pool generates one choice per request", param="n"))
-    for name, changes in _CHANGES_THE_ANSWER.items():
-        value = getattr(body, name)
-        if value is not None and changes(value):
-            refused.append(InvalidRequest(f"{name} is not supported by this model; leave it out", param=name))
 
 
 def _refuse_legacy_functions(body: ChatBody, refused: list[LLMPoolError]) -> None:
@@ -352,9 +316,3 @@ def _logprobs(body: ChatBody) -> int | None:
     if body.top_logprobs and not body.logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
     return (body.top_logprobs or 0) if body.logprobs else None
-
-
-def _stop_sequences(stop: str | list[str] | None) -> list[str] | None:
-    sequences = [stop] if isinstance(stop, str) else list(stop or ())
-    sequences = [sequence for sequence in sequences if sequence]
-    return sequences or None

@@ -11,22 +11,16 @@ raises as an ``APIError``.
 """
 from __future__ import annotations
 
-import time
-import uuid
-
-from models_app.api.chat.protocol import ChatRequest
-from models_app.api.inference import DONE, sse_data
+from models_app.api.openai_protocol import OpenAIAnswer, usage
+from models_app.api.request_body import OpenAIRequest
 from runtime.inputs.request import GENERATE_DELTA, GENERATE_REASONING, GENERATE_TOOL_CALL
 
 
-class ChatCompletionBuilder:
+class ChatCompletionBuilder(OpenAIAnswer):
     """Builds the answer of one chat completions request."""
 
-    def __init__(self, request: ChatRequest):
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = request.generation.model
-        self.include_usage = request.include_usage
+    def __init__(self, request: OpenAIRequest):
+        super().__init__(request, id_prefix="chatcmpl-", chunk_object="chat.completion.chunk")
 
     def final(self, result: dict) -> dict:
         """The ``chat.completion`` object of a non-streamed request: a thinking model's reasoning
@@ -39,28 +33,11 @@ class ChatCompletionBuilder:
             message["tool_calls"] = [_tool_call(call) for call in calls]
         if "reasoning" in result:
             message["reasoning_content"] = result["reasoning"]
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{
-                "index": 0,
-                "message": message,
-                "finish_reason": result["finish_reason"],
-                "logprobs": _logprobs(result.get("logprobs")),
-            }],
-            "usage": usage(result),
-        }
+        choice = {"index": 0, "message": message, "finish_reason": result["finish_reason"],
+                  "logprobs": _logprobs(result.get("logprobs"))}
+        return self._object("chat.completion", [choice], usage=usage(result))
 
     # -- SSE -----------------------------------------------------------------------------
-    def _chunk(self, choices: list[dict], **fields) -> bytes:
-        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "choices": choices, **fields}
-        if self.include_usage:
-            chunk.setdefault("usage", None)
-        return sse_data(chunk)
-
     @staticmethod
     def _choice(delta: dict, finish_reason: str | None = None, logprobs: list[dict] | None = None) -> dict:
         return {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": _logprobs(logprobs)}
@@ -93,33 +70,12 @@ class ChatCompletionBuilder:
             return self.delta_chunk(event["text"], event.get("logprobs"))
         return b""
 
-    def closing_chunks(self, result: dict) -> list[bytes]:
-        chunks = [self._chunk([self._choice({}, result["finish_reason"])])]
-        if self.include_usage:
-            chunks.append(self._chunk([], usage=usage(result)))
-        return [*chunks, DONE]
-
-    @staticmethod
-    def error_chunks(envelope: dict) -> list[bytes]:
-        return [sse_data(envelope), DONE]
+    def finish_choice(self, finish_reason: str) -> dict:
+        return self._choice({}, finish_reason)
 
 
 def _tool_call(call: dict) -> dict:
     return {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
-
-
-def usage(result: dict) -> dict:
-    """The usage object; ``completion_tokens_details.reasoning_tokens`` where the runtime counted
-    a thinking model's reasoning."""
-    used = result["usage"]
-    answer = {
-        "prompt_tokens": used["input_tokens"],
-        "completion_tokens": used["output_tokens"],
-        "total_tokens": used["input_tokens"] + used["output_tokens"],
-    }
-    if "reasoning_tokens" in used:
-        answer["completion_tokens_details"] = {"reasoning_tokens": used["reasoning_tokens"]}
-    return answer
 
 
 def _logprobs(entries: list[dict] | None) -> dict | None:

@@ -6,8 +6,7 @@ the runtime's, shared with /v1/responses and /v1/chat/completions) and shapes th
 ``text_completion`` answer; a model whose engine forwards the client's body (the managed
 servers, openai_remote: to their server's own /v1/completions) answers with its upstream's own
 JSON (``api.passthrough``); see ``api.openai_protocol``.  ``completions_app`` serves it from
-ASGI; ``api.views.CompletionCreateApi`` describes it in the OpenAPI schema and serves it where
-the ASGI router is not in front.
+ASGI, at its path in the route table (``api.routes``).
 """
 from __future__ import annotations
 

@@ -13,23 +13,24 @@ typed request's fields, which the runtime checks against the engine's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from models_app.api import limits
-from runtime.config import json_path
+from models_app.api.request_body import (
+    OpenAIRequest,
+    StreamOptions,
+    json_object,
+    openai_request,
+    refuse_changes,
+    refuse_unknown,
+    validated,
+)
 from runtime.errors import InvalidRequest, LLMPoolError
-from runtime.inputs.request import GenerationRequest
 
 COMPLETIONS_PATH = "/v1/completions"
 PROMPT_SHAPES = "$.prompt: must be a string, a list of strings, a list of token ids or a list of such lists"
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    include_usage: bool | None = None
 
 
 class CompletionBody(BaseModel):
@@ -79,59 +80,19 @@ _CHANGES_THE_ANSWER = {
 }
 
 
-@dataclass
-class CompletionRequest:
-    """A parsed completions request: the typed request and what only the answer's shape needs."""
-
-    generation: GenerationRequest
-    include_usage: bool = False
-
-
-def parse_completion_body(data: Any, fairness_key: str | None) -> CompletionRequest:
+def parse_completion_body(data: Any, fairness_key: str | None) -> OpenAIRequest:
     """Validate a POST /v1/completions body into the typed request (unset sampling left None);
     ``fairness_key`` as for ``parse_responses_body``."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    limits.check_generation_bounds(data, items=None)
+    limits.check_generation_bounds(json_object(data), items=None)
     _refuse_empty_prompt(data.get("prompt"))
-    try:
-        body = CompletionBody.model_validate(data, strict=True)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        if problem["loc"][:1] == ("prompt",) and problem["type"] != "missing":
-            raise InvalidRequest(PROMPT_SHAPES, param="prompt") from exc
-        loc = problem["loc"]
-        path = json_path(loc[:1] if loc[:1] == ("stop",) else loc)  # not pydantic's union tag (stop.str)
-        raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
+    body = validated(CompletionBody, data, where=_field_loc, shapes={"prompt": PROMPT_SHAPES})
     refused: list[LLMPoolError] = []
     prompt = _prompt(body.prompt, refused)
-    for name, changes in _CHANGES_THE_ANSWER.items():
-        value = getattr(body, name)
-        if value is not None and changes(value):
-            refused.append(InvalidRequest(f"{name} is not supported by this model; leave it out", param=name))
-    for name in body.model_extra or {}:
-        refused.append(InvalidRequest(f"{name} is not a field of /v1/completions for this model", param=name))
-    stream = bool(body.stream)
-    return CompletionRequest(
-        generation=GenerationRequest(
-            request_id="",  # the runtime client names the exchange
-            model=body.model,
-            messages=[],
-            prompt=prompt,
-            max_output_tokens=body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            stream=stream,
-            fairness_key=limits.fairness_key(fairness_key, body.user),
-            stop=_stop_sequences(body.stop),
-            seed=body.seed,
-            presence_penalty=body.presence_penalty or None,
-            frequency_penalty=body.frequency_penalty or None,
-            logprobs=body.logprobs,
-            passthrough={"path": COMPLETIONS_PATH, "body": data},
-            refused=[error.to_dict() for error in refused],
-        ),
-        include_usage=stream and body.stream_options is not None and bool(body.stream_options.include_usage),
+    refuse_changes(body, _CHANGES_THE_ANSWER, refused)
+    refuse_unknown(body, COMPLETIONS_PATH, refused)
+    return openai_request(
+        body, fairness_key, refused, messages=[], prompt=prompt, max_output_tokens=body.max_tokens,
+        logprobs=body.logprobs, passthrough={"path": COMPLETIONS_PATH, "body": data},
     )
 
 
@@ -159,7 +120,6 @@ def _refuse_empty_prompt(prompt: Any) -> None:
         raise InvalidRequest("prompt must not be empty", param="prompt")
 
 
-def _stop_sequences(stop: str | list[str] | None) -> list[str] | None:
-    sequences = [stop] if isinstance(stop, str) else list(stop or ())
-    sequences = [sequence for sequence in sequences if sequence]
-    return sequences or None
+def _field_loc(loc: tuple) -> tuple:
+    """stop's location without pydantic's union tag (stop.str)."""
+    return loc[:1] if loc[:1] == ("stop",) else loc

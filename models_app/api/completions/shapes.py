@@ -13,28 +13,17 @@ the completion's text), built from the runtime's per-token entries (the chat com
 """
 from __future__ import annotations
 
-import time
-import uuid
-
-from models_app.api.chat.shapes import usage
-from models_app.api.completions.protocol import CompletionRequest
-from models_app.api.inference import DONE, sse_data
+from models_app.api.openai_protocol import OpenAIAnswer, usage
+from models_app.api.request_body import OpenAIRequest
 from runtime.inputs.request import GENERATE_DELTA
 
 
-class CompletionBuilder:
+class CompletionBuilder(OpenAIAnswer):
     """Builds the answer of one completions request."""
 
-    def __init__(self, request: CompletionRequest):
-        self.id = f"cmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = request.generation.model
-        self.include_usage = request.include_usage
+    def __init__(self, request: OpenAIRequest):
+        super().__init__(request, id_prefix="cmpl-", chunk_object="text_completion")
         self.sent = 0  # characters of completion text streamed so far (the next token's text_offset)
-
-    def _object(self, choices: list[dict], **fields) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": choices, **fields}
 
     @staticmethod
     def _choice(text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
@@ -44,15 +33,9 @@ class CompletionBuilder:
         """The ``text_completion`` object of a non-streamed request."""
         logprobs = result.get("logprobs")
         choice = self._choice(result["text"], result["finish_reason"], None if logprobs is None else legacy_logprobs(logprobs))
-        return self._object([choice], usage=usage(result))
+        return self._object("text_completion", [choice], usage=usage(result))
 
     # -- SSE -----------------------------------------------------------------------------
-    def _chunk(self, choices: list[dict], **fields) -> bytes:
-        chunk = self._object(choices, **fields)
-        if self.include_usage:
-            chunk.setdefault("usage", None)
-        return sse_data(chunk)
-
     @staticmethod
     def opening_chunk() -> bytes:
         return b""  # a completion stream opens with its first text
@@ -68,15 +51,8 @@ class CompletionBuilder:
         self.sent += len(delta["text"])
         return chunk
 
-    def closing_chunks(self, result: dict) -> list[bytes]:
-        chunks = [self._chunk([self._choice("", result["finish_reason"])])]
-        if self.include_usage:
-            chunks.append(self._chunk([], usage=usage(result)))
-        return [*chunks, DONE]
-
-    @staticmethod
-    def error_chunks(envelope: dict) -> list[bytes]:
-        return [sse_data(envelope), DONE]
+    def finish_choice(self, finish_reason: str) -> dict:
+        return self._choice("", finish_reason)
 
 
 def legacy_logprobs(entries: list[dict], offset: int = 0) -> dict:

@@ -6,8 +6,8 @@ scheduler and error codes as a generation) and shapes OpenAI's ``CreateEmbedding
 ``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage":
 {"prompt_tokens", "total_tokens"}}``.  ``encoding_format: "base64"`` sends each vector as the
 base64 of its little-endian float32 values, as OpenAI does (the openai client asks for it by
-default and decodes it).  ``embeddings_app`` serves it from ASGI; ``api.views.EmbeddingCreateApi``
-describes it in the OpenAPI schema and serves it where the ASGI router is not in front.
+default and decodes it).  ``embeddings_app`` serves it from ASGI, at its path in the route table
+(``api.routes``).
 """
 from __future__ import annotations
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from models_app.api import limits
-from runtime.config import json_path
+from models_app.api.request_body import json_object, validated
 from runtime.inference.embedding import EmbeddingRequest
 from runtime.errors import InvalidRequest
 
@@ -51,20 +51,13 @@ class EmbeddingCall:
 
 def parse_embedding_body(data: Any, fairness_key: str | None) -> EmbeddingCall:
     """Validate a POST /v1/embeddings body; ``fairness_key`` as for ``parse_chat_body``."""
-    if not isinstance(data, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    if "input" in data and not _one_shape(data["input"]):
+    if "input" in json_object(data) and not _one_shape(data["input"]):
         raise InvalidRequest(
             "$.input: must be a string, a list of strings, a token array (a list of integers) or a list of token arrays",
             param="input",
         )
     inputs = _inputs(data["input"]) if "input" in data else None
-    try:
-        body = EmbeddingBody.model_validate(data, strict=True)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        path = json_path(problem["loc"][:1])  # the union's branch names say nothing to a client
-        raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
+    body = validated(EmbeddingBody, data, where=lambda loc: loc[:1])  # a union's branch says nothing to a client
     return EmbeddingCall(
         embedding=EmbeddingRequest(
             request_id="",  # the runtime client names the exchange

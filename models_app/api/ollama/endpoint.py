@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from models_app import selectors
+from models_app.api.errors import error_answer
 from models_app.api.inference import generate, inference_app, parsed, with_endpoint
 from models_app.api.keys import Caller
 from models_app.api.ollama import models
@@ -62,7 +63,7 @@ async def _ndjson(answer: Answer, messages: AsyncIterator[dict]) -> AsyncIterato
             elif message["kind"] == REPLY_RESULT:
                 yield line(answer.final(message["data"], whole=False))
     except LLMPoolError as exc:
-        yield line(error_body(exc))
+        yield line(error_answer(exc, envelope=error_body).body)
     finally:
         await messages.aclose()
 

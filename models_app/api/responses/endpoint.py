@@ -2,17 +2,19 @@
 
 ``create_response`` parses the body into the typed request, runs it through the shared
 ``api.inference.generate`` exchange and shapes the Responses API answer.  ``responses_app``
-serves it straight from ASGI (``api.inference.inference_app``).  The DRF view
-``api.views.ResponseCreateApi`` describes the endpoint in the OpenAPI schema and serves it where
-the ASGI router is not in front (Django's test client); it calls the same ``create_response``.
+serves it straight from ASGI (``api.inference.inference_app``), at its path in the route table
+(``api.routes``).
 """
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from models_app.api.errors import error_answer
 from models_app.api.inference import generate, inference_app, parsed
+from models_app.api.input_tokens import token_counter
 from models_app.api.keys import Caller
-from models_app.api.responses.protocol import ResponseBuilder, parse_responses_body
+from models_app.api.responses.protocol import parse_responses_body
+from models_app.api.responses.shapes import ResponseBuilder
 from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
 
@@ -43,9 +45,15 @@ async def _sse(builder: ResponseBuilder, messages: AsyncIterator[dict]) -> Async
             elif message["kind"] == REPLY_RESULT:
                 yield b"".join(builder.closing_events(message["data"]))
     except LLMPoolError as exc:
-        yield builder.error_event(exc.envelope())
+        yield builder.error_event(error_answer(exc).body)
     finally:
         await messages.aclose()
 
 
 responses_app = inference_app(create_response, "/v1/responses")
+# POST /v1/responses/input_tokens: the body's prompt tokens (api.input_tokens), as OpenAI answers them.
+responses_input_tokens_app = inference_app(
+    token_counter(parse_responses_body, lambda request: request,
+                  lambda tokens: {"object": "response.input_tokens", "input_tokens": tokens}),
+    "/v1/responses/input_tokens",
+)

@@ -9,9 +9,8 @@ import sys
 
 from django.core.management.base import BaseCommand
 
-from llmpool import http_server
-from llmpool.http_protocol import ConnectionLimits
 from models_app.conf import startup_service_settings
+from models_app.http import server as http_server
 
 
 class Command(BaseCommand):
@@ -30,13 +29,10 @@ class Command(BaseCommand):
             )
             sys.exit(2)
         service = startup_service_settings(self.stderr)
-        host = options["host"] or service.host
-        port = options["port"] or service.port
         from llmpool.asgi import application
 
-        def ready() -> None:
-            self.stdout.write(f"llm-pool API listening on http://{host}:{port}/")
+        def announce(url: str) -> None:
+            self.stdout.write(f"llm-pool API listening on {url}")
             self.stdout.flush()
 
-        http_server.run(application, host, port, limits=ConnectionLimits.from_service(service),
-                        server=options["server"], graceful_seconds=options["graceful_timeout"], ready=ready)
+        http_server.serve(application, options, service, announce)

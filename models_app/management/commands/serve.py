@@ -1,15 +1,14 @@
 """``manage.py serve``: the embedded default in one process.
 
 The HTTP server (uvicorn on uvloop by default, daphne with ``--server daphne``;
-``llmpool.http_server``) serves the Django ASGI app, and the runtime worker listens on the
+``models_app.http.server``) serves the Django ASGI app, and the runtime worker listens on the
 ``llmpool-runtime`` channel, both on one event loop with the in-memory channel layer and SQLite.
 """
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from llmpool import http_server
-from llmpool.http_protocol import ConnectionLimits
 from models_app.conf import startup_migrate, startup_service_settings
+from models_app.http import server as http_server
 
 
 class Command(BaseCommand):
@@ -23,18 +22,13 @@ class Command(BaseCommand):
         service = startup_service_settings(self.stderr)
         if not options["no_migrate"]:
             startup_migrate(self.stderr)
-        host = options["host"] or service.host
-        port = options["port"] or service.port
-
         from llmpool.asgi import application
         from models_app.host import runtime_host
         from models_app.host.worker import run_runtime_worker
 
-        def ready() -> None:
-            self.stdout.write(f"llm-pool listening on http://{host}:{port}/ (settings: {settings.LLMPOOL_SETTINGS})")
+        def announce(url: str) -> None:
+            self.stdout.write(f"llm-pool listening on {url} (settings: {settings.LLMPOOL_SETTINGS})")
             self.stdout.flush()
 
-        http_server.run(application, host, port, limits=ConnectionLimits.from_service(service),
-                        server=options["server"], on_start=run_runtime_worker,
-                        on_stop=runtime_host.shutdown_runtime, graceful_seconds=options["graceful_timeout"],
-                        ready=ready)
+        http_server.serve(application, options, service, announce, on_start=run_runtime_worker,
+                          on_stop=runtime_host.shutdown_runtime)

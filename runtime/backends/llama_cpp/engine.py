@@ -258,6 +258,14 @@ class LlamaCppEngine:
             tools=request.tools if self._offers_tools(request) else None,
         )
 
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The tokens of ``request``'s prompt as ``generate`` renders (chat template, tools) and
+        tokenizes it.  Tokenizing reads the vocabulary only, so it runs beside a generation."""
+        if self.weights is None or self._closing.is_set():
+            raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
+        prompt = self.render(request)
+        return len(await asyncio.to_thread(self.weights.tokenize_prompt, prompt))
+
     async def generate(self, request: GenerationRequest):
         if self.context is None or self._closing.is_set():
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")

@@ -240,6 +240,10 @@ class StubEngine:
             await asyncio.to_thread(_release_gpu_cache)
         self.loaded = False
 
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """The words the stub reads of ``request``: its generate's ``input_tokens``."""
+        return len(stub_tokens(_prompt_text(request)))
+
     async def generate(self, request: GenerationRequest):
         self._crash_if("on_generate")
         prompt_text = _prompt_text(request)

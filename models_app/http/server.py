@@ -18,9 +18,10 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable
 
-from llmpool.http_protocol import ConnectionLimits, bounded_httptools_protocol
 from models_app import diagnostics
 from models_app.host.tasks import cancel_and_wait, cancel_the_rest
+from models_app.http.connections import ConnectionLimits, bounded_httptools_protocol
+from runtime.config import ServiceSettings
 
 SERVERS = ("uvicorn", "daphne")
 DEFAULT_SERVER = "uvicorn"
@@ -37,6 +38,18 @@ def add_arguments(parser) -> None:
                         help="the HTTP server (default: uvicorn, on uvloop and httptools)")
     parser.add_argument("--graceful-timeout", type=float, default=GRACEFUL_SECONDS,
                         help="seconds requests in flight get to finish on SIGTERM (uvicorn; default 5)")
+
+
+def serve(application, options: dict, service: ServiceSettings, announce: Callable[[str], None], *,
+          on_start: Hook = None, on_stop: Hook = None) -> None:
+    """Serve ``application`` as a serving command's ``options`` say (``add_arguments``): on
+    ``--host``/``--port``, else ``service.host``/``service.port``, with ``service``'s connection
+    bounds; ``announce(url)`` once the server listens (blocks, as ``run``)."""
+    host = options["host"] or service.host
+    port = options["port"] or service.port
+    run(application, host, port, limits=ConnectionLimits.from_service(service), server=options["server"],
+        on_start=on_start, on_stop=on_stop, graceful_seconds=options["graceful_timeout"],
+        ready=lambda: announce(f"http://{host}:{port}/"))
 
 
 def run(application, host: str, port: int, *, limits: ConnectionLimits, server: str = DEFAULT_SERVER,

@@ -1,17 +1,16 @@
-"""The DRF view of POST /v1/embeddings (``api.views.EmbeddingCreateApi``): it serves the endpoint
-where the ASGI router of llmpool.asgi is not in front, as here through Django's own test client,
-answers what the plain-ASGI front answers (both call ``api.embeddings.endpoint.create_embedding``),
-and describes the endpoint in the OpenAPI schema."""
+"""POST /v1/embeddings through the ASGI application's route table (``api.routes``), in process:
+the answer and the error envelope; and the endpoint's operation in the OpenAPI document,
+written from the route table (``api.openapi.add_inference_operations``)."""
 from __future__ import annotations
 
-
 import pytest
-from django.test import AsyncClient
 from drf_spectacular.generators import SchemaGenerator
 from openai.types import CreateEmbeddingResponse
 
+from models_app.api.embeddings.protocol import EmbeddingBody
+from models_app.api.openapi import request_schema
 from runtime.backends.stub.spec import stub_embedding
-from tests.models_app.drf_runtime import serving_runtime
+from tests.models_app.in_process import asgi_client, serving_runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,16 +22,17 @@ async def runtime(tmp_path, settings):
 
 
 async def test_an_answer(runtime):
-    answer = await AsyncClient().post("/v1/embeddings", {"model": "vectors", "input": ["a", "b c"]},
-                                      content_type="application/json")
+    async with asgi_client() as client:
+        answer = await client.post("/v1/embeddings", json={"model": "vectors", "input": ["a", "b c"]})
     assert answer.status_code == 200
     body = CreateEmbeddingResponse.model_validate(answer.json(), strict=True)
     assert [item.embedding for item in body.data] == [stub_embedding("a", 8), stub_embedding("b c", 8)]
     assert body.usage.prompt_tokens == 3
 
 
-async def test_errors_have_the_same_envelope(runtime):
-    answer = await AsyncClient().post("/v1/embeddings", {"model": "vectors", "input": []}, content_type="application/json")
+async def test_errors_have_the_envelope(runtime):
+    async with asgi_client() as client:
+        answer = await client.post("/v1/embeddings", json={"model": "vectors", "input": []})
     assert answer.status_code == 400
     assert answer.json()["error"] == {"code": "invalid_request", "message": "input must not be empty", "param": "input"}
 
@@ -42,3 +42,5 @@ def test_the_openapi_schema_describes_the_endpoint():
     assert operation["summary"] == "Create embeddings (OpenAI embeddings API)"
     assert "embeddings_unsupported" in operation["description"]
     assert {"200", "400", "401", "403", "404"} <= set(operation["responses"])
+    assert set(operation["responses"]["200"]["content"]) == {"application/json"}  # never a stream
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == request_schema(EmbeddingBody)

@@ -1,6 +1,6 @@
-"""The runtime behind Django's own test client, for the DRF views of the inference endpoints: the
-embedded runtime host started over ``models`` (each loaded) and its channel served
-(``consumer.serve_channel``), as ``manage.py serve`` runs them."""
+"""The service in this test's own process: the embedded runtime host started over ``models``
+(each loaded) with its channel served (``consumer.serve_channel``), as ``manage.py serve`` runs
+them, and an HTTP client of the ASGI application (``llmpool.asgi``) that a server would serve."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +8,7 @@ import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import httpx
 from channels.layers import get_channel_layer
 
 from models_app.conf import service_settings
@@ -35,3 +36,10 @@ async def serving_runtime(folder: Path, settings, models: dict):
         await asyncio.gather(serving, return_exceptions=True)
         await runtime_host.shutdown_runtime()
         service_settings.cache_clear()
+
+
+def asgi_client() -> httpx.AsyncClient:
+    """A client of ``llmpool.asgi.application``, the whole HTTP router, without a server."""
+    from llmpool.asgi import application
+
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://127.0.0.1")

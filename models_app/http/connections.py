@@ -1,4 +1,4 @@
-"""The protocol class uvicorn serves llm-pool's connections with (``llmpool.http_server``):
+"""The protocol class uvicorn serves llm-pool's connections with (``models_app.http.server``):
 uvicorn's httptools protocol, with each response's head sent with its body (``HeadWithBody``),
 and the connections bounded (``ConnectionLimits``):
 
@@ -19,14 +19,12 @@ connection one count.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import resource
 import select
 from dataclasses import dataclass
-from http import HTTPStatus
 
-from models_app.api.errors import error_headers
+from models_app.api.errors import error_answer
 from runtime.config import ServiceSettings
 from runtime.errors import LLMPoolError, RequestHeadTimeout, TooManyConnections
 
@@ -65,13 +63,9 @@ def default_max_connections() -> int:
     return max(1, min(DEFAULT_MAX_CONNECTIONS, soft // 2))
 
 
-def error_answer(exc: LLMPoolError) -> bytes:
-    """A whole HTTP answer carrying ``exc``'s error envelope, for a connection about to close."""
-    body = json.dumps(exc.envelope(), separators=(",", ":")).encode()
-    lines = [f"HTTP/1.1 {exc.http_status} {HTTPStatus(exc.http_status).phrase}",
-             "content-type: application/json", f"content-length: {len(body)}", "connection: close",
-             *(f"{name.lower()}: {value}" for name, value in error_headers(exc).items())]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+def closing_answer(exc: LLMPoolError) -> bytes:
+    """The whole HTTP answer of ``exc`` (the one error writer's), for a connection about to close."""
+    return error_answer(exc, headers={"Connection": "close"}).http_bytes()
 
 
 def input_pending(transport) -> bool:
@@ -158,9 +152,9 @@ def bounded_httptools_protocol(limits: ConnectionLimits | None = None):
 
     limits = limits or ConnectionLimits.from_service(ServiceSettings())
     head_timeout = limits.head_timeout
-    head_too_slow = error_answer(RequestHeadTimeout(
+    head_too_slow = closing_answer(RequestHeadTimeout(
         f"the request head did not arrive within {head_timeout:g} s (service.http_head_timeout_seconds)"))
-    too_many = error_answer(TooManyConnections(
+    too_many = closing_answer(TooManyConnections(
         f"{limits.max_connections} connections are open, the most this service takes "
         "(service.max_connections); try again"))
     refusals = RefusalLog(limits.max_connections)

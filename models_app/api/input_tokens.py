@@ -1,0 +1,33 @@
+"""Token counting endpoints: a protocol's body counted as the prompt it would be.
+
+POST /v1/messages/count_tokens, /v1/chat/completions/input_tokens and /v1/responses/input_tokens
+parse their body with their protocol's own parser (the same 400s), and ask the runtime (op
+``count_tokens``, ``runtime.inference.token_count``) how many tokens the model's tokenizer makes of
+the prompt its chat template renders; the answer is ``shape(input_tokens)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from models_app.api.inference import Create, parsed, with_endpoint
+from models_app.api.keys import Caller
+from models_app.transport.messages import OP_COUNT_TOKENS
+from models_app.transport.runtime_client import RuntimeClient
+from runtime.inputs.request import GenerationRequest
+
+
+def token_counter(parse: Callable[[Any, str | None], Any], typed: Callable[[Any], GenerationRequest],
+                  shape: Callable[[int], dict]) -> Create:
+    """The entry point of a counting endpoint: ``parse(body, fairness_key)`` is the protocol's
+    parser, ``typed(parsed)`` the typed request in what it returns."""
+
+    async def create(data, caller: Caller) -> dict:
+        request = typed(await parsed(parse, data, caller.fairness_key))
+        model = await caller.resolve(request.model)
+        wire = dataclasses.replace(request, stream=False).to_wire()
+        result = await RuntimeClient().call(OP_COUNT_TOKENS, with_endpoint({**wire, "model": model}))
+        return shape(result["input_tokens"])
+
+    return create

@@ -1,0 +1,105 @@
+"""What the inference protocols' parsers share: a body that is a JSON object, validated strictly
+by the protocol's pydantic model with its first problem answered as one 400 ``invalid_request``
+naming the field (``$.messages[0].content: ...``, ``param`` the path without ``$.``), and the
+OpenAI fields that chat completions and completions read alike (``stream_options``, ``stop``,
+the fields refused where they would change the answer).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from models_app.api import limits
+from runtime.config import json_path
+from runtime.errors import InvalidRequest, LLMPoolError
+from runtime.inputs.request import GenerationRequest
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def json_object(data: Any) -> dict:
+    """``data`` when it is a JSON object; anything else is refused before any field is read."""
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return data
+
+
+def validated(model: type[Body], data: dict, *, where: Callable[[tuple], tuple] = tuple,
+              shapes: dict[str, str] | None = None) -> Body:
+    """``data`` validated strictly as ``model``.  ``where`` turns pydantic's location of the first
+    problem into the client's (dropping a union's branch or a discriminator's tag, which say
+    nothing to a client); a top-level field in ``shapes`` whose value has the wrong shape is
+    refused with its message there instead of pydantic's (a field of several shapes)."""
+    try:
+        return model.model_validate(data, strict=True)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        field = problem["loc"][0] if problem["loc"] else None
+        if shapes and field in shapes and problem["type"] != "missing":
+            raise InvalidRequest(shapes[field], param=field) from exc
+        path = json_path(where(problem["loc"]))
+        raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = None
+
+
+@dataclass
+class OpenAIRequest:
+    """A parsed chat completions or completions request: the typed request and what only the
+    answer's shape needs."""
+
+    generation: GenerationRequest
+    include_usage: bool = False
+
+
+def openai_request(body: BaseModel, fairness_key: str | None, refused: list[LLMPoolError],
+                   **fields) -> OpenAIRequest:
+    """The parsed request of a chat completions or completions ``body``: the typed request of
+    ``fields`` (the protocol's own) and the fields both read alike; ``fairness_key`` as the edge
+    decided it, else the body's ``user``; ``refused`` what the typed path cannot honour."""
+    stream = bool(body.stream)
+    generation = GenerationRequest(
+        request_id="",  # the runtime client names the exchange
+        model=body.model,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stream=stream,
+        fairness_key=limits.fairness_key(fairness_key, body.user),
+        stop=stop_sequences(body.stop),
+        seed=body.seed,
+        presence_penalty=body.presence_penalty or None,  # a penalty of 0 is none
+        frequency_penalty=body.frequency_penalty or None,
+        refused=[error.to_dict() for error in refused],
+        **fields,
+    )
+    options = body.stream_options
+    return OpenAIRequest(generation, stream and options is not None and bool(options.include_usage))
+
+
+def stop_sequences(stop: str | list[str] | None) -> list[str] | None:
+    """``stop`` as the typed request takes it: a list of the non-empty sequences, or None."""
+    sequences = [stop] if isinstance(stop, str) else list(stop or ())
+    sequences = [sequence for sequence in sequences if sequence]
+    return sequences or None
+
+
+def refuse_changes(body: BaseModel, changes_the_answer: dict[str, Callable[[Any], bool]],
+                   refused: list[LLMPoolError]) -> None:
+    """Record each field of ``changes_the_answer`` set to a value that would change the answer
+    (the typed path cannot honour it; a model that forwards the body lets its upstream judge)."""
+    for name, changes in changes_the_answer.items():
+        value = getattr(body, name)
+        if value is not None and changes(value):
+            refused.append(InvalidRequest(f"{name} is not supported by this model; leave it out", param=name))
+
+
+def refuse_unknown(body: BaseModel, path: str, refused: list[LLMPoolError]) -> None:
+    """Record each field the protocol's model does not declare (kept in ``model_extra``)."""
+    for name in body.model_extra or {}:
+        refused.append(InvalidRequest(f"{name} is not a field of {path} for this model", param=name))

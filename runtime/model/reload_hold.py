@@ -1,0 +1,92 @@
+"""A model's side of a settings reload (``ModelPool.reload``): its vote, and the hold on its loads.
+
+Every writer votes (``HoldForReload``): from its own state and the entry it would get, whether
+the model is removed, updated or unchanged, whether it is active, and its conflict.  The vote
+also holds the model: a load that arrives until the reload ends waits (it would make the model
+active after its vote).  ``CommitReload`` takes the new entry, fairness settings and group, then
+releases the hold like ``ReleaseReload``: the held loads run again, against the new entry.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from runtime.model import commands as cmd
+from runtime.model.phases import Mark
+from runtime.model.state import ACTIVE_STATES, RuntimeState
+from runtime.pool.catalog import CatalogEntry
+
+# Changing only these definition fields never conflicts with an active model.
+RELOAD_SAFE_FIELDS = frozenset(
+    {"enabled", "load_on_request", "load_wait_timeout_seconds", "ttl_seconds", "pinned", "keep_warm", "aliases"}
+)
+
+
+@dataclass(frozen=True)
+class ReloadVote:
+    """A controller's answer to a planned settings reload, given by its writer.
+
+    ``change`` is "removed", "updated" or "unchanged"; ``conflict`` the reason the
+    reload must be refused for this model, or None.
+    """
+
+    change: str
+    active: bool
+    conflict: str | None
+
+
+def vote(current: CatalogEntry, entry: CatalogEntry | None, state: RuntimeState) -> ReloadVote:
+    """The vote of a model with ``current`` in ``state`` on a reload that gives it ``entry`` (None: removes it)."""
+    name = current.name
+    active = state in ACTIVE_STATES
+    conflict = None
+    if entry is None:
+        change = "removed"
+        if active:
+            conflict = f"{name} would be removed while {state.value}"
+    elif current.same_definition(entry):
+        change = "unchanged"
+    else:
+        change = "updated"
+        if active and not current.same_definition(entry, ignore=RELOAD_SAFE_FIELDS):
+            conflict = f"{name} would change while {state.value}; unload it first"
+    return ReloadVote(change, active, conflict)
+
+
+class ReloadHold:
+    """The loads held while a reload is planned, and the reload's commands in the writer's step."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.model = writer.model
+        self._held: list[tuple[cmd.Load, asyncio.Future]] = []
+
+    def hold_load(self, load: cmd.Load, future: asyncio.Future) -> None:
+        self._held.append((load, future))
+
+    def waiters(self) -> list[asyncio.Future]:
+        return [future for _, future in self._held]
+
+    def hold(self, future: asyncio.Future, entry: CatalogEntry | None) -> None:
+        self.model.phases.mark(Mark.RELOAD_HELD)
+        future.set_result(vote(self.model.entry, entry, self.model.state))
+
+    def commit(self, future: asyncio.Future, entry: CatalogEntry, fairness, group) -> None:
+        model = self.model
+        if not model.entry.same_definition(entry, ignore=RELOAD_SAFE_FIELDS):
+            model.vram.forget()  # measured for a definition that no longer exists
+        model.entry = entry
+        model.group = group
+        self.writer.turn.tell_again()  # a new ttl_seconds, a new group
+        if model.state not in ACTIVE_STATES:
+            model.replicas = entry.definition.replicas
+        model.scheduler.fairness = fairness
+        self.release(future)
+
+    def release(self, future: asyncio.Future) -> None:
+        self.model.phases.clear(Mark.RELOAD_HELD)
+        for load, waiter in self._held:
+            self.model.requeue(load, waiter)
+        self._held.clear()
+        self.writer.load_for_waiters()
+        future.set_result(None)

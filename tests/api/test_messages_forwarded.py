@@ -1,0 +1,100 @@
+"""POST /v1/messages on a model whose engine forwards OpenAI bodies upstream (openai_remote here; the
+managed servers share the same client): the upstream gets the typed request as a chat completions
+body (system turn, tools, max_tokens), never the Anthropic body, and the answer comes back in
+Anthropic's shapes; a token count there is 400 token_count_unsupported."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import anthropic
+import pytest
+
+from tests.conftest import LiveService, write_settings
+
+ANSWER = "forwarded answer"
+
+
+class Upstream(BaseHTTPRequestHandler):
+    """An OpenAI-compatible /v1/chat/completions that records each body it gets."""
+
+    bodies: list[dict] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, content_type: str, data: bytes) -> None:
+        self.send_response(200)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        Upstream.bodies.append({"path": self.path, **body})
+        if self.path != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        usage = {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+        head = {"id": "chatcmpl-up", "created": 1, "model": body["model"]}
+        if not body.get("stream"):
+            choice = {"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}
+            self._send("application/json", json.dumps({**head, "object": "chat.completion", "choices": [choice],
+                                                       "usage": usage}).encode())
+            return
+        chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": word}, "finish_reason": None}]}
+                  for word in ("forwarded", " answer")]
+        chunks += [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, {"choices": [], "usage": usage}]
+        events = b"".join(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', **c})}\n\n".encode()
+                          for c in chunks)
+        self._send("text/event-stream", events + b"data: [DONE]\n\n")
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, api_shape, upstream):
+    folder = tmp_path_factory.mktemp("messages_forwarded")
+    remote = {"backend": "openai_remote", "remote_base_url": f"http://127.0.0.1:{upstream.server_port}/v1",
+              "remote_model": "upstream-model"}
+    live = LiveService(write_settings(folder, {"remote": remote}, service={"allow_remote_execution": True}),
+                       folder / "db.sqlite3").start()
+    try:
+        with live.client() as http:
+            assert http.post("/v1/admin/models/remote/load").json()["runtime_state"] == "loaded"
+        with anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0) as client:
+            yield client
+    finally:
+        live.stop()
+
+
+def test_the_upstream_gets_a_chat_completions_body(client):
+    Upstream.bodies.clear()
+    message = client.messages.create(model="remote", max_tokens=50, system="be brief",
+                                     messages=[{"role": "user", "content": "hello"}])
+    assert (message.model, message.content[0].text, message.stop_reason) == ("remote", ANSWER, "end_turn")
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (7, 2)
+    (sent,) = Upstream.bodies
+    assert sent["path"] == "/v1/chat/completions" and sent["model"] == "upstream-model"
+    assert sent["max_tokens"] == 50 and "system" not in sent
+    assert [m["role"] for m in sent["messages"]] == ["system", "user"]
+    with client.messages.stream(model="remote", max_tokens=50, messages=[{"role": "user", "content": "hi"}]) as stream:
+        assert "".join(stream.text_stream) == ANSWER
+    assert Upstream.bodies[-1]["stream"] is True and "messages" in Upstream.bodies[-1]
+
+
+def test_a_token_count_there_is_refused(client):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.count_tokens(model="remote", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.body["error"]["code"] == "token_count_unsupported"
