@@ -80,3 +80,4 @@ def settings_key_json(key: ApiKey) -> dict:
         "created_at": None,
         "updated_at": None,
     }
+

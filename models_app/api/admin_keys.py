@@ -9,6 +9,7 @@ A write calls ``keys.forget`` so this process uses it at once; the others read i
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
@@ -16,6 +17,7 @@ from rest_framework.response import Response
 from models_app import selectors, services
 from models_app.api import keys
 from models_app.api.auth import AdminTokenConfigured, AdminTokenPermission
+from models_app.api.openapi import request_schema
 from models_app.api.views import ERROR, AdminApi
 from models_app.conf import service_settings
 from models_app.key_fields import (
@@ -25,10 +27,35 @@ from models_app.key_fields import (
     row_json,
     settings_key_json,
 )
+from runtime.config import MODEL_NAME
 from runtime.errors import ApiKeyReadOnly, InvalidRequest, UnknownApiKey
 
 KEY_ID = OpenApiParameter("key_id", str, OpenApiParameter.PATH, description="key_<n>, or settings:<name>")
 FIELDS = ", ".join(KeyFields.model_fields)
+
+
+def body_schema(*, create: bool) -> dict:
+    """The OpenAPI schema of a create body (``name`` required) or a PATCH body (nothing required),
+    from ``KeyFields``; ``models`` as its validator checks it.  The one rule a schema cannot
+    state: token_budget and budget_period go together."""
+    schema = request_schema(KeyFields)
+    schema["properties"]["models"] = {"oneOf": [
+        {"type": "string", "enum": ["*"]},
+        {"type": "array", "minItems": 1, "items": {"type": "string", "pattern": MODEL_NAME.pattern}},
+    ]}
+    if not create:
+        schema.pop("required", None)
+    return schema
+
+
+class BodyRequired(AutoSchema):
+    """A POST's body is required (drf-spectacular marks a body given as a schema optional)."""
+
+    def _get_request_body(self, direction="request"):
+        body = super()._get_request_body(direction)
+        if body is not None and self.method == "POST":
+            body["required"] = True
+        return body
 
 
 def body_object(request) -> dict:
@@ -59,11 +86,13 @@ class KeysAdminApi(AdminApi):
 
 
 class KeyListApi(KeysAdminApi):
+    schema = BodyRequired()
+
     @extend_schema(
         summary="List the inference keys (docs/api.md \"Inference keys managed live\")",
         description="Every key: those of settings.json (source settings, read-only) then those of the database "
         "(source api). Never a secret.",
-        responses={200: OpenApiTypes.OBJECT, 401: ERROR},
+        responses={200: OpenApiTypes.OBJECT, 401: ERROR, 403: ERROR},
     )
     async def get(self, request):
         rows = await sync_to_async(selectors.key_list)()
@@ -75,8 +104,8 @@ class KeyListApi(KeysAdminApi):
         description=f"Body: {FIELDS} (all but name optional; a limit is an integer of at least 1, or null for none; "
         "they are stored, not enforced yet). 201 with the key's fields, its id and its secret `key`, shown this "
         "once. 400 invalid_request (nothing stored), 409 api_key_name_taken.",
-        request={"application/json": OpenApiTypes.OBJECT},
-        responses={201: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 409: ERROR},
+        request={"application/json": body_schema(create=True)},
+        responses={201: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 409: ERROR},
     )
     async def post(self, request):
         fields = services.validated_key_fields(body_object(request))
@@ -88,7 +117,7 @@ class KeyListApi(KeysAdminApi):
 class KeyDetailApi(KeysAdminApi):
     @extend_schema(
         summary="One inference key", parameters=[KEY_ID],
-        responses={200: OpenApiTypes.OBJECT, 401: ERROR, 404: ERROR},
+        responses={200: OpenApiTypes.OBJECT, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     async def get(self, request, key_id: str):
         if key_id.startswith(SETTINGS_ID_PREFIX):
@@ -104,8 +133,8 @@ class KeyDetailApi(KeysAdminApi):
         "invalid_api_key) on every API process within a second, false lets it in again. 400 invalid_request "
         "(nothing changed), 404 unknown_api_key, 409 api_key_name_taken, 409 api_key_read_only for a key of "
         "settings.json.",
-        parameters=[KEY_ID], request={"application/json": OpenApiTypes.OBJECT},
-        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 404: ERROR, 409: ERROR},
+        parameters=[KEY_ID], request={"application/json": body_schema(create=False)},
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
     )
     async def patch(self, request, key_id: str):
         if key_id.startswith(SETTINGS_ID_PREFIX):
@@ -119,7 +148,7 @@ class KeyDetailApi(KeysAdminApi):
         summary="Delete an inference key", parameters=[KEY_ID],
         description="204; the key is refused on every API process within a second. 404 unknown_api_key, "
         "409 api_key_read_only for a key of settings.json.",
-        responses={204: None, 401: ERROR, 404: ERROR, 409: ERROR},
+        responses={204: None, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
     )
     async def delete(self, request, key_id: str):
         if key_id.startswith(SETTINGS_ID_PREFIX):

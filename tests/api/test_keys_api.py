@@ -287,3 +287,16 @@ def test_without_an_admin_token_the_keys_api_is_refused(live_service):
         assert client.get("/v1/admin/models").status_code == 200  # the rest of the admin API is as it was
         assert client.post("/v1/responses", json={"model": "echo", "input": "x"}).json()["error"]["code"] \
             == "model_not_loaded"  # no key was made: the service stays open
+
+
+def test_the_openapi_schema_documents_the_keys_api(service):
+    paths = httpx.get(service.url + "/v1/openapi.json", timeout=15).json()["paths"]
+    assert {"get", "post"} <= set(paths["/v1/admin/keys"])
+    assert {"get", "patch", "delete"} <= set(paths["/v1/admin/keys/{key_id}"])
+    create = paths["/v1/admin/keys"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    change = paths["/v1/admin/keys/{key_id}"]["patch"]["requestBody"]["content"]["application/json"]["schema"]
+    assert create["required"] == ["name"] and "required" not in change
+    rpm = create["properties"]["requests_per_minute"]
+    assert (rpm["type"], rpm["minimum"], rpm["maximum"], rpm["nullable"]) == ("integer", 1, 1_000_000, True)
+    assert paths["/v1/admin/keys"]["post"]["requestBody"]["required"] is True
+    assert create["properties"]["weight"]["exclusiveMinimum"] is True
