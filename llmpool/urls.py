@@ -5,7 +5,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularSwaggerView
 
-from models_app.api import metrics, views
+from models_app.api import admin_keys, metrics, views
 
 # POST /v1/admin/models/<name>/<operation>, each named admin-model-<operation>.
 MODEL_OPERATIONS = {
@@ -24,6 +24,8 @@ urlpatterns = [
     path("v1/admin/gpu-memory", views.GpuMemoryApi.as_view(), name="admin-gpu-memory"),
     path("v1/admin/settings/reload", views.SettingsReloadApi.as_view(), name="admin-settings-reload"),
     path("v1/admin/activity", views.ActivityApi.as_view(), name="admin-activity"),
+    path("v1/admin/keys", admin_keys.KeyListApi.as_view(), name="admin-keys"),
+    path("v1/admin/keys/<str:key_id>", admin_keys.KeyDetailApi.as_view(), name="admin-key"),
     path("v1/admin/events", views.AdminEventStreamApi.as_view(), name="admin-events"),
     path("v1/models", views.OpenAIModelListApi.as_view(), name="models"),
     path("v1/models/<str:model_id>", views.OpenAIModelApi.as_view(), name="model"),

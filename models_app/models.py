@@ -17,3 +17,40 @@ class CatalogModel(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class InferenceKey(models.Model):
+    """An inference key made through the admin API or ``manage.py create_api_key`` (the keys of
+    settings.json are not rows: they are read from the file).  Only the sha256 of the secret is
+    kept: the secret is random and 256 bits long, so a slow hash would add nothing.
+
+    The limit fields are stored and shown; they are not enforced yet (docs/api.md)."""
+
+    name = models.CharField(max_length=128, unique=True)
+    key_sha256 = models.CharField(max_length=64, unique=True)
+    disabled = models.BooleanField(default=False)
+    requests_per_minute = models.PositiveIntegerField(null=True)
+    tokens_per_minute = models.PositiveBigIntegerField(null=True)
+    max_concurrent = models.PositiveIntegerField(null=True)
+    token_budget = models.PositiveBigIntegerField(null=True)
+    budget_period = models.CharField(max_length=8, null=True)
+    priority = models.CharField(max_length=16, default="default")
+    fairness_key = models.CharField(max_length=256, null=True)
+    weight = models.FloatField(null=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # Last: the name hides the module ``models`` for the rest of the class body.
+    models = models.JSONField(help_text='"*" or the list of models (names or aliases) the key may use.')
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return self.name
+
+
+class KeyRingVersion(models.Model):
+    """One row whose ``version`` every change to the inference keys raises, in the change's own
+    transaction: each API process compares it with the version its key ring holds."""
+
+    version = models.BigIntegerField(default=0)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from models_app.models import CatalogModel
+from django.db import close_old_connections
+
+from models_app.models import CatalogModel, InferenceKey, KeyRingVersion
 from models_app.transport.messages import OP_ACTIVITY, OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
 from models_app.transport.runtime_client import RuntimeClient
 
@@ -86,3 +88,28 @@ async def activity(*, model: str | None = None, limit: str | None = None) -> dic
     """The runtime's ring of finished requests (GET /v1/admin/activity); the runtime checks both."""
     query = {key: value for key, value in (("model", model), ("limit", limit)) if value is not None}
     return await RuntimeClient().call(OP_ACTIVITY, query)
+
+
+def key_ring_version() -> int:
+    """The version of the inference keys in the database (``KeyRingVersion``); 0 before any change."""
+    return KeyRingVersion.objects.filter(pk=1).values_list("version", flat=True).first() or 0
+
+
+def key_ring_rows(known_version: int | None) -> tuple[int, list[dict] | None]:
+    """(the keys' version, every key row as the key ring needs it), or (the version, None) when it
+    is ``known_version``: the usual answer, one single-row query.  The version is read first, so
+    rows newer than it only make the next check read them again."""
+    close_old_connections()  # a long-lived API process: drop a connection the database closed
+    version = key_ring_version()
+    if version == known_version:
+        return version, None
+    fields = ("name", "key_sha256", "models", "fairness_key", "disabled")
+    return version, list(InferenceKey.objects.values(*fields))
+
+
+def key_list() -> list[InferenceKey]:
+    return list(InferenceKey.objects.all())
+
+
+def key_get(pk: int) -> InferenceKey | None:
+    return InferenceKey.objects.filter(pk=pk).first()

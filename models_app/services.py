@@ -1,18 +1,25 @@
 """Writes on the Django side.
 
 The admin API views and the Django admin pages both call these functions, so
-every load, unload and reload goes through one code path to the runtime.
+every load, unload and reload goes through one code path to the runtime; the keys API and
+``manage.py create_api_key`` store inference keys through ``key_create`` and its siblings, each
+of which raises the keys' version in its own transaction (``models_app.api.keys.key_ring``).
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import secrets
 
 from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
+from django.db.models import F
+from pydantic import ValidationError
 
 from models_app.conf import service_settings
-from models_app.models import CatalogModel
+from models_app.key_fields import SECRET_PREFIX, KeyFields, database_id
+from models_app.models import CatalogModel, InferenceKey, KeyRingVersion
 from models_app.transport.messages import (
     ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
     ADMIN_EVENTS_GROUP,
@@ -27,6 +34,8 @@ from models_app.transport.messages import (
 )
 from models_app.transport import nodes
 from models_app.transport.runtime_client import RuntimeClient
+from runtime.config import format_validation_error
+from runtime.errors import ApiKeyNameTaken, InvalidRequest, UnknownApiKey
 
 logger = logging.getLogger("llmpool.api")
 
@@ -112,3 +121,72 @@ async def _publish_catalog_changed(diff: dict) -> None:
             await get_channel_layer().group_send(ADMIN_EVENTS_GROUP, message)
     except Exception:
         logger.warning("could not publish the catalog change", exc_info=True)
+
+
+def key_create(*, fields: dict) -> tuple[InferenceKey, str]:
+    """Store a new inference key (``fields``: checked by ``KeyFields``); (its row, its secret).
+
+    The secret is 256 random bits; only its sha256 is stored, so this is the one time it is seen.
+    Raises 409 api_key_name_taken for a name another key (of the database or of settings.json) has."""
+    secret = SECRET_PREFIX + secrets.token_urlsafe(32)
+    _refuse_settings_name(fields["name"])
+    try:
+        with transaction.atomic():
+            row = InferenceKey.objects.create(key_sha256=hashlib.sha256(secret.encode()).hexdigest(), **fields)
+            _bump_key_version()
+    except IntegrityError:
+        raise ApiKeyNameTaken(f"an API key is named {fields['name']!r} already", param="name") from None
+    return row, secret
+
+
+def key_update(*, pk: int, changes: dict) -> InferenceKey:
+    """Lay ``changes`` (any field of ``KeyFields``) over the key and store it, checked whole;
+    raises 404 unknown_api_key, 400 invalid_request (nothing stored), 409 api_key_name_taken."""
+    try:
+        with transaction.atomic():
+            row = InferenceKey.objects.select_for_update().filter(pk=pk).first()
+            if row is None:
+                raise UnknownApiKey(f"no API key has the id {database_id(pk)!r}")
+            current = {name: getattr(row, name) for name in KeyFields.model_fields}
+            merged = validated_key_fields({**current, **changes})
+            if merged["name"] != row.name:
+                _refuse_settings_name(merged["name"])
+            for name, value in merged.items():
+                setattr(row, name, value)
+            row.save()
+            _bump_key_version()
+    except IntegrityError:
+        raise ApiKeyNameTaken(f"an API key is named {changes.get('name')!r} already", param="name") from None
+    return row
+
+
+def key_delete(*, pk: int) -> None:
+    """Delete the key; raises 404 unknown_api_key."""
+    with transaction.atomic():
+        deleted, _ = InferenceKey.objects.filter(pk=pk).delete()
+        if not deleted:
+            raise UnknownApiKey(f"no API key has the id {database_id(pk)!r}")
+        _bump_key_version()
+
+
+def validated_key_fields(fields: dict) -> dict:
+    """``fields`` checked by ``KeyFields``, as stored; raises 400 invalid_request naming the first
+    field at fault."""
+    try:
+        return KeyFields.model_validate(fields).model_dump()
+    except ValidationError as exc:
+        problems = format_validation_error(exc)
+        first = problems[0]["path"].removeprefix("$").lstrip(".").split(".")[0].split("[")[0] or None
+        raise InvalidRequest("; ".join(f"{p['path'].removeprefix('$.')}: {p['message']}" for p in problems),
+                             param=first) from None
+
+
+def _refuse_settings_name(name: str) -> None:
+    if any(key.name == name for key in service_settings().api_keys):
+        raise ApiKeyNameTaken(f"a key of settings.json is named {name!r}", param="name")
+
+
+def _bump_key_version() -> None:
+    """Raise the keys' version (in the caller's transaction): every API process reads the keys again."""
+    if not KeyRingVersion.objects.filter(pk=1).update(version=F("version") + 1):
+        KeyRingVersion.objects.create(pk=1, version=1)

@@ -90,6 +90,14 @@ RawPromptUnsupported = _error("RawPromptUnsupported", "raw_prompt_unsupported", 
 # Inference keys (service.api_keys): a missing or unknown key, and a model the key may not use.
 InvalidApiKey = _error("InvalidApiKey", "invalid_api_key", 401)
 ModelNotAllowed = _error("ModelNotAllowed", "model_not_allowed", 403)
+# The keys API (/v1/admin/keys): an id that names no key, a name another key has, a change to a key
+# of settings.json (the file is its source), and a key ring the database could not give yet.
+UnknownApiKey = _error("UnknownApiKey", "unknown_api_key", 404)
+ApiKeyNameTaken = _error("ApiKeyNameTaken", "api_key_name_taken", 409)
+ApiKeyReadOnly = _error("ApiKeyReadOnly", "api_key_read_only", 409)
+ApiKeysUnavailable = _error("ApiKeysUnavailable", "api_keys_unavailable", 503, retry_after=1)
+# The keys API without service.admin_token: anyone who reaches the port could mint keys.
+AdminTokenRequired = _error("AdminTokenRequired", "admin_token_required", 403)
 RemoteExecutionDisallowed = _error("RemoteExecutionDisallowed", "remote_execution_disallowed", 403)
 FairnessKeyQueueFull = _error("FairnessKeyQueueFull", "fairness_key_queue_full", 429, retry_after=1)
 ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retry_after=1)

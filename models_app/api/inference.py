@@ -204,7 +204,7 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
             return
         try:
             # The key first: a caller without one is refused before its body is read.
-            caller = key_ring().caller(_headers(scope).get)
+            caller = (await key_ring()).caller(_headers(scope).get)
             body = await _read_body(receive)
         except _Disconnected:
             return

@@ -1,8 +1,8 @@
-"""Inference keys: who may use the models (``service.api_keys``), and whose fairness share a
+"""Inference keys: who may use the models, and whose fairness share a
 request takes.
 
 Every inference endpoint (POST /v1/responses, /v1/chat/completions, /v1/completions, /v1/embeddings,
-/v1/messages, GET /v1/models and /v1/models/{id}) asks ``key_ring().caller(header)`` once per
+/v1/messages, GET /v1/models and /v1/models/{id}) asks ``(await key_ring()).caller(header)`` once per
 request, before anything else:
 
 - no keys configured: anyone may call, every model; the fairness key is the first of
@@ -20,23 +20,35 @@ check compares the models meant on both sides (a key that lists a model may use 
 aliases, one that lists an alias may use the model by its name and its other aliases), and the
 request goes on to routing and the runtime under the model's own name.
 
-A presented key is hashed (sha256) and compared with ``hmac.compare_digest`` to every configured
-hash, all of them, so the time taken does not tell which key nearly matched.  The API process
-reads the keys once (``models_app.conf.service_settings``): a change needs a restart.
+The keys are those of settings.json (``service.api_keys``, read-only here) and those of the
+database (``models_app.models.InferenceKey``, managed through ``/v1/admin/keys`` and
+``manage.py create_api_key``).  A disabled key is refused as an unknown one is (401
+invalid_api_key), and counts as configured: disabling the last key does not open the service.
+Only the sha256 of a key is kept; a presented key is hashed, looked up and compared in constant
+time (``KeyRing._match``).  ``key_ring()`` says how a change reaches every API process.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
+import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError
+
+from models_app import selectors
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
 from models_app.transport import nodes
 from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
-from runtime.errors import InvalidApiKey, ModelNotAllowed
+from runtime.errors import ApiKeysUnavailable, InvalidApiKey, ModelNotAllowed
+
+logger = logging.getLogger("llmpool.api")
 
 # A request's header by lower-case name, or None: ``dict.get`` of the ASGI headers, Django's ``request.headers.get``.
 HeaderLookup = Callable[[str], "str | None"]
@@ -77,16 +89,47 @@ def _meant(name: str, names: Mapping[str, str]) -> str:
     return canonical_model(name, names) or name
 
 
-class KeyRing:
-    """The configured keys (only their hashes) and the fairness headers."""
+_PREFIX = 16  # bytes of a digest the ring looks a key up by: two random keys never share them
 
-    def __init__(self, service: ServiceSettings):
-        self._keys: list[tuple[bytes, ApiKey]] = [(bytes.fromhex(key.key_sha256), key) for key in service.api_keys]
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """What the ring knows of one key, from settings.json or the database."""
+
+    name: str
+    models: list[str] | str  # "*": every model
+    bucket: str  # the fairness key of its requests
+    disabled: bool = False
+
+    @classmethod
+    def from_settings(cls, key: ApiKey) -> KeyRecord:
+        return cls(name=key.name, models=key.models, bucket=key.bucket)
+
+    @classmethod
+    def from_row(cls, row: Mapping) -> KeyRecord:
+        bucket = row["fairness_key"] if row["fairness_key"] is not None else row["name"]
+        return cls(name=row["name"], models=row["models"], bucket=bucket, disabled=row["disabled"])
+
+
+class KeyRing:
+    """The keys of settings.json and of the database (only their hashes), and the fairness headers."""
+
+    def __init__(self, service: ServiceSettings, rows: list[Mapping] = ()):
+        records = [(key.key_sha256, KeyRecord.from_settings(key)) for key in service.api_keys]
+        records += [(row["key_sha256"], KeyRecord.from_row(row)) for row in rows]
+        self._keys: dict[bytes, tuple[bytes, KeyRecord]] = {
+            bytes.fromhex(sha)[:_PREFIX]: (bytes.fromhex(sha), record) for sha, record in records
+        }
         self._fairness_headers = [name.lower() for name in service.fairness_key_headers]
+
+    @property
+    def needs_key(self) -> bool:
+        """Whether a request must carry a key: one is configured, disabled or not."""
+        return bool(self._keys)
 
     def caller(self, header: HeaderLookup) -> Caller:
         """The request's caller; raises 401 invalid_api_key when keys are configured and the
-        request carries none of them."""
+        request carries none of them, or a disabled one."""
         if not self._keys:
             return Caller(fairness_key=self._fairness_header(header))
         key = self._match(header("authorization"), header("x-api-key"))
@@ -100,7 +143,7 @@ class KeyRing:
                 return value
         return None
 
-    def _match(self, authorization: str | None, x_api_key: str | None) -> ApiKey:
+    def _match(self, authorization: str | None, x_api_key: str | None) -> KeyRecord:
         scheme, _, given = (authorization or "").partition(" ")
         given = given.strip()
         if authorization is None and x_api_key:  # Anthropic's clients send the key so
@@ -108,26 +151,84 @@ class KeyRing:
         if scheme.lower() != "bearer" or not given:
             raise InvalidApiKey("this endpoint requires Authorization: Bearer <API key> (or x-api-key: <API key>)")
         digest = hashlib.sha256(given.encode("latin-1", "replace")).digest()
-        found = None
-        for expected, key in self._keys:
-            # Every hash is compared, also after a match: the time taken is the same for every key.
-            if hmac.compare_digest(digest, expected) and found is None:
-                found = key
-        if found is None:
+        # Looked up by the digest's first bytes, then compared whole in constant time: the only
+        # value a caller steers is the sha256 of its guess, so what the lookup's timing could tell
+        # of the stored digests brings no guess nearer a secret.
+        entry = self._keys.get(digest[:_PREFIX])
+        if entry is None or not hmac.compare_digest(digest, entry[0]):
             raise InvalidApiKey("the API key is not valid")
+        found = entry[1]
+        if found.disabled:
+            raise InvalidApiKey("the API key is disabled")
         return found
 
 
-_built: list[tuple[ServiceSettings, KeyRing]] = []
+# How long an API process trusts its key ring before it asks the database whether a key changed.
+CHECK_SECONDS = 0.5
 
 
-def key_ring() -> KeyRing:
-    """The API process's key ring, built once from its service settings (and again only if
-    those are read again, as tests do)."""
+class _RingCache:
+    """This process's key ring and what it was built from."""
+
+    def __init__(self):
+        self.ring: KeyRing | None = None
+        self.service: ServiceSettings | None = None
+        self.rows: list[Mapping] | None = None  # None: the database was never read
+        self.version: int | None = None
+        self.checked_at = float("-inf")
+        self.lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+
+    def fresh(self, service: ServiceSettings) -> bool:
+        return self.ring is not None and self.service is service and \
+            time.monotonic() - self.checked_at < CHECK_SECONDS
+
+    def loop_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self.lock is None or self.lock[0] is not loop:
+            self.lock = (loop, asyncio.Lock())
+        return self.lock[1]
+
+
+_cache = _RingCache()
+
+
+async def key_ring() -> KeyRing:
+    """The API process's key ring: the keys of its service settings and of the database.
+
+    The ring is trusted for ``CHECK_SECONDS``; the first request after that reads the keys'
+    version in the database (one single-row query, in Django's database thread) and the keys
+    themselves only when it moved.  A write through this process's keys API calls ``forget``, so
+    it takes effect at once here, and within ``CHECK_SECONDS`` in every other API process.  While
+    the database cannot be read the ring last read stays (logged); before the first read, a
+    request is refused with 503 api_keys_unavailable rather than let in without its key check."""
     service = service_settings()
-    if not _built or _built[0][0] is not service:
-        _built[:] = [(service, KeyRing(service))]
-    return _built[0][1]
+    if _cache.fresh(service):
+        return _cache.ring
+    async with _cache.loop_lock():
+        if not _cache.fresh(service):
+            await _refresh(service)
+    return _cache.ring
+
+
+async def _refresh(service: ServiceSettings) -> None:
+    try:
+        version, rows = await sync_to_async(selectors.key_ring_rows)(_cache.version)
+    except DatabaseError as exc:
+        if _cache.rows is None:
+            raise ApiKeysUnavailable(f"the inference keys could not be read from the database: {exc}") from None
+        logger.warning("the inference keys could not be read (the last ones read stay in use): %s", exc)
+        version, rows = _cache.version, None
+    if rows is not None or _cache.service is not service or _cache.ring is None:
+        _cache.rows = rows if rows is not None else _cache.rows
+        _cache.ring = KeyRing(service, _cache.rows)
+        _cache.service, _cache.version = service, version
+    _cache.checked_at = time.monotonic()
+
+
+def forget() -> None:
+    """Read the keys again on the next request (this process changed one)."""
+    _cache.checked_at = float("-inf")
+    _cache.version = None
 
 
 def hash_key(key: str) -> str:

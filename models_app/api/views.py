@@ -391,7 +391,7 @@ class OpenAIModelListApi(APIView):
         responses={200: OpenApiTypes.OBJECT, 401: ERROR, 503: ERROR},
     )
     async def get(self, request):
-        return Response(await openai_models.model_list(key_ring().caller(request.headers.get)))
+        return Response(await openai_models.model_list((await key_ring()).caller(request.headers.get)))
 
 
 class OpenAIModelApi(APIView):
@@ -407,7 +407,7 @@ class OpenAIModelApi(APIView):
         responses={200: OpenApiTypes.OBJECT, 401: ERROR, 403: ERROR, 404: ERROR, 503: ERROR},
     )
     async def get(self, request, model_id: str):
-        return Response(await openai_models.model_get(model_id, key_ring().caller(request.headers.get)))
+        return Response(await openai_models.model_get(model_id, (await key_ring()).caller(request.headers.get)))
 
 
 async def unknown_path(request, *args, **kwargs):

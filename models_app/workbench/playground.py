@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from models_app.api.errors import error_json_response
 from models_app.api.model_logs import logs_follow, logs_tail
 from models_app.conf import service_settings
+from models_app.models import InferenceKey
 from runtime.errors import LLMPoolError
 
 # The decoding fields every chat request takes: (name, label, input attributes).
@@ -49,7 +50,7 @@ def playground_context(entry: dict) -> dict:
     return {
         "numbers": numbers,
         "choices": choices,
-        "needs_key": bool(service_settings().api_keys),
+        "needs_key": bool(service_settings().api_keys) or InferenceKey.objects.exists(),
         "load_on_request": bool((entry.get("definition") or {}).get("load_on_request")),
     }
 

@@ -166,3 +166,26 @@ def test_a_page_of_another_origin_gets_403_with_the_operators_cookie(service, br
         connect(websocket_url(service), origin=origin, additional_headers=session_header(browser_session),
                 open_timeout=15)
     assert refused.value.response.status_code == 403
+
+
+def test_no_inference_key_secret_reaches_the_websocket_snapshot(service, browser_session):
+    made = httpx.post(service.url + "/v1/admin/keys", json={"name": "ws-watch"}, headers=AUTH, timeout=15).json()
+    try:
+        with connect(websocket_url(service), origin=service.url, additional_headers=session_header(browser_session),
+                     open_timeout=15) as websocket:
+            snapshot = websocket.recv(timeout=15)
+        assert '"kind": "snapshot"' in snapshot
+        assert made["key"] not in snapshot and made["key"].removeprefix("sk-llmpool-") not in snapshot
+    finally:
+        httpx.delete(service.url + f"/v1/admin/keys/{made['id']}", headers=AUTH, timeout=15)
+
+
+def test_the_playground_asks_for_a_key_once_one_is_made_through_the_keys_api(service, browser_session):
+    page = "/admin/llm-pool/models/stub-list/"
+    assert 'id="playground-key"' not in browser_session.get(page).text
+    made = httpx.post(service.url + "/v1/admin/keys", json={"name": "playground"}, headers=AUTH, timeout=15).json()
+    try:
+        assert 'id="playground-key"' in browser_session.get(page).text
+    finally:
+        httpx.delete(service.url + f"/v1/admin/keys/{made['id']}", headers=AUTH, timeout=15)
+    assert 'id="playground-key"' not in browser_session.get(page).text

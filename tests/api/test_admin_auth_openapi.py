@@ -17,6 +17,7 @@ ADMIN_CALLS = [
     ("POST", "/v1/admin/settings/reload"),
     ("POST", "/v1/admin/models/echo/load"),
     ("POST", "/v1/admin/models/echo/unload"),
+    ("GET", "/v1/admin/keys"),
 ]
 # Every path of the contract, as the OpenAPI schema names them.
 CONTRACT_PATHS = {

@@ -38,10 +38,10 @@ ENDPOINTS = [
 ]
 
 
-def create_api_key(*args: str) -> tuple[str, dict]:
-    """Run ``manage.py create_api_key``: (the key it printed, the settings entry it printed)."""
+def create_api_key(name: str, *args: str) -> tuple[str, dict]:
+    """Run ``manage.py create_api_key --settings-entry``: (the key it printed, the settings entry it printed)."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "create_api_key", *args],
+        [sys.executable, str(ROOT / "manage.py"), "create_api_key", "--name", name, "--settings-entry", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
     )
     lines = done.stdout.splitlines()
@@ -313,7 +313,7 @@ def test_an_invalid_key_entry_stops_serve(tmp_path):
 
 def test_create_api_key_prints_a_key_and_its_hash(alice):
     key, entry = alice
-    assert len(key) >= 43
+    assert key.startswith("sk-llmpool-") and len(key) >= 11 + 43
     assert entry == {
         "name": "alice", "key_sha256": hashlib.sha256(key.encode()).hexdigest(), "models": ["echo", "slow"],
     }
