@@ -16,11 +16,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from models_app.api.answer_stream import shaped_stream
 from models_app.api.inference import DONE, Create, generate, parsed, sse_data, sse_error
 from models_app.api.keys import Caller
 from models_app.api.passthrough import forwarded_answer, relay
-from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
-from runtime.errors import LLMPoolError
 
 
 def openai_create(parse: Callable[[Any, str | None], Any], builder: Callable[[Any], Any]) -> Create:
@@ -40,22 +39,9 @@ def openai_create(parse: Callable[[Any, str | None], Any], builder: Callable[[An
     return create
 
 
-async def _sse(shapes, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    try:
-        opening = shapes.opening_chunk()
-        if opening:
-            yield opening
-        async for message in messages:
-            if message["kind"] == REPLY_CHUNK:
-                chunk = shapes.event_chunk(message["data"])
-                if chunk:
-                    yield chunk
-            elif message["kind"] == REPLY_RESULT:
-                yield b"".join(shapes.closing_chunks(message["data"]))
-    except LLMPoolError as exc:
-        yield sse_error(exc)
-    finally:
-        await messages.aclose()
+def _sse(shapes, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    return shaped_stream(messages, opening=shapes.opening_chunk, chunk=shapes.event_chunk,
+                         result=lambda data: b"".join(shapes.closing_chunks(data)), failure=sse_error)
 
 
 class OpenAIAnswer:

@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from models_app.api.answer_stream import shaped_stream
 from models_app.api.inference import LOADING_NOTICE_SECONDS, generate, inference_app, parsed
 from models_app.api.input_tokens import token_counter
 from models_app.api.keys import Caller
 from models_app.api.messages.protocol import MESSAGES_PATH, parse_count_tokens_body, parse_messages_body
 from models_app.api.messages.shapes import PING, MessageBuilder, error_envelope
-from models_app.transport.messages import REPLY_CHUNK, REPLY_RESULT
-from runtime.errors import LLMPoolError
 
 
 async def create_message(data, caller: Caller) -> dict | AsyncIterator[bytes]:
@@ -38,22 +37,12 @@ async def create_message(data, caller: Caller) -> dict | AsyncIterator[bytes]:
     return builder.final(outcome)
 
 
-async def _sse(builder: MessageBuilder, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    try:
-        yield builder.opening_chunk()
-        async for message in _pinged(messages):
-            if message is None:
-                yield PING
-            elif message["kind"] == REPLY_CHUNK:
-                events = builder.event_chunk(message["data"])
-                if events:
-                    yield events
-            elif message["kind"] == REPLY_RESULT:
-                yield b"".join(builder.closing_chunks(message["data"]))
-    except LLMPoolError as exc:
-        yield b"".join(builder.error_chunks(error_envelope(exc)))
-    finally:
-        await messages.aclose()
+def _sse(builder: MessageBuilder, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    return shaped_stream(
+        _pinged(messages), opening=builder.opening_chunk, chunk=builder.event_chunk,
+        result=lambda data: b"".join(builder.closing_chunks(data)),
+        failure=lambda exc: b"".join(builder.error_chunks(error_envelope(exc))), idle=PING, source=messages,
+    )
 
 
 async def _pinged(messages: AsyncIterator[dict]) -> AsyncIterator[dict | None]:

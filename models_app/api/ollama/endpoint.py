@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 from models_app import selectors
 from models_app.api.errors import error_answer
+from models_app.api.answer_stream import shaped_stream
 from models_app.api.inference import generate, inference_app, parsed, with_endpoint
 from models_app.api.keys import Caller
 from models_app.api.ollama import models
@@ -22,9 +23,9 @@ from models_app.api.ollama.protocol import (
     OllamaCall, parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model,
 )
 from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line, waiting_notice
-from models_app.transport.messages import OP_EMBED, REPLY_CHUNK, REPLY_RESULT
+from models_app.transport.messages import OP_EMBED
 from models_app.transport.runtime_client import RuntimeClient
-from runtime.errors import LLMPoolError, ModelManagementUnsupported
+from runtime.errors import ModelManagementUnsupported
 
 
 def _generating(parse: Callable[..., OllamaCall], chat: bool):
@@ -53,19 +54,9 @@ async def _one(piece: bytes) -> AsyncIterator[bytes]:
     yield piece
 
 
-async def _ndjson(answer: Answer, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
-    try:
-        async for message in messages:
-            if message["kind"] == REPLY_CHUNK:
-                piece = answer.piece(message["data"])
-                if piece:
-                    yield piece
-            elif message["kind"] == REPLY_RESULT:
-                yield line(answer.final(message["data"], whole=False))
-    except LLMPoolError as exc:
-        yield line(error_answer(exc, envelope=error_body).body)
-    finally:
-        await messages.aclose()
+def _ndjson(answer: Answer, messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+    return shaped_stream(messages, chunk=answer.piece, result=lambda data: line(answer.final(data, whole=False)),
+                         failure=lambda exc: line(error_answer(exc, envelope=error_body).body))
 
 
 async def _embedded(parse: Callable, data, caller: Caller) -> tuple[str, dict, float]:
