@@ -287,6 +287,8 @@ class RuntimeService:
             "finish_reason": "tool_calls" if run.tool_calls else run.finished.finish_reason,
             "usage": {"input_tokens": run.finished.input_tokens, "output_tokens": run.finished.output_tokens},
         }
+        if run.finished.cached_tokens is not None:  # an engine that keeps its KV cache between requests
+            result["usage"]["cached_tokens"] = run.finished.cached_tokens
         run.add_reasoning_and_logprobs(result)
         if run.tool_calls:
             result["tool_calls"] = [call.to_wire() for call in run.tool_calls]

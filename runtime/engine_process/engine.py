@@ -93,7 +93,7 @@ class _Stream:
         if isinstance(item, LLMPoolError):
             raise item
         if item["op"] == p.FINISHED:
-            return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"])
+            return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"], item.get("cached_tokens"))
         raise p.error_from_message(item)
 
     async def next_reply(self) -> dict[str, Any]:

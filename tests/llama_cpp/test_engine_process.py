@@ -45,6 +45,18 @@ async def test_isolation_defaults_to_an_engine_process(runtime_service):
     assert moves(events, "smol") == LOAD_CYCLE + UNLOAD_CYCLE
 
 
+async def test_usage_counts_the_reused_prompt_tokens_through_the_engine_process(runtime_service):
+    service, _ = await runtime_service({"proc": SMOLLM2_MODEL})
+    await load(service, "proc")
+    fields = {"temperature": 0.0, "max_output_tokens": 6}
+    first, _ = await generate(service, "proc", COUNTING, **fields)
+    again, _ = await generate(service, "proc", COUNTING, **fields)
+    assert first["usage"]["cached_tokens"] == 0  # a fresh context
+    assert again["usage"]["cached_tokens"] == again["usage"]["input_tokens"] - 1
+    assert again["text"] == first["text"]
+    await unload(service, "proc")
+
+
 async def test_generation_and_streaming_match_isolation_none_at_temperature_zero(runtime_service, definition):
     service, _ = await runtime_service({"proc": definition, "here": {**definition, "isolation": "none"}})
     await load(service, "proc")
