@@ -149,6 +149,7 @@ class ProcessEngine:
                     "base_dir": str(self.context["base_dir"]),
                     "model_name": self.context["model_name"],
                     "state_dir": str(self.context["state_dir"]),
+                    "kv_store": self.context.get("kv_store"),
                 },
             }, p.LOADED)
             self._tool_call_formats = loaded.get("tool_call_formats")

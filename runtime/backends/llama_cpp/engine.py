@@ -26,11 +26,13 @@ from typing import Any
 
 from runtime.backends.base import GenerationRequest
 from runtime.backends.llama_cpp.generation import run_generation, sampling_options
+from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import (
     ContextSettings,
     EngineLoadError,
     GgufContext,
     GgufWeights,
+    llama_version,
     release_heap,
 )
 from runtime.backends.llama_cpp.sampling import SamplingOptions, grammar_of_schema
@@ -82,6 +84,7 @@ class LlamaCppEngine:
         self.weights: GgufWeights | None = None
         self.context: GgufContext | None = None
         self.gguf_template: GgufChatTemplate | None = None
+        self.kv_store: KvStore | None = None  # saved KV caches (engine.kv_store), set at load
         self._tool_call_formats: dict[str, str] = {}  # set at load (tool_call_formats)
         self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
@@ -134,6 +137,7 @@ class LlamaCppEngine:
         if self._progress is not None:
             self._progress.stage_now(STAGE_CREATING_CONTEXT)
         self.context = GgufContext(self.weights, settings)
+        self._open_kv_store()
         if self.prompt_format == GGUF_TEMPLATE:
             bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
             self.gguf_template = GgufChatTemplate(info.chat_template, bos, eos)
@@ -142,6 +146,20 @@ class LlamaCppEngine:
             "model %s replica %d loaded from %s (%s, threads=%d)",
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
         )
+
+    def _open_kv_store(self) -> None:
+        """The saved KV caches of this model file under the context's settings (None: off)."""
+        context = self._progress_context
+        self.kv_store = KvStore.from_settings(context.get("kv_store"), context.get("state_dir"), self.weights.path,
+                                              self.context.settings, llama_version())
+
+    def _save_kv(self) -> None:
+        """Write the context's sequence to the KV store before the context goes (unload, sleep)."""
+        if self.kv_store is not None and self.context is not None:
+            try:
+                self.kv_store.save(self.context)
+            except Exception:  # a failed save loses a cache, never the unload
+                logger.exception("model %s: saving the KV cache failed", self.model_name)
 
     # -- inference state (runtime.model.residency) -----------------------------------------------
     async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
@@ -184,11 +202,13 @@ class LlamaCppEngine:
             release_heap()
         self._asleep = None
         self.config = config
+        self._open_kv_store()  # another n_ctx or cache type: another identity
         logger.info("model %s replica %d reconfigured (%s, %s)", self.model_name, self.replica_index + 1, new.describe(),
                     "make-before-break" if overlap else "break-then-make")
 
     def _sleep(self) -> None:
         if self.context is not None:
+            self._save_kv()
             self._asleep = self.context.settings
             self.context.close()
             self.context = None
@@ -201,6 +221,7 @@ class LlamaCppEngine:
 
     def _release(self) -> None:
         if self.context is not None:
+            self._save_kv()
             self.context.close()
             self.context = None
         if self.weights is not None:
@@ -349,7 +370,7 @@ class LlamaCppEngine:
                 raise BackendError(f"model {self.model_name} was unloaded before the request ran")
             run_generation(
                 self.weights, self.context, prompt, request, options, emit,
-                lambda: cancelled.is_set() or self._closing.is_set(), self.model_name,
+                lambda: cancelled.is_set() or self._closing.is_set(), self.model_name, self.kv_store,
             )
         except LLMPoolError as exc:
             emit(exc)

@@ -8,23 +8,28 @@ is new for every generation, so nothing of one answer's sampling carries over to
 from __future__ import annotations
 
 import codecs
+import logging
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
+from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import GgufContext, GgufWeights
 from runtime.backends.llama_cpp.sampling import SamplingOptions
 from runtime.errors import ContextLengthExceeded
 from runtime.inference.stop_sequences import StopWatch
 from runtime.inputs.prompt_formats import RenderedPrompt
 
+logger = logging.getLogger("llmpool.llama_cpp")
+
 
 def run_generation(
     weights: GgufWeights, context: GgufContext, prompt: RenderedPrompt, request: GenerationRequest,
-    options: SamplingOptions, emit, stopped, model_name: str,
+    options: SamplingOptions, emit, stopped, model_name: str, kv_store: KvStore | None = None,
 ) -> None:
     """Prefill what the cache lacks of ``prompt``, then sample until a stop, ``emit``-ting
     TextDelta events and one Finished; ``stopped()`` true ends it at the next token (a cancelled
     request: the cache then holds exactly the tokens decoded so far, which a later request may
-    reuse)."""
+    reuse); ``kv_store``: saved caches, one of which is restored when it holds more of the
+    prompt than the context does."""
     tokens = weights.tokenize_prompt(prompt)
     if len(tokens) >= context.n_ctx:
         raise ContextLengthExceeded(
@@ -32,6 +37,12 @@ def run_generation(
             f"{context.n_ctx} tokens (gguf_n_ctx), which must also leave room for the reply",
             param="input",
         )
+    if kv_store is not None:
+        try:
+            kv_store.restore(context, tokens)
+        except Exception:  # a saved cache that fails is lost, never the request: it prefills
+            logger.exception("model %s: restoring a saved KV cache failed", model_name)
+            context.clear()
     cached = context.reuse(tokens)
     for start in range(cached, len(tokens), context.n_batch):
         if stopped():

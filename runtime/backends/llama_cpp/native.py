@@ -102,6 +102,11 @@ def native():
     return _native_module
 
 
+def llama_version() -> str:
+    """llama-cpp-python's version: the llama.cpp build whose state files this process reads."""
+    return getattr(native(), "__version__", "unknown")
+
+
 def _native_errors(lines: list[tuple[int, str]]) -> str:
     """The last error lines of a failed native call (its warnings when it logged no error)."""
     errors = [text.strip() for level, text in lines if level >= 4 and text.strip()]
