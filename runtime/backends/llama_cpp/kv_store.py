@@ -29,6 +29,8 @@ from pathlib import Path
 
 import orjson
 
+from runtime.backends.llama_cpp.native import common_prefix
+
 logger = logging.getLogger("llmpool.llama_cpp")
 
 MAGIC = b"LLMPKV1\n"
@@ -49,14 +51,6 @@ def kv_identity(model_path: str, settings, llama_version: str) -> dict:
         "n_ctx": settings.n_ctx, "type_k": settings.type_k or "f16", "type_v": settings.type_v or "f16",
         "flash_attn": settings.flash_attn, "llama_cpp": llama_version,
     }
-
-
-def common_prefix(a, b) -> int:
-    count = min(len(a), len(b))
-    for index in range(count):
-        if a[index] != b[index]:
-            return index
-    return count
 
 
 class KvStore:
@@ -137,8 +131,12 @@ class KvStore:
         when it shares more than the context holds already (at least ``min_tokens``); returns
         the tokens restored (0: none, the context untouched or, after a failure, cleared)."""
         held = common_prefix(context.tokens, prompt)
-        best, best_path = max(((common_prefix(tokens, prompt), path) for path, tokens in self._index.items()),
-                              default=(0, None), key=lambda item: item[0])
+        if held >= len(prompt) - 1:
+            return 0  # the context holds all of it that can be reused
+        # A saved sequence that differs from the prompt at ``held`` cannot beat the context.
+        candidates = ((common_prefix(tokens, prompt), path) for path, tokens in self._index.items()
+                      if len(tokens) > held and tokens[held] == prompt[held])
+        best, best_path = max(candidates, default=(0, None), key=lambda item: item[0])
         if best_path is None or best < self.min_tokens or best <= held:
             return 0
         try:
@@ -168,7 +166,7 @@ class KvStore:
         tokens_raw = array("i", tokens).tobytes()
         path = self.folder / (hashlib.sha256(tokens_raw).hexdigest()[:32] + SUFFIX)
         try:
-            if path in self._index:  # the same tokens under the same identity: the same state
+            if path in self._index and path.exists():  # the same tokens and identity: the same state
                 _touch(path)
                 return path
             lib = context._lib

@@ -146,6 +146,21 @@ def release_heap() -> None:
         libc.malloc_trim(0)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (by slices, compared in C: fast for 30k tokens)."""
+    count = min(len(a), len(b))
+    if a[:count] == b[:count]:
+        return count
+    low, high = 0, count  # a[:low] == b[:low]; a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
 # ---- weights and context -----------------------------------------------------------------
 
 
@@ -360,10 +375,7 @@ class GgufContext:
         ``n_swa`` positions of its windowed layers: a prefix whose window was already dropped
         from the cache cannot be continued, and the whole prompt is decoded again, as
         llama-server does when its cache lacks that data."""
-        limit = min(len(prompt) - 1, len(self.tokens))
-        kept = 0
-        while kept < limit and prompt[kept] == self.tokens[kept]:
-            kept += 1
+        kept = min(common_prefix(prompt, self.tokens), len(prompt) - 1)
         lib = self._lib
         memory = lib.llama_get_memory(self.ctx)
         if kept > 0 and self.n_swa > 0 and lib.llama_memory_seq_pos_min(memory, 0) > max(0, kept - self.n_swa):
