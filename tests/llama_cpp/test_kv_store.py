@@ -189,6 +189,15 @@ async def test_a_damaged_file_is_dropped_with_a_warning_and_the_request_prefills
         await engine.unload()
 
 
+async def test_a_conversation_shorter_than_min_tokens_is_not_saved(tmp_path):
+    engine = make_engine(SMOLLM2_MODEL, tmp_path, kv={**KV, "min_tokens": 1000})
+    await engine.load()
+    _, finished = await collect(engine, turn("How often is gauge 3 read?"))
+    await engine.unload()
+    assert finished.input_tokens < 1000 and saved(tmp_path) == []
+    assert not (tmp_path / "kv").exists()  # no folder either: the first save makes it
+
+
 async def test_off_saves_nothing(tmp_path):
     engine = make_engine(SMOLLM2_MODEL, tmp_path, kv={**KV, "enabled": False})
     await engine.load()

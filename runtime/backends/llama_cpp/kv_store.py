@@ -64,7 +64,6 @@ class KvStore:
         self.max_bytes = max_bytes
         self.max_model_bytes = max_model_bytes
         self.min_tokens = min_tokens
-        self.folder.mkdir(parents=True, exist_ok=True)
         self._index: dict[Path, list[int]] = {}  # file -> the tokens its state holds
         self._scan()
 
@@ -85,6 +84,8 @@ class KvStore:
 
     # -- reading ---------------------------------------------------------------------------
     def _scan(self) -> None:
+        if not self.folder.is_dir():
+            return  # nothing saved yet: the folder is made by the first save
         now = time.time()
         for path in self.folder.iterdir():
             if path.name.startswith(".tmp-"):
@@ -182,6 +183,7 @@ class KvStore:
                 "identity": self.identity, "n_tokens": len(tokens), "state_bytes": written,
                 "tokens_sha256": hashlib.sha256(tokens_raw).hexdigest(), "state_sha256": hashlib.sha256(data).hexdigest(),
             })
+            self.folder.mkdir(parents=True, exist_ok=True)
             temporary = self.folder / f".tmp-{path.name}-{os.getpid()}"
             with open(temporary, "wb") as handle:
                 handle.write(MAGIC + _HEAD.pack(len(header)) + header + tokens_raw)
