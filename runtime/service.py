@@ -10,37 +10,27 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from dataclasses import dataclass, field
 
 from runtime.observe.activity import RequestObserver, activity_answer
 from runtime.observe.records import RequestRecord
 from runtime.inference.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
-from runtime.backends.base import Finished, TextDelta
-from runtime.backends.shared.forwarding import UpstreamAnswer, UpstreamChunk
+from runtime.inference.pipeline import Emit, Output, run_on_engine
 from runtime.config import parse_load_body
-from runtime.model.writer import Lease
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
-from runtime.errors import BackendError, RequestTimeout, SettingsReloadAborted, UnknownOperation
+from runtime.errors import BackendError, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.observe.metrics import RuntimeMetrics
 from runtime.observe.model_logs import model_logs
 from runtime.paths import state_dir
 from runtime.pool.model_pool import ModelPool
-from runtime.inference.reasoning import ReasoningDelta, split_reasoning
 from runtime.observe.read_models import gpu_model_entry, model_entry
 from runtime.inputs.request import (
     GENERATE_ADMITTED,
-    GENERATE_DELTA,
-    GENERATE_REASONING,
-    GENERATE_TOOL_CALL,
-    GENERATE_UPSTREAM,
     GENERATE_WAITING,
     GenerationRequest,
 )
-from runtime.inference.tool_calls import ToolCall, tool_parser
 from runtime.model.scheduler import Ticket
 from runtime.model.state import RuntimeState, TransitionEvent
-from runtime.inference.stop_sequences import StopWatch
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -49,7 +39,6 @@ logger = logging.getLogger("llmpool.runtime")
 # or abort, holding its models' loads meanwhile; then it aborts by itself.
 RELOAD_HOLD_SECONDS = 30.0
 
-Emit = Callable[[dict], Awaitable[None]]
 ReloadListener = Callable[["RuntimeService"], Awaitable[None]]
 
 
@@ -263,7 +252,7 @@ class RuntimeService:
         ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
         forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)
-        run = _Run(open_on_first_chunk=request.stream and forwarded, record=record)
+        output = Output(request, emit, open_on_first_chunk=request.stream and forwarded, record=record)
 
         async def waiting() -> None:  # the model loads for this request: a stream may open now
             if request.stream:
@@ -276,25 +265,13 @@ class RuntimeService:
             lease = await dispatched
             record.replica = lease.replica
             lease.check()
-            await _run_on_engine(controller, lease, request, emit, run)
-            await run.open_stream(emit)  # a forwarded stream the upstream ended without a chunk
+            await run_on_engine(controller, lease, output)
+            await output.open_stream()  # a forwarded stream the upstream ended without a chunk
         finally:
-            controller.finish(ticket, run.tokens_used(ticket))
-        if run.finished is None:
+            controller.finish(ticket, output.tokens_used(ticket))
+        if output.finished is None:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
-        result = {
-            "text": "".join(run.pieces),
-            "finish_reason": "tool_calls" if run.tool_calls else run.finished.finish_reason,
-            "usage": {"input_tokens": run.finished.input_tokens, "output_tokens": run.finished.output_tokens},
-        }
-        if run.finished.cached_tokens is not None:  # an engine that keeps its KV cache between requests
-            result["usage"]["cached_tokens"] = run.finished.cached_tokens
-        run.add_reasoning_and_logprobs(result)
-        if run.tool_calls:
-            result["tool_calls"] = [call.to_wire() for call in run.tool_calls]
-        if run.answer is not None:
-            result["upstream"] = run.answer  # a forwarded request's answer, as the upstream wrote it
-        return result
+        return output.result()
 
     # ---- embeddings ------------------------------------------------------------------
     async def op_embed(self, payload, emit) -> dict:
@@ -326,145 +303,3 @@ class RuntimeService:
         finally:
             controller.finish(ticket, used)
         return {"vectors": vectors, "usage": {"prompt_tokens": used}}
-
-
-@dataclass
-class _Run:
-    """What a request's engine produced so far."""
-
-    pieces: list[str] = field(default_factory=list)
-    deltas: int = 0  # the engine's text events or upstream chunks (a stop sequence's output_tokens)
-    finished: Finished | None = None
-    answer: dict | None = None  # a forwarded request's upstream answer (not streamed)
-    open_on_first_chunk: bool = False  # a forwarded stream not opened yet
-    reasoning: list[str] = field(default_factory=list)  # split off the answer (runtime.inference.reasoning)
-    reasoning_tokens: int = 0
-    logprobs: list[dict] | None = None  # the answer's, when the request asked for them
-    unsent_logprobs: list[dict] = field(default_factory=list)  # of answer text held back so far
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    record: RequestRecord | None = None  # the request's activity record (its first output's time)
-
-    async def add_tool_calls(self, calls: list[ToolCall], request: GenerationRequest, emit: Emit) -> None:
-        """Keep (and stream) ``calls``; with ``parallel_tool_calls`` false, only the answer's first."""
-        for call in calls:
-            if request.parallel_tool_calls is False and self.tool_calls:
-                return
-            if request.stream:
-                await emit({"event": GENERATE_TOOL_CALL, "index": len(self.tool_calls), "call": call.to_wire()})
-            self.tool_calls.append(call)
-
-    def answer_delta(self, text: str) -> dict:
-        """The ``delta`` event of answer text, with the logprobs of the tokens since the last."""
-        delta = {"event": GENERATE_DELTA, "text": text}
-        if self.logprobs is not None:
-            delta["logprobs"], self.unsent_logprobs = self.unsent_logprobs, []
-            self.logprobs.extend(delta["logprobs"])
-        return delta
-
-    def add_reasoning_and_logprobs(self, result: dict) -> None:
-        if self.reasoning:
-            result["reasoning"] = "".join(self.reasoning)
-            result["usage"]["reasoning_tokens"] = min(self.reasoning_tokens, self.finished.output_tokens)
-        if self.logprobs is not None:
-            result["logprobs"] = self.logprobs
-
-    async def open_stream(self, emit: Emit) -> None:
-        """Tell the API to open a forwarded stream (once): its upstream has answered."""
-        if self.open_on_first_chunk:
-            self.open_on_first_chunk = False
-            await emit({"event": GENERATE_ADMITTED})
-
-    def tokens_used(self, ticket: Ticket) -> int:
-        if self.finished is not None:
-            return self.finished.input_tokens + self.finished.output_tokens
-        return ticket.cost_estimate + self.deltas
-
-
-async def _run_on_engine(controller, lease: Lease, request: GenerationRequest, emit: Emit, run: _Run) -> None:
-    """Stream the engine's events into ``run`` (and to ``emit`` when streaming), within the
-    model's request_timeout_seconds: past it the engine's generate is cancelled (504), and an
-    engine that does not stop within the grace of that cancel is killed (``timed_out``).
-
-    A thinking model's reasoning is split off the answer first (runtime.inference.reasoning): it goes
-    out as ``reasoning`` events, and stop sequences and logprobs are the answer's only.
-    With stop sequences, the text is held back while it may be the start of one; once the
-    produced text contains one, it is cut there, the engine's generate is closed (cancelled)
-    and the request finishes with ``stop``: the same for every backend.  A forwarded request's
-    events are the upstream's (``UpstreamChunk``, ``UpstreamAnswer``), which go on as they are:
-    its upstream has applied the stop sequences.
-    """
-    limit = controller.entry.definition.request_timeout_seconds
-    deadline = asyncio.timeout(limit)
-    stops = StopWatch(request.stop)
-    entry = controller.entry
-    run.logprobs = None if request.logprobs is None else []
-    # A raw prompt's continuation is all text: its reasoning tags, if any, are the client's to read.
-    tags = None if request.prompt is not None else entry.spec.reasoning_tags(entry.definition, entry.base_dir)
-    events = split_reasoning(lease.engine.generate(request), tags)
-    tools = tool_parser(lease.engine, request)  # reads the calls out of the answer's text
-    try:
-        async with deadline:
-            async for event in events:
-                lease.check()
-                if run.record is not None and not isinstance(event, Finished):
-                    run.record.saw_output()
-                if isinstance(event, UpstreamChunk):
-                    run.deltas += 1
-                    if request.stream:
-                        await run.open_stream(emit)
-                        await emit({"event": GENERATE_UPSTREAM, "chunk": event.chunk})
-                    continue
-                if isinstance(event, UpstreamAnswer):
-                    run.answer = event.answer
-                    continue
-                if isinstance(event, ReasoningDelta):
-                    run.deltas += event.tokens
-                    run.reasoning_tokens += event.tokens
-                    if event.text:
-                        run.reasoning.append(event.text)
-                        if request.stream:
-                            await emit({"event": GENERATE_REASONING, "text": event.text})
-                    continue
-                if isinstance(event, ToolCall):  # parsed already (an upstream's tool_calls)
-                    await run.add_tool_calls([event], request, emit)
-                    continue
-                if isinstance(event, TextDelta):
-                    run.deltas += event.tokens
-                    run.unsent_logprobs.extend(event.logprobs or ())
-                    answer = event.text
-                    if tools is not None:
-                        answer, calls = tools.feed(answer)
-                        await run.add_tool_calls(calls, request, emit)
-                    text, stopped = stops.feed(answer)
-                else:
-                    tail = ""
-                    if tools is not None:
-                        tail, calls = tools.finish()
-                        await run.add_tool_calls(calls, request, emit)
-                    text, stopped = stops.feed(tail)
-                    if not stopped:
-                        text += stops.flush()
-                    run.finished = event
-                if stopped:
-                    run.unsent_logprobs = []  # the stop sequence's tokens, cut with it
-                if text or (run.finished is not None and run.unsent_logprobs):
-                    run.pieces.append(text)
-                    delta = run.answer_delta(text)
-                    if request.stream:
-                        await emit(delta)
-                if stopped:
-                    run.finished = Finished(
-                        input_tokens=estimate_prompt_tokens(request), output_tokens=run.deltas, finish_reason="stop"
-                    )
-                    break
-    except TimeoutError:
-        if not deadline.expired():
-            raise  # the engine's own timeout, not the model's limit
-        controller.timed_out(lease, limit)  # an engine that did not stop is killed
-        raise RequestTimeout(
-            f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
-        ) from None
-    finally:
-        close = getattr(events, "aclose", None)
-        if close is not None:
-            await close()  # a stop sequence ends the engine's generate here

@@ -24,6 +24,7 @@ from runtime.supervisor.pidfiles import (
     write_pidfile,
 )
 from runtime.supervisor.spawner import SPAWNER, kill_unclaimed, spawn
+from runtime.supervisor.watch import open_watch
 
 logger = logging.getLogger("llmpool.runtime")
 
@@ -35,8 +36,8 @@ OUTPUT_CHECK_SECONDS = 5.0  # how often a running process's log is read and kept
 # CPU (a kept-alive connection; a refused connect before the server listens costs less), so 50
 # a second take under 1 % of a core from the load they wait for.
 READY_POLL_SECONDS = 0.02
-# How often a starting server's log size is looked at between two checks (an fstat, about 1 µs):
-# output the server wrote brings the next check forward to the next tick.
+# Where inotify is not to be had: how often a starting server's log size is looked at between two
+# checks (an fstat, about 1 µs); output the server wrote brings the next check forward to the next tick.
 OUTPUT_WATCH_SECONDS = 0.005
 HEALTH_TIMEOUT_SECONDS = 2.0
 
@@ -178,14 +179,24 @@ class ManagedProcess:
     async def wait_ready(self, url: str, timeout: float, headers: dict | None = None) -> None:
         """Ask ``url`` until it answers 200; raise ServerStartError on exit or timeout.
 
-        It is asked again ``READY_POLL_SECONDS`` after each answer, or sooner, one
-        ``OUTPUT_WATCH_SECONDS`` tick after the server writes output: llama-server says "model
-        loaded" as its /health turns 200, so a swap's load ends a few ms after the server is
+        It is asked again ``READY_POLL_SECONDS`` after each answer, or sooner, as soon as the
+        server writes output (an inotify wake-up on its log, ``runtime.supervisor.watch``; where
+        there is none, one ``OUTPUT_WATCH_SECONDS`` tick after): llama-server says "model loaded"
+        as its /health turns 200, so a swap's load ends about a millisecond after the server is
         ready.  The interval is fixed (no back-off), so the end of a long load is noticed as soon
         as the end of a short one."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        async with _health_session(headers) as session:
+        watch = open_watch(self._output.path) if self._output is not None else None
+        try:
+            await self._until_ready(session_headers=headers, url=url, deadline=deadline, timeout=timeout, watch=watch)
+        finally:
+            if watch is not None:
+                watch.close()
+
+    async def _until_ready(self, *, session_headers, url: str, deadline: float, timeout: float, watch) -> None:
+        loop = asyncio.get_running_loop()
+        async with _health_session(session_headers) as session:
             while True:
                 if self._exited.is_set():
                     await self.output_settled()
@@ -199,7 +210,21 @@ class ManagedProcess:
                         f"{self.command.label} was not ready within {timeout:g} s ({url} never answered 200); "
                         f"last output:\n{self.tail()}"
                     )
-                await self._output_or_exit(written, min(READY_POLL_SECONDS, remaining))
+                if watch is not None:
+                    await self._written_or_exit(watch, min(READY_POLL_SECONDS, remaining))
+                else:
+                    await self._output_or_exit(written, min(READY_POLL_SECONDS, remaining))
+
+    async def _written_or_exit(self, watch, seconds: float) -> None:
+        """Wait ``seconds``, or less: until the server writes to its log or exits."""
+        exited = asyncio.ensure_future(self._exited.wait())
+        written = asyncio.ensure_future(watch.written(seconds))
+        try:
+            await asyncio.wait((exited, written), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (exited, written):
+                task.cancel()
+            await asyncio.gather(exited, written, return_exceptions=True)
 
     def _output_size(self) -> int:
         return self._output.size() if self._output is not None else 0

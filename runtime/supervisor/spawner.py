@@ -3,6 +3,14 @@
 ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child ends, so the forking
 thread must live as long as the runtime; a ``kill -9`` of the runtime then takes the
 server leaders down with it.
+
+The signal is armed by util-linux's ``setpriv --pdeathsig KILL`` in front of the server's
+command, which then execs the server (the setting survives the exec): Python's subprocess can
+then start the child with vfork, where a ``preexec_fn`` forces a full fork of the runtime
+process (its page tables copied: several ms of a swap, more the bigger the runtime).  Where
+setpriv is missing or too old, the child arms the signal itself in a ``preexec_fn``.  Either
+way a runtime that dies between the fork and the arming leaves a server behind for the next
+start's pidfile sweep (``runtime.supervisor.pidfiles``).
 """
 from __future__ import annotations
 
@@ -10,7 +18,9 @@ import concurrent.futures
 import ctypes
 import functools
 import os
+import errno
 import queue
+import shutil
 import signal
 import subprocess
 import threading
@@ -64,11 +74,43 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(127)
 
 
+def _setpriv() -> str | None:
+    """setpriv's path where it has ``--pdeathsig`` (util-linux 2.33 and newer), else None."""
+    path = shutil.which("setpriv")
+    if path is None:
+        return None
+    try:
+        probe = subprocess.run([path, "--pdeathsig", "KILL", "--", "true"], capture_output=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if probe.returncode == 0 else None
+
+
+_SETPRIV = functools.cache(_setpriv)
+
+
+def _executable(argv0: str, env: dict | None) -> str:
+    """``argv0`` as the exec would find it; OSError as the exec would raise it when it cannot run
+    (setpriv execs the server itself, so its failure would otherwise show only as an exit code)."""
+    found = argv0 if "/" in argv0 else shutil.which(argv0, path=(env or os.environ).get("PATH", os.defpath))
+    if found is None or not os.path.exists(found):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), argv0)
+    return found
+
+
 def spawn(command: ServerCommand, state_dir: Path, output: int) -> tuple[subprocess.Popen, int, Path]:
     """Start the process and record its pidfile (on the spawner thread).  ``output``: the
     descriptor its stdout and stderr write to (its log file, ``OutputLog.writer``)."""
+    setpriv = _SETPRIV()
+    if setpriv is not None:
+        argv = [setpriv, "--pdeathsig", "KILL", "--", _executable(command.argv[0], command.env), *command.argv[1:]]
+        arm = None
+    else:
+        argv, arm = command.argv, functools.partial(_die_with_parent, os.getpid())
     process = subprocess.Popen(
-        command.argv,
+        argv,
         env=command.env,
         cwd=command.cwd,
         stdin=subprocess.DEVNULL,
@@ -76,7 +118,7 @@ def spawn(command: ServerCommand, state_dir: Path, output: int) -> tuple[subproc
         stderr=subprocess.STDOUT,
         start_new_session=True,
         pass_fds=command.pass_fds,
-        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+        preexec_fn=arm,
     )
     pidfd = os.pidfd_open(process.pid)
     pidfile = write_pidfile(state_dir, process, command)

@@ -27,7 +27,9 @@ from runtime.supervisor import (
 from runtime.supervisor import output as supervisor_output
 from runtime.supervisor import process as supervisor_process
 from runtime.supervisor.pidfiles import group_empty
+from runtime.supervisor import spawner
 from runtime.supervisor.spawner import SPAWNER
+from runtime.supervisor.watch import open_watch
 from tests.conftest import free_port
 from tests.managed.helpers import ROOT, alive, eventually, pidfiles, process_state, records, wait_until
 
@@ -90,6 +92,52 @@ async def test_a_server_that_says_it_is_ready_is_asked_again_at_once(fake_bin, s
         assert "INFO model loaded" in process.tail()
     finally:
         await process.stop()
+
+
+async def test_output_wakes_the_health_check_without_a_timer(fake_bin, state_dir, monkeypatch):
+    """With inotify, the server's own output is the wake-up: with both the check interval and the
+    log-size tick at 30 s, a server that prints its ready line is still noticed at once."""
+    monkeypatch.setattr(supervisor_process, "READY_POLL_SECONDS", 30.0)
+    monkeypatch.setattr(supervisor_process, "OUTPUT_WATCH_SECONDS", 30.0)
+    env = {"FAKE_READY_AFTER": "1.0", "FAKE_READY_LINE": "INFO model loaded"}
+    began = time.monotonic()
+    process = await started(fake_bin, state_dir, env, timeout=40)
+    try:
+        assert time.monotonic() - began < 10
+    finally:
+        await process.stop()
+
+
+async def test_a_file_watch_wakes_on_a_write_and_times_out_without_one(tmp_path):
+    path = tmp_path / "log"
+    path.write_bytes(b"")
+    watch = open_watch(path)
+    assert watch is not None  # Linux: inotify
+    try:
+        assert await watch.written(0.05) is False
+        with open(path, "ab") as file:
+            file.write(b"model loaded\n")
+        assert await watch.written(5) is True
+        assert await watch.written(0.05) is False  # one write, one wake-up
+    finally:
+        watch.close()
+
+
+def test_a_server_started_through_setpriv_is_the_server_itself(fake_bin, state_dir):
+    """setpriv execs the server: the pid the supervisor holds runs the server's program, not setpriv."""
+    if spawner._SETPRIV() is None:
+        pytest.skip("no setpriv with --pdeathsig on this machine")
+
+    async def run():
+        process = await started(fake_bin, state_dir, {"FAKE_READY_AFTER": "0.1"})
+        try:
+            cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes().split(b"\0")
+            return [part.decode() for part in cmdline if part]
+        finally:
+            await process.stop()
+
+    cmdline = asyncio.run(run())
+    assert "setpriv" not in " ".join(cmdline) and any(part.endswith("vllm") for part in cmdline)
 
 
 async def test_exit_before_ready_reports_the_exit_code_and_the_output_tail(fake_bin, state_dir):
@@ -212,6 +260,9 @@ RUNTIME_STAND_IN = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {root!r})
     from runtime.supervisor import ManagedProcess, ServerCommand, server_env
+    from runtime.supervisor import spawner
+    if not {setpriv!r}:
+        spawner._SETPRIV = lambda: None  # the child arms its death signal itself (preexec_fn)
 
     async def main():
         processes = []
@@ -230,10 +281,13 @@ RUNTIME_STAND_IN = textwrap.dedent(
 )
 
 
-def run_stand_in(fake_bin: Path, state_dir: Path, record: Path, count: int = 2) -> tuple[subprocess.Popen, list[int]]:
-    """A plain Python process that owns ``count`` fake servers through the supervisor."""
+def run_stand_in(fake_bin: Path, state_dir: Path, record: Path, count: int = 2,
+                 setpriv: bool = True) -> tuple[subprocess.Popen, list[int]]:
+    """A plain Python process that owns ``count`` fake servers through the supervisor (their death
+    signal armed by setpriv, or with ``setpriv=False`` by the child itself)."""
     script = RUNTIME_STAND_IN.format(
         root=str(ROOT),
+        setpriv=setpriv,
         ports=[free_port() for _ in range(count)],
         vllm=str(fake_bin / "vllm"),
         env={"FAKE_CHILD": "1", "FAKE_RECORD": str(record)},
@@ -244,9 +298,12 @@ def run_stand_in(fake_bin: Path, state_dir: Path, record: Path, count: int = 2) 
     return runtime, leaders
 
 
-def test_kill_9_of_the_owner_kills_the_leaders_and_the_sweep_kills_the_rest(fake_bin, state_dir, tmp_path):
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "preexec"])
+def test_kill_9_of_the_owner_kills_the_leaders_and_the_sweep_kills_the_rest(fake_bin, state_dir, tmp_path, setpriv):
+    if setpriv and spawner._SETPRIV() is None:
+        pytest.skip("no setpriv with --pdeathsig on this machine")
     record = tmp_path / "record.jsonl"
-    runtime, leaders = run_stand_in(fake_bin, state_dir, record)
+    runtime, leaders = run_stand_in(fake_bin, state_dir, record, setpriv=setpriv)
     workers = [start["child_pid"] for start in records(record)]
     assert len(pidfiles(state_dir)) == 2 and all(alive(pid) for pid in leaders + workers)
     runtime.kill()

@@ -10,11 +10,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from runtime.backends.base import BackendSpec
+from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.shared.common_fields import (
     QWEN3,
     FamilyDefinition,
-    artifact_estimate,
     require_model_target,
     thinking_for_families,
 )
@@ -50,7 +49,7 @@ class Ct2Definition(FamilyDefinition):
         return self
 
 
-class Ct2Spec(BackendSpec):
+class Ct2Spec(LibrarySpec, engine=Ct2Engine, library=import_ctranslate2):
     name = "ct2"
     definition_model = Ct2Definition
 
@@ -72,11 +71,5 @@ class Ct2Spec(BackendSpec):
         probabilities come without the alternatives."""
         return []
 
-    def create_engine(self, model_name, config, replica_index, context):
-        return Ct2Engine(config, context)
 
-    def warm_up(self) -> None:
-        import_ctranslate2()
 
-    def vram_estimate(self, definition, config, replicas, base_dir):
-        return artifact_estimate(base_dir, replicas, definition.model_path)

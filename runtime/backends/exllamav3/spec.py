@@ -13,12 +13,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from runtime.backends.base import BackendSpec
+from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.shared.common_fields import (
     GEMMA4,
     QWEN3,
     FamilyDefinition,
-    artifact_estimate,
     require_model_target,
     thinking_for_families,
 )
@@ -78,7 +77,7 @@ def _bits_constraint() -> dict:
     }
 
 
-class Exllamav3Spec(BackendSpec):
+class Exllamav3Spec(LibrarySpec, engine=ExllamaEngine, library=import_exllamav3):
     name = "exllamav3"
     definition_model = Exllamav3Definition
     overrides = (
@@ -160,8 +159,4 @@ class Exllamav3Spec(BackendSpec):
         quant = config["exllama_cache_quant"]
         return ExllamaEngine(config, context, cache_bits=None if quant is None else parse_cache_quant(quant))
 
-    def warm_up(self) -> None:
-        import_exllamav3()
 
-    def vram_estimate(self, definition, config, replicas, base_dir):
-        return artifact_estimate(base_dir, replicas, definition.model_path)

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 import runtime.backends.shared.managed as managed
+import runtime.backends.shared.server_spec as server_spec
 from runtime.backends.shared.common_fields import FamilyDefinition
 from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
 from runtime.backends.shared.overrides import LoadOverride, PositiveInt, integer_override
@@ -38,7 +39,7 @@ from runtime.pool.model_files import ModelFileError, locate_model_file, resolve_
 
 
 class LlamaServerDefinition(
-    managed.server_fields(
+    server_spec.server_fields(
         FamilyDefinition,
         "llama_server",
         binary="llama-server",
@@ -89,7 +90,7 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
         "-c", str(config["llama_server_n_ctx"]),
         "--flash-attn", config["llama_server_flash_attn"],
         *(["--jinja"] if config["llama_server_tools"] else []),
-        *managed.flag_args(
+        *server_spec.flag_args(
             ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
             ("--cache-type-k", config["llama_server_type_k"]),
             ("--cache-type-v", config["llama_server_type_v"]),
@@ -105,7 +106,7 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
         ),
         *(_embedding_args(local("model_path")) if config["embeddings"] else []),
     ]
-    return managed.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
+    return server_spec.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
 
 
 def _embedding_args(model_file: str | None) -> list[str]:
@@ -178,7 +179,7 @@ class LlamaServerEngine(managed.ManagedServerEngine):
         )
 
 
-class LlamaServerSpec(managed.ManagedServerSpec):
+class LlamaServerSpec(server_spec.ManagedServerSpec):
     profile = LLAMA_SERVER
     definition_model = LlamaServerDefinition
     tools_field = "llama_server_tools"

@@ -13,6 +13,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field, model_validator
 
 import runtime.backends.shared.managed as managed
+import runtime.backends.shared.server_spec as server_spec
 from runtime.backends.shared.common_fields import GEMMA4, FamilyDefinition, hf_kv_bytes_per_token, server_parts
 from runtime.backends.shared.overrides import LoadOverride, integer_override
 from runtime.errors import InvalidLoadRequest
@@ -34,7 +35,7 @@ def derived_draft_tokens(num_steps: int | None, eagle_topk: int | None) -> int |
 
 
 class SglangServeDefinition(
-    managed.server_fields(
+    server_spec.server_fields(
         FamilyDefinition,
         "sglang_serve",
         binary="sglang",
@@ -78,7 +79,7 @@ class SglangServeDefinition(
 def _speculative_args(config: dict[str, Any]) -> list[str]:
     if config["sglang_speculative_algorithm"] is None:
         return []
-    return managed.flag_args(
+    return server_spec.flag_args(
         ("--speculative-algorithm", config["sglang_speculative_algorithm"]),
         ("--speculative-draft-model-path", config["sglang_speculative_draft_model"]),
         ("--speculative-num-steps", config["sglang_speculative_num_steps"] or DEFAULT_NUM_STEPS),
@@ -91,7 +92,7 @@ def sglang_serve_command(config: dict[str, Any], host: str, port: int, base_dir:
     """The exact ``sglang serve`` argv for one replica of ``config`` (the effective config)."""
     options = [
         "--max-running-requests", str(config["target_inflight"]),
-        *managed.flag_args(
+        *server_spec.flag_args(
             ("--context-length", config["sglang_context_length"]),
             ("--mem-fraction-static", config["sglang_mem_fraction_static"]),
             ("--max-total-tokens", config["sglang_max_total_tokens"]),
@@ -103,10 +104,10 @@ def sglang_serve_command(config: dict[str, Any], host: str, port: int, base_dir:
             ("--tool-call-parser", config["sglang_tool_call_parser"]),
         ),
         *_speculative_args(config),
-        *managed.flag_args(("--api-key", config["sglang_serve_api_key"])),
+        *server_spec.flag_args(("--api-key", config["sglang_serve_api_key"])),
     ]
     model_args = ["serve", "--model-path", managed.server_target(config, "sglang_serve", base_dir)]
-    return managed.server_argv(config, "sglang_serve", host, port, model_args, options)
+    return server_spec.server_argv(config, "sglang_serve", host, port, model_args, options)
 
 
 SGLANG_SERVE = managed.ServerProfile(
@@ -120,7 +121,7 @@ def _effective(definition: SglangServeDefinition, overrides: dict[str, Any], key
     return overrides[key] if key in overrides else getattr(definition, key)
 
 
-class SglangServeSpec(managed.ManagedServerSpec):
+class SglangServeSpec(server_spec.ManagedServerSpec):
     profile = SGLANG_SERVE
     definition_model = SglangServeDefinition
 

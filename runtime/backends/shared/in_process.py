@@ -1,4 +1,9 @@
-"""What the in-process engines (ct2, vllm, exllamav3) share: their token streams.
+"""What the in-process engines (ct2, vllm, exllamav3) share: their spec's library side and their
+token streams.
+
+- ``LibrarySpec``: the spec of a backend whose engine is a Python library loaded where the engine
+  runs: its engine built from (config, context), its warm-up an import of the library, its
+  VRAM estimate the model artifact's size.
 
 - ``stream_from_thread``: run a blocking token producer in a worker thread and
   consume its items on the event loop; closing the stream stops the producer and
@@ -15,8 +20,35 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
+from typing import Any, ClassVar
 
+from runtime.backends.base import BackendSpec
+from runtime.backends.shared.common_fields import artifact_estimate
 from runtime.errors import BackendError, LLMPoolError
+
+
+class LibrarySpec(BackendSpec):
+    """A backend whose engine is a Python library (the module docstring), declared by its class:
+    ``class Ct2Spec(LibrarySpec, engine=Ct2Engine, library=import_ctranslate2)``."""
+
+    engine_class: ClassVar[type]  # built as engine_class(config, context)
+    import_library: ClassVar[Callable[[], Any]]  # imports the library, or raises
+
+    def __init_subclass__(cls, *, engine: type | None = None, library: Callable[[], Any] | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if engine is not None:  # a subclass of a backend's spec keeps its engine and library
+            cls.engine_class = engine
+        if library is not None:
+            cls.import_library = staticmethod(library)
+
+    def create_engine(self, model_name, config, replica_index, context):
+        return self.engine_class(config, context)
+
+    def warm_up(self) -> None:
+        self.import_library()
+
+    def vram_estimate(self, definition, config, replicas, base_dir):
+        return artifact_estimate(base_dir, replicas, definition.model_path)
 
 _DONE = object()
 

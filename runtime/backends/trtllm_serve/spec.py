@@ -24,6 +24,7 @@ import yaml
 from pydantic import Field
 
 import runtime.backends.shared.managed as managed
+import runtime.backends.shared.server_spec as server_spec
 from runtime.backends.base import resolve_model_path
 from runtime.backends.shared.common_fields import GEMMA4, FamilyDefinition, server_parts
 from runtime.backends.shared.overrides import MIB_256, LoadOverride, integer_override
@@ -32,7 +33,7 @@ TRTLLM_CACHE_DTYPES = ["auto", "fp8", "nvfp4"]
 
 
 class TrtllmServeDefinition(
-    managed.server_fields(
+    server_spec.server_fields(
         FamilyDefinition,
         "trtllm_serve",
         binary="trtllm-serve",
@@ -99,13 +100,13 @@ def trtllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir:
     """The exact trtllm-serve argv for one replica of ``config``, reading its LLM API YAML from ``yaml_path``."""
     options = [
         "--config", str(yaml_path),
-        *managed.flag_args(
+        *server_spec.flag_args(
             ("--reasoning_parser", config["trtllm_reasoning_parser"]),
             ("--tool_parser", config["trtllm_tool_parser"]),
         ),
     ]
     model_args = [managed.server_target(config, "trtllm_serve", base_dir)]
-    return managed.server_argv(config, "trtllm_serve", host, port, model_args, options)
+    return server_spec.server_argv(config, "trtllm_serve", host, port, model_args, options)
 
 
 def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerLaunch:
@@ -124,7 +125,7 @@ TRTLLM_SERVE = managed.ServerProfile(
 )
 
 
-class TrtllmServeSpec(managed.ManagedServerSpec):
+class TrtllmServeSpec(server_spec.ManagedServerSpec):
     profile = TRTLLM_SERVE
     definition_model = TrtllmServeDefinition
 

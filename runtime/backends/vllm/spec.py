@@ -11,12 +11,12 @@ from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
 
-from runtime.backends.base import SAMPLING_OPTIONS, BackendSpec
+from runtime.backends.base import SAMPLING_OPTIONS
+from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.shared.common_fields import (
     GEMMA4,
     QWEN3,
     FamilyDefinition,
-    artifact_estimate,
     require_model_target,
     server_parts,
     thinking_for_families,
@@ -48,6 +48,7 @@ VllmCacheDType = Literal[
 VLLM_CACHE_DTYPES = get_args(VllmCacheDType)
 # The values the UI offers; the service accepts every dtype in VLLM_CACHE_DTYPES.
 VLLM_UI_CACHE_DTYPES = ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+
 
 class VllmFields(FamilyDefinition):
     """Engine settings of both vLLM backends; null leaves vLLM's own default."""
@@ -88,7 +89,7 @@ def _optional_string(name: str, fmt: str, examples: list[str]) -> LoadOverride:
     return LoadOverride(name, str, {"kind": "string_or_null", "format": fmt, "default": None, "examples": examples})
 
 
-class VllmSpec(BackendSpec):
+class VllmSpec(LibrarySpec, engine=VllmEngine, library=import_vllm):
     name = "vllm"
     definition_model = VllmDefinition
     overrides = (
@@ -125,15 +126,6 @@ class VllmSpec(BackendSpec):
     def sampling_options(self, definition):
         """All of them, as SamplingParams arguments (vllm.engine.sampling_arguments)."""
         return list(SAMPLING_OPTIONS)
-
-    def create_engine(self, model_name, config, replica_index, context):
-        return VllmEngine(config, context)
-
-    def warm_up(self) -> None:
-        import_vllm()
-
-    def vram_estimate(self, definition, config, replicas, base_dir):
-        return artifact_estimate(base_dir, replicas, definition.model_path)
 
     def estimate_parts(self, definition, config, base_dir):
         """With ``vllm_kv_cache_memory_bytes`` vLLM sizes its cache to that budget (and leaves

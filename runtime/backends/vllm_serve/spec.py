@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 import runtime.backends.shared.managed as managed
+import runtime.backends.shared.server_spec as server_spec
 from runtime.backends.shared.common_fields import GEMMA4, NonEmptyStr
 from runtime.backends.vllm import VllmFields, VllmSpec
 from runtime.backends.vllm.arguments import mm_processor_kwargs, speculative_config
@@ -29,7 +30,7 @@ from runtime.errors import BackendError
 
 
 class VllmServeDefinition(
-    managed.server_fields(
+    server_spec.server_fields(
         VllmFields,
         "vllm_serve",
         binary="vllm",
@@ -61,7 +62,7 @@ def vllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: s
         "--max-num-seqs", str(config["target_inflight"]),
         "--tensor-parallel-size", str(config["vllm_tensor_parallel_size"]),
         "--dtype", config["vllm_dtype"],
-        *managed.flag_args(
+        *server_spec.flag_args(
             ("--max-model-len", config["vllm_max_model_len"]),
             ("--gpu-memory-utilization", config["vllm_gpu_memory_utilization"]),
             ("--kv-cache-dtype", config["vllm_kv_cache_dtype"]),
@@ -79,7 +80,7 @@ def vllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: s
         *_tool_args(config["vllm_tool_call_parser"]),
     ]
     model_args = ["serve", managed.server_target(config, "vllm_serve", base_dir)]
-    return managed.server_argv(config, "vllm_serve", host, port, model_args, options)
+    return server_spec.server_argv(config, "vllm_serve", host, port, model_args, options)
 
 
 def _tool_args(parser: str | None) -> list[str]:
@@ -135,7 +136,7 @@ class VllmServeEngine(managed.ManagedServerEngine):
             )
 
 
-class VllmServeSpec(managed.ManagedServerSpec, VllmSpec):
+class VllmServeSpec(server_spec.ManagedServerSpec, VllmSpec):
     """The vllm rules and load overrides, run by a managed ``vllm serve``."""
 
     profile = VLLM_SERVE
