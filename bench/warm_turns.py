@@ -231,18 +231,25 @@ def swap_settings(files: dict[str, str], args: argparse.Namespace, kv_store: boo
 def swap_back(clients: dict[str, httpx.Client], args: argparse.Namespace) -> dict:
     """A's conversation, a turn of B, A's conversation again: the returning turn's TTFT per system."""
     returning: dict[str, list[dict]] = {name: [] for name in clients}
+    failed: dict[str, str] = {}  # a system that fails is reported and left out; the others go on
     for run in range(args.swap_runs):
         conversation = [{"role": "system", "content": system_prompt(100 + run, args.rules)},
                         {"role": "user", "content": QUESTIONS[0]}]
         for name, http in clients.items():
-            first = streamed_turn(http, "a", conversation, args.max_tokens)
-            streamed_turn(http, "b", [{"role": "user", "content": "Say hello."}], 2)  # A leaves
-            again = conversation + [{"role": "assistant", "content": first["text"]},
-                                    {"role": "user", "content": QUESTIONS[1]}]
-            answer = streamed_turn(http, "a", again, args.max_tokens)
+            if name in failed:
+                continue
+            try:
+                first = streamed_turn(http, "a", conversation, args.max_tokens)
+                streamed_turn(http, "b", [{"role": "user", "content": "Say hello."}], 2)  # A leaves
+                again = conversation + [{"role": "assistant", "content": first["text"]},
+                                        {"role": "user", "content": QUESTIONS[1]}]
+                answer = streamed_turn(http, "a", again, args.max_tokens)
+            except (RuntimeError, httpx.HTTPError) as exc:
+                failed[name] = repr(exc)[:500]
+                continue
             returning[name].append({**answer, "first_turn_ttft": first["ttft"]})
-    result: dict = {}
-    for name, samples in returning.items():
+    result: dict = {"failed": failed}
+    for name, samples in ((n, s) for n, s in returning.items() if s):
         result[name] = {
             "returning_ttft_ms": round(statistics.median(s["ttft"] for s in samples) * 1000, 1),
             "returning_ttft_ms_each": [round(s["ttft"] * 1000, 1) for s in samples],
@@ -250,8 +257,9 @@ def swap_back(clients: dict[str, httpx.Client], args: argparse.Namespace) -> dic
             "prompt_tokens": [s["prompt_tokens"] for s in samples],
             "cached_tokens": [s["cached_tokens"] for s in samples],
         }
-    result["saved_over_cold"] = round(result["saved"]["returning_ttft_ms"] / result["cold"]["returning_ttft_ms"], 3)
-    if "router" in result:
+    if "saved" in result and "cold" in result:
+        result["saved_over_cold"] = round(result["saved"]["returning_ttft_ms"] / result["cold"]["returning_ttft_ms"], 3)
+    if "saved" in result and "router" in result:
         result["saved_over_router"] = round(result["saved"]["returning_ttft_ms"] / result["router"]["returning_ttft_ms"], 3)
     return result
 
@@ -264,7 +272,11 @@ def measure_swap(binary: str, files: dict[str, str], args: argparse.Namespace) -
         urls = {"saved": stack.enter_context(pool_service(swap_settings(files, args, True))),
                 "cold": stack.enter_context(pool_service(swap_settings(files, args, False))),
                 "router": stack.enter_context(running_router(binary, files, router_args))}
-        clients = {name: stack.enter_context(httpx.Client(base_url=url, timeout=600)) for name, url in urls.items()}
+        # A new connection per request, for every system alike: on a kept-alive connection the
+        # router now and then drops a request's answer after its child has given it.
+        fresh = httpx.Limits(max_keepalive_connections=0)
+        clients = {name: stack.enter_context(httpx.Client(base_url=url, timeout=600, limits=fresh))
+                   for name, url in urls.items()}
         for http in clients.values():  # every file read once; A loaded last
             for name in ("b", "a"):
                 warm_up(http, name)
@@ -293,6 +305,7 @@ def main() -> None:
             warm_up(http, name)
         result = {"model": model, "threads": args.threads, "ctx": args.ctx, "runs": args.runs,
                   "max_tokens": args.max_tokens, "warm_turns": warm_turns(clients, args) if args.runs else None}
+    print(json.dumps(result["warm_turns"]), file=sys.stderr, flush=True)  # kept should the swap part fail
     if args.swap_runs:
         result["swap"] = measure_swap(binary, {"a": model, "b": local_file(args.b) if args.b else gemma3_file()}, args)
     print(json.dumps(result, indent=2))
