@@ -133,9 +133,21 @@ class FairnessSettings(_Strict):
     reported_keys: int = Field(20, ge=1, le=1000)
 
 
+class KvStoreSettings(_Strict):
+    """``engine.kv_store``: the llama_cpp engine saves a replica's KV cache to the state folder when
+    the model unloads, sleeps or shuts down, and restores it for a conversation that comes back
+    (runtime.backends.llama_cpp.kv_store; docs/settings.md)."""
+
+    enabled: bool = True
+    max_mib: int = Field(4096, ge=0)  # the whole store; least recently used files go first
+    max_model_mib: int = Field(1024, ge=0)  # the files of one model file and KV setting
+    min_tokens: int = Field(256, ge=1)  # a shorter sequence is not worth a file
+
+
 class EngineSettings(_Strict):
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
+    kv_store: KvStoreSettings = Field(default_factory=KvStoreSettings)
 
 
 ModelDefinition = Annotated[

@@ -79,14 +79,17 @@ class OpenAIAnswer:
 
 
 def usage(result: dict) -> dict:
-    """The usage object; ``completion_tokens_details.reasoning_tokens`` where the runtime counted
-    a thinking model's reasoning."""
+    """The usage object; ``prompt_tokens_details.cached_tokens`` where the engine reused prompt
+    tokens from its KV cache (and said how many), ``completion_tokens_details.reasoning_tokens``
+    where the runtime counted a thinking model's reasoning."""
     used = result["usage"]
     answer = {
         "prompt_tokens": used["input_tokens"],
         "completion_tokens": used["output_tokens"],
         "total_tokens": used["input_tokens"] + used["output_tokens"],
     }
+    if "cached_tokens" in used:
+        answer["prompt_tokens_details"] = {"cached_tokens": used["cached_tokens"]}
     if "reasoning_tokens" in used:
         answer["completion_tokens_details"] = {"reasoning_tokens": used["reasoning_tokens"]}
     return answer

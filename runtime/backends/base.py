@@ -125,9 +125,14 @@ class TextDelta:
 
 @dataclass
 class Finished:
+    """The end of a generation.  ``cached_tokens``: how many of the ``input_tokens`` an engine
+    that keeps its KV cache between requests reused instead of computing them (None: an engine
+    that does not say)."""
+
     input_tokens: int
     output_tokens: int
     finish_reason: Literal["stop", "length"] = "stop"
+    cached_tokens: int | None = None
 
 
 class Engine(Protocol):

@@ -131,6 +131,7 @@ class EngineHost:
                             "input_tokens": event.input_tokens,
                             "output_tokens": event.output_tokens,
                             "finish_reason": event.finish_reason,
+                            "cached_tokens": event.cached_tokens,
                         })
 
     async def _on_embed(self, message: dict[str, Any]) -> None:

@@ -93,7 +93,7 @@ class _Stream:
         if isinstance(item, LLMPoolError):
             raise item
         if item["op"] == p.FINISHED:
-            return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"])
+            return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"], item.get("cached_tokens"))
         raise p.error_from_message(item)
 
     async def next_reply(self, op: str = p.EMBEDDED) -> dict[str, Any]:
@@ -149,6 +149,7 @@ class ProcessEngine:
                     "base_dir": str(self.context["base_dir"]),
                     "model_name": self.context["model_name"],
                     "state_dir": str(self.context["state_dir"]),
+                    "kv_store": self.context.get("kv_store"),
                 },
             }, p.LOADED)
             self._tool_call_formats = loaded.get("tool_call_formats")

@@ -21,7 +21,8 @@ runtime -> engine process
 engine process -> runtime
     ``delta`` {id, text, tokens, logprobs?}: all text of generation ``id`` produced since the
         last delta sent, how many tokens it holds and (when asked for) their logprobs entries
-    ``finished`` {id, input_tokens, output_tokens, finish_reason}
+    ``finished`` {id, input_tokens, output_tokens, finish_reason, cached_tokens}: ``cached_tokens``
+        the prompt tokens reused from the engine's KV cache (null where the engine does not say)
     ``embedded`` {id, vectors, prompt_tokens}: the vectors of embed ``id``, one per input
     ``error`` {id, reply_to, code, message}: ``id`` is the generation (or embed) or null, ``reply_to``
         the op that failed; ``code`` is the LLMPoolError code (``internal_error`` otherwise)

@@ -151,6 +151,8 @@ class Output:
             "finish_reason": "tool_calls" if self.tool_calls else self.finished.finish_reason,
             "usage": {"input_tokens": self.finished.input_tokens, "output_tokens": self.finished.output_tokens},
         }
+        if self.finished.cached_tokens is not None:  # an engine that keeps its KV cache between requests
+            result["usage"]["cached_tokens"] = self.finished.cached_tokens
         if self.reasoning:
             result["reasoning"] = "".join(self.reasoning)
             result["usage"]["reasoning_tokens"] = min(self.reasoning_tokens, self.finished.output_tokens)

@@ -53,6 +53,7 @@ async def load_replicas(
         "base_dir": entry.base_dir,
         "model_name": entry.name,
         "state_dir": state_dir(),
+        "kv_store": entry.kv_store,
     }
     engines: list[Engine] = []
     try:

@@ -12,7 +12,7 @@ never disagree on what a name means.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 from runtime.backends import BACKENDS, BackendSpec
@@ -27,6 +27,8 @@ class CatalogEntry:
     definition: CommonDefinition
     sources: tuple[str, ...]
     base_dir: str
+    # engine.kv_store of the settings, as its engines are handed it (runtime.model.replicas).
+    kv_store: dict = field(default_factory=dict)
 
     @property
     def spec(self) -> BackendSpec:
@@ -51,6 +53,7 @@ def build_catalog(loaded: LoadedSettings) -> dict[str, CatalogEntry]:
             definition=definition,
             sources=tuple(loaded.sources.get(name, ())),
             base_dir=loaded.base_dir,
+            kv_store=loaded.settings.engine.kv_store.model_dump(),
         )
         for name, definition in loaded.settings.models.items()
     }

@@ -97,6 +97,20 @@ def test_multi_turn_chat_renders_the_whole_conversation(smol, client):
     assert multi.usage.input_tokens > single.usage.input_tokens + 10
 
 
+def test_usage_reports_the_prompt_tokens_reused_from_the_kv_cache(smol, client):
+    # Three identical requests over the model's replicas (replica_max 2): one replica serves two
+    # of them, and its second finds the whole prompt in its cache but the last token, which is
+    # decoded again for its logits.
+    question = [{"role": "user", "content": "Name the colours of the rainbow."}]
+    chats = [client.chat.completions.create(model="smol", messages=question, max_tokens=4) for _ in range(3)]
+    cached = [chat.usage.prompt_tokens_details.cached_tokens for chat in chats]
+    assert all(0 <= n < chat.usage.prompt_tokens for n, chat in zip(cached, chats))
+    assert max(cached) == chats[0].usage.prompt_tokens - 1
+    answers = [client.responses.create(model="smol", input=question, max_output_tokens=16) for _ in range(3)]
+    cached = [answer.usage.input_tokens_details.cached_tokens for answer in answers]
+    assert max(cached) == answers[0].usage.input_tokens - 1 == chats[0].usage.prompt_tokens - 1
+
+
 def test_streaming_sends_token_deltas(smol, client):
     stream = client.responses.create(model="smol", input="Write a short poem about the sea.",
                                      max_output_tokens=12, stream=True)

@@ -45,6 +45,34 @@ async def test_isolation_defaults_to_an_engine_process(runtime_service):
     assert moves(events, "smol") == LOAD_CYCLE + UNLOAD_CYCLE
 
 
+async def test_usage_counts_the_reused_prompt_tokens_through_the_engine_process(runtime_service):
+    service, _ = await runtime_service({"proc": SMOLLM2_MODEL})
+    await load(service, "proc")
+    fields = {"temperature": 0.0, "max_output_tokens": 6}
+    first, _ = await generate(service, "proc", COUNTING, **fields)
+    again, _ = await generate(service, "proc", COUNTING, **fields)
+    assert first["usage"]["cached_tokens"] == 0  # a fresh context
+    assert again["usage"]["cached_tokens"] == again["usage"]["input_tokens"] - 1
+    assert again["text"] == first["text"]
+    await unload(service, "proc")
+
+
+async def test_a_conversation_cache_outlives_an_unload_through_the_engine_process(runtime_service, state_dir):
+    service, _ = await runtime_service({"proc": SMOLLM2_MODEL})
+    # Longer than engine.kv_store.min_tokens (256 by default), so the conversation is saved.
+    fields = {"temperature": 0.0, "max_output_tokens": 6,
+              "instructions": " ".join(f"Gauge {i} is read every {i + 2} hours." for i in range(1, 41))}
+    await load(service, "proc")
+    first, _ = await generate(service, "proc", "How often is gauge 3 read?", **fields)
+    await unload(service, "proc")
+    assert len(list((state_dir / "kv").glob("*/*.kv"))) == 1  # written by the engine process as the model left
+    await load(service, "proc")
+    again, _ = await generate(service, "proc", "How often is gauge 3 read?", **fields)
+    assert again["usage"]["cached_tokens"] == again["usage"]["input_tokens"] - 1 > 256
+    assert again["text"] == first["text"]
+    await unload(service, "proc")
+
+
 async def test_generation_and_streaming_match_isolation_none_at_temperature_zero(runtime_service, definition):
     service, _ = await runtime_service({"proc": definition, "here": {**definition, "isolation": "none"}})
     await load(service, "proc")

@@ -65,12 +65,15 @@ def stop_reason(result: dict) -> str:
 
 
 def usage(result: dict) -> dict:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens decoded for this request, and
+    ``cache_read_input_tokens`` those an engine reused from its KV cache (their sum is the prompt)."""
     used = result["usage"]
+    cached = used.get("cached_tokens", 0)
     return {
-        "input_tokens": used["input_tokens"],
+        "input_tokens": used["input_tokens"] - cached,
         "output_tokens": used["output_tokens"],
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     }
 
 

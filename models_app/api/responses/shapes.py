@@ -46,7 +46,7 @@ class ResponseBuilder:
             used = result["usage"]
             usage = {
                 "input_tokens": used["input_tokens"],
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                "input_tokens_details": {"cached_tokens": used.get("cached_tokens", 0), "cache_write_tokens": 0},
                 "output_tokens": used["output_tokens"],
                 "output_tokens_details": {"reasoning_tokens": used.get("reasoning_tokens", 0)},
                 "total_tokens": used["input_tokens"] + used["output_tokens"],

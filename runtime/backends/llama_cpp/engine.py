@@ -17,7 +17,6 @@ parse; it is then read as format ``json``.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import dataclasses
 import logging
 import os
@@ -25,16 +24,18 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from runtime.backends.base import Finished, GenerationRequest, TextDelta
+from runtime.backends.base import GenerationRequest
+from runtime.backends.llama_cpp.generation import run_generation, sampling_options
+from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import (
     ContextSettings,
     EngineLoadError,
     GgufContext,
     GgufWeights,
-    SamplingOptions,
-    grammar_of_schema,
+    llama_version,
     release_heap,
 )
+from runtime.backends.llama_cpp.sampling import SamplingOptions, grammar_of_schema
 from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
 from runtime.backends.shared.vectors import normalized
 from runtime.errors import (
@@ -58,7 +59,6 @@ from runtime.inputs.prompt_formats import (
     resolve_thinking,
     tool_call_format,
 )
-from runtime.inference.stop_sequences import StopWatch
 from runtime.inference.tool_calls import choice_kind, constrained_schema, format_for
 
 logger = logging.getLogger("llmpool.llama_cpp")
@@ -84,6 +84,7 @@ class LlamaCppEngine:
         self.weights: GgufWeights | None = None
         self.context: GgufContext | None = None
         self.gguf_template: GgufChatTemplate | None = None
+        self.kv_store: KvStore | None = None  # saved KV caches (engine.kv_store), set at load
         self._tool_call_formats: dict[str, str] = {}  # set at load (tool_call_formats)
         self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
@@ -136,6 +137,7 @@ class LlamaCppEngine:
         if self._progress is not None:
             self._progress.stage_now(STAGE_CREATING_CONTEXT)
         self.context = GgufContext(self.weights, settings)
+        self._open_kv_store()
         if self.prompt_format == GGUF_TEMPLATE:
             bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
             self.gguf_template = GgufChatTemplate(info.chat_template, bos, eos)
@@ -144,6 +146,20 @@ class LlamaCppEngine:
             "model %s replica %d loaded from %s (%s, threads=%d)",
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
         )
+
+    def _open_kv_store(self) -> None:
+        """The saved KV caches of this model file under the context's settings (None: off)."""
+        context = self._progress_context
+        self.kv_store = KvStore.from_settings(context.get("kv_store"), context.get("state_dir"), self.weights.path,
+                                              self.context.settings, llama_version())
+
+    def _save_kv(self) -> None:
+        """Write the context's sequence to the KV store before the context goes (unload, sleep)."""
+        if self.kv_store is not None and self.context is not None:
+            try:
+                self.kv_store.save(self.context)
+            except Exception:  # a failed save loses a cache, never the unload
+                logger.exception("model %s: saving the KV cache failed", self.model_name)
 
     # -- inference state (runtime.model.residency) -----------------------------------------------
     async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
@@ -186,11 +202,13 @@ class LlamaCppEngine:
             release_heap()
         self._asleep = None
         self.config = config
+        self._open_kv_store()  # another n_ctx or cache type: another identity
         logger.info("model %s replica %d reconfigured (%s, %s)", self.model_name, self.replica_index + 1, new.describe(),
                     "make-before-break" if overlap else "break-then-make")
 
     def _sleep(self) -> None:
         if self.context is not None:
+            self._save_kv()
             self._asleep = self.context.settings
             self.context.close()
             self.context = None
@@ -203,6 +221,7 @@ class LlamaCppEngine:
 
     def _release(self) -> None:
         if self.context is not None:
+            self._save_kv()
             self.context.close()
             self.context = None
         if self.weights is not None:
@@ -270,7 +289,7 @@ class LlamaCppEngine:
         if self.context is None or self._closing.is_set():
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
         prompt = self.render(request)
-        options = _sampling_options(request, self.grammar(request))
+        options = sampling_options(request, self.grammar(request))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()
@@ -357,7 +376,10 @@ class LlamaCppEngine:
         try:
             if self.context is None:
                 raise BackendError(f"model {self.model_name} was unloaded before the request ran")
-            self._run(prompt, request, options, emit, lambda: cancelled.is_set() or self._closing.is_set())
+            run_generation(
+                self.weights, self.context, prompt, request, options, emit,
+                lambda: cancelled.is_set() or self._closing.is_set(), self.model_name, self.kv_store,
+            )
         except LLMPoolError as exc:
             emit(exc)
         except Exception as exc:  # a native failure ends this request, not the worker
@@ -365,82 +387,6 @@ class LlamaCppEngine:
             emit(BackendError(f"llama.cpp generation failed: {exc}"))
         finally:
             emit(_DONE)
-
-    def _run(self, prompt: RenderedPrompt, request: GenerationRequest, options: SamplingOptions, emit, stopped) -> None:
-        weights, context = self.weights, self.context
-        tokens = weights.tokenize_prompt(prompt)
-        if len(tokens) >= context.n_ctx:
-            raise ContextLengthExceeded(
-                f"the prompt is {len(tokens)} tokens but model {self.model_name} has a context of "
-                f"{context.n_ctx} tokens (gguf_n_ctx), which must also leave room for the reply",
-                param="input",
-            )
-        context.clear()
-        for start in range(0, len(tokens), context.n_batch):
-            if stopped():
-                return
-            context.decode(tokens[start:start + context.n_batch])
-        sampler = context.sampler(options)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        stop_filter = StopWatch(prompt.stop)
-        position, produced, reason, hit_stop = len(tokens), 0, "length", False
-        unsent = _Unsent(request.logprobs)  # tokens whose text is still held back
-        try:
-            while produced < request.max_output_tokens and not stopped():
-                token = sampler.sample(context)
-                produced += 1  # an end-of-generation token counts too: the model produced it
-                if weights.is_end_of_generation(token):
-                    reason = "stop"
-                    break
-                unsent.add(context, token)
-                text, hit_stop = stop_filter.feed(decoder.decode(weights.piece(token)))
-                if text:
-                    emit(unsent.delta(text))
-                if hit_stop:
-                    reason = "stop"
-                    break
-                if position >= context.n_ctx:
-                    break  # the context is full: the reply is cut, as with max_output_tokens
-                context.decode([token])
-                position += 1
-        finally:
-            sampler.close()
-        if not hit_stop:
-            text, hit_stop = stop_filter.feed(decoder.decode(b"", final=True))
-            text += "" if hit_stop else stop_filter.flush()
-            if text or unsent.logprobs:
-                emit(unsent.delta(text))
-        emit(Finished(input_tokens=len(tokens), output_tokens=produced, finish_reason=reason))
-
-
-def _sampling_options(request: GenerationRequest, grammar: str | None = None) -> SamplingOptions:
-    return SamplingOptions(
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
-        presence_penalty=request.presence_penalty or 0.0,
-        frequency_penalty=request.frequency_penalty or 0.0,
-        grammar=grammar,
-    )
-
-
-class _Unsent:
-    """The tokens sampled since the last delta (and their logprobs entries when asked for)."""
-
-    def __init__(self, top_logprobs: int | None):
-        self.top_logprobs = top_logprobs
-        self.tokens = 0
-        self.logprobs: list[dict] = []
-
-    def add(self, context: GgufContext, token: int) -> None:
-        self.tokens += 1
-        if self.top_logprobs is not None:
-            self.logprobs.append(context.token_logprobs(token, self.top_logprobs))
-
-    def delta(self, text: str) -> TextDelta:
-        delta = TextDelta(text, self.tokens, self.logprobs if self.top_logprobs is not None else None)
-        self.tokens, self.logprobs = 0, []
-        return delta
 
 
 def _probe_template(template: str, path: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import logging
 import os
 import threading
@@ -26,6 +25,7 @@ from typing import Any
 
 from runtime.errors import BackendError
 from runtime.pool.gguf_info import ggml_type
+from runtime.backends.llama_cpp.sampling import Sampler, SamplingOptions
 from runtime.inputs.prompt_formats import RenderedPrompt
 
 logger = logging.getLogger("llmpool.llama_cpp")
@@ -102,6 +102,11 @@ def native():
     return _native_module
 
 
+def llama_version() -> str:
+    """llama-cpp-python's version: the llama.cpp build whose state files this process reads."""
+    return getattr(native(), "__version__", "unknown")
+
+
 def _native_errors(lines: list[tuple[int, str]]) -> str:
     """The last error lines of a failed native call (its warnings when it logged no error)."""
     errors = [text.strip() for level, text in lines if level >= 4 and text.strip()]
@@ -139,6 +144,21 @@ def release_heap() -> None:
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (by slices, compared in C: fast for 30k tokens)."""
+    count = min(len(a), len(b))
+    if a[:count] == b[:count]:
+        return count
+    low, high = 0, count  # a[:low] == b[:low]; a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 # ---- weights and context -----------------------------------------------------------------
@@ -323,6 +343,10 @@ class GgufContext:
         self.n_ctx = lib.llama_n_ctx(ctx)
         self.n_batch = lib.llama_n_batch(ctx)
         self.n_ubatch = lib.llama_n_ubatch(ctx)
+        self.n_swa = lib.llama_model_n_swa(weights.model)
+        # The tokens sequence 0 of the KV cache holds, position by position: what the next
+        # request can reuse (``reuse``).  Every change of the cache goes through clear/decode/reuse.
+        self.tokens: list[int] = []
         if settings.pooling is not None:
             lib.llama_set_embeddings(ctx, False)  # generation as in any context, until embed
 
@@ -330,13 +354,41 @@ class GgufContext:
         memory = self._lib.llama_get_memory(self.ctx)
         if memory:
             self._lib.llama_memory_clear(memory, True)
+        self.tokens = []
 
     def decode(self, tokens: list[int]) -> None:
-        """Append ``tokens`` to the sequence (positions continue from the cache)."""
+        """Append ``tokens`` to the sequence (positions continue from the cache).  A failed
+        decode clears the cache: what it left there is not known, so nothing of it is reused."""
         array = (self._lib.llama_token * len(tokens))(*tokens)
         status = self._lib.llama_decode(self.ctx, self._lib.llama_batch_get_one(array, len(tokens)))
         if status != 0:
+            self.clear()
             raise BackendError(f"llama.cpp could not decode {len(tokens)} tokens (llama_decode returned {status})")
+        self.tokens.extend(tokens)
+
+    def reuse(self, prompt: list[int]) -> int:
+        """Keep the longest prefix of ``prompt`` that the cache already holds and drop the rest
+        of the sequence; returns how many tokens were kept (the caller decodes the others).
+
+        At least the prompt's last token is always left to decode, so the next sample reads
+        logits computed for this prompt.  A sliding-window model (Gemma 3) keeps only the last
+        ``n_swa`` positions of its windowed layers: a prefix whose window was already dropped
+        from the cache cannot be continued, and the whole prompt is decoded again, as
+        llama-server does when its cache lacks that data."""
+        kept = min(common_prefix(prompt, self.tokens), len(prompt) - 1)
+        lib = self._lib
+        memory = lib.llama_get_memory(self.ctx)
+        if kept > 0 and self.n_swa > 0 and lib.llama_memory_seq_pos_min(memory, 0) > max(0, kept - self.n_swa):
+            kept = 0
+        if kept == 0:
+            self.clear()
+            return 0
+        if kept < len(self.tokens):
+            if not lib.llama_memory_seq_rm(memory, 0, kept, -1):  # a memory that cannot cut a sequence
+                self.clear()
+                return 0
+            del self.tokens[kept:]
+        return kept
 
     def embed(self, tokens: list[int]) -> list[float]:
         """The pooled embedding of ``tokens`` (at most ``n_ubatch``), as llama.cpp computes it:
@@ -372,8 +424,8 @@ class GgufContext:
         if status != 0:
             raise BackendError(f"llama.cpp could not decode {len(tokens)} tokens (llama_decode returned {status})")
 
-    def sampler(self, options: SamplingOptions) -> _Sampler:
-        return _Sampler(self._lib, options, self.weights.n_vocab, self.n_ctx, self.weights.vocab)
+    def sampler(self, options: SamplingOptions) -> Sampler:
+        return Sampler(self._lib, options, self.weights.n_vocab, self.n_ctx, self.weights.vocab)
 
     def token_logprobs(self, token: int, top: int) -> dict:
         """The chat completions logprobs entry of ``token``, just sampled from the last decode's
@@ -396,68 +448,3 @@ class GgufContext:
         if self.ctx:
             self._lib.llama_free(self.ctx)
             self.ctx = None
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    """What one generation samples with; ``seed`` None draws a random one; ``grammar`` (GBNF,
-    rule ``root``) constrains every token."""
-
-    temperature: float
-    top_p: float
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    grammar: str | None = None
-
-
-def grammar_of_schema(schema: dict) -> str:
-    """The GBNF grammar of JSON ``schema``, by llama-cpp-python's converter (llama.cpp's
-    json_schema_to_grammar); raises ValueError for a schema it cannot convert."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # the converter raises what it meets (KeyError, TypeError, ValueError ...)
-        raise ValueError(f"{type(exc).__name__}: {exc}") from None
-
-
-class _Sampler:
-    """A llama.cpp sampler chain, in the order of llama-cpp-python's ``_init_sampler``: the
-    presence and frequency penalties (over every token generated so far, none of the prompt's)
-    when set, the grammar when there is one (it keeps only the tokens it allows, and only
-    end-of-generation once it is complete; ``llama_sampler_sample`` advances it with each
-    token), then greedy at temperature 0, else top-p, temperature and a draw seeded with
-    ``seed`` (taken modulo 2**32 - 1, as llama.cpp's seed is an unsigned 32-bit number whose
-    highest value means "random")."""
-
-    def __init__(self, lib, options: SamplingOptions, n_vocab: int, n_ctx: int, vocab=None):
-        self._lib = lib
-        self.chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        if options.presence_penalty or options.frequency_penalty:
-            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_penalties(
-                n_vocab, n_ctx, 1.0, options.frequency_penalty, options.presence_penalty
-            ))
-        if options.grammar is not None:
-            grammar = lib.llama_sampler_init_grammar(vocab, options.grammar.encode("utf-8"), b"root")
-            if not grammar:
-                lib.llama_sampler_free(self.chain)
-                self.chain = None
-                raise BackendError("llama.cpp could not parse the grammar built from the tools' schemas")
-            lib.llama_sampler_chain_add(self.chain, grammar)
-        if options.temperature <= 0:
-            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_greedy())
-        else:
-            if options.top_p < 1.0:
-                lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_top_p(options.top_p, 1))
-            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_temp(options.temperature))
-            seed = lib.LLAMA_DEFAULT_SEED if options.seed is None else options.seed % lib.LLAMA_DEFAULT_SEED
-            lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_dist(seed))
-
-    def sample(self, context: GgufContext) -> int:
-        return self._lib.llama_sampler_sample(self.chain, context.ctx, -1)
-
-    def close(self) -> None:
-        if self.chain:
-            self._lib.llama_sampler_free(self.chain)
-            self.chain = None
