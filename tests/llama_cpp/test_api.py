@@ -11,6 +11,7 @@ import math
 import threading
 import time
 
+import anthropic
 import openai
 import psutil
 import pytest
@@ -109,6 +110,18 @@ def test_usage_reports_the_prompt_tokens_reused_from_the_kv_cache(smol, client):
     answers = [client.responses.create(model="smol", input=question, max_output_tokens=16) for _ in range(3)]
     cached = [answer.usage.input_tokens_details.cached_tokens for answer in answers]
     assert max(cached) == answers[0].usage.input_tokens - 1 == chats[0].usage.prompt_tokens - 1
+    # Anthropic's shape: the reused tokens are cache reads, input_tokens the rest of the prompt.
+    messages = anthropic.Anthropic(base_url=smol_base_url(client), api_key="x", max_retries=0)
+    answers = [messages.messages.create(model="smol", max_tokens=4, messages=question) for _ in range(3)]
+    reads = [answer.usage.cache_read_input_tokens for answer in answers]
+    assert max(reads) == chats[0].usage.prompt_tokens - 1
+    assert all(answer.usage.input_tokens + answer.usage.cache_read_input_tokens == chats[0].usage.prompt_tokens
+               for answer in answers)
+
+
+def smol_base_url(client: openai.OpenAI) -> str:
+    """The service's root (the openai client's base URL without its /v1)."""
+    return str(client.base_url).rstrip("/").removesuffix("/v1")
 
 
 def test_streaming_sends_token_deltas(smol, client):
