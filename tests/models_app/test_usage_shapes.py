@@ -1,6 +1,6 @@
 """How the runtime's usage (``cached_tokens`` among it) shows in each protocol's usage object."""
-from models_app.api.chat.shapes import usage
-from models_app.api.responses.protocol import ResponseBuilder
+from models_app.api.openai_protocol import usage
+from models_app.api.responses.shapes import ResponseBuilder
 from runtime.inputs.request import GenerationRequest
 
 MESSAGES = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
