@@ -13,8 +13,10 @@ from runtime.errors import RuntimeUnavailable
 
 async def view() -> decide.View:
     """The pool as the registry says now (cached ``nodes.CACHE_SECONDS``) with this process's bookkeeping."""
-    return decide.View(await nodes.REGISTRY.nodes(), nodes.is_split(), nodes.this_node(), INFLIGHT.counts,
-                       SUSPECTS.names())
+    known, split = await nodes.REGISTRY.nodes(), nodes.is_split()
+    # Embedded, the one node is this process's own (and its name is ``this_node()`` already).
+    own = nodes.this_node() if split or not known else known[0].name
+    return decide.View(known, split, own, INFLIGHT.counts, SUSPECTS.names())
 
 
 async def place(op: str, payload: dict) -> decide.Placement:

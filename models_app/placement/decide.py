@@ -39,7 +39,7 @@ SPREAD_OPS = frozenset({OP_LOAD, OP_UNLOAD, OP_RECONFIGURE, OP_SLEEP, OP_WAKE})
 TRACKED_OPS = frozenset({OP_GENERATE, OP_EMBED})
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class View:
     """What placement knows: the pool's nodes sorted by name, whether the pool is split (several
     processes over Redis) or embedded, this process's node name, its requests in flight
@@ -52,18 +52,18 @@ class View:
     suspected: frozenset[str] = frozenset()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class One:
     node: Node
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Every:
     nodes: list[Node]  # the nodes asked
     known: list[Node]  # every node the registry knows (the merged answer lists the down ones too)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Spread:
     nodes: list[Node]
 
