@@ -136,7 +136,7 @@ SPECTACULAR_SETTINGS = {
     # The inference endpoints are plain ASGI apps (models_app.api.routes), documented by this hook.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "models_app.api.openapi.add_inference_operations",
+        "models_app.api.routes.add_inference_operations",
     ],
 }
 

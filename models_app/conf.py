@@ -13,6 +13,17 @@ from runtime.errors import InvalidSettings
 from runtime.paths import check_state_dir
 
 
+def require_redis(stderr, alone: str) -> None:
+    """For the commands of the production split: exit 2 unless LLMPOOL_REDIS_URL is set
+    (``alone``: what runs without the other half, as the message says it)."""
+    if not settings.REDIS_URL:
+        stderr.write(
+            f"runtime_unavailable: {alone} only over Redis; set LLMPOOL_REDIS_URL "
+            "(the embedded default runs everything with `manage.py serve`)"
+        )
+        sys.exit(2)
+
+
 def startup_service_settings(stderr) -> ServiceSettings:
     """For the commands that start llm-pool: the service settings, or exit 2 saying what is invalid
     (the settings, or a state folder that cannot be written)."""

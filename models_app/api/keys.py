@@ -225,6 +225,28 @@ async def _refresh(service: ServiceSettings) -> None:
     _cache.checked_at = time.monotonic()
 
 
+# How often an API process that could not read its keys at start tries again (in the background).
+WARM_RETRY_SECONDS = 1.0
+
+
+async def warm_key_ring() -> None:
+    """Read the key ring as the API process starts, so that a database that goes away later finds
+    the keys already read (the last ring read stays in use) instead of a process that never read
+    them (which refuses inference with 503 api_keys_unavailable until it can).  Tried again every
+    ``WARM_RETRY_SECONDS`` until it is read: an API process may start before the runtime worker
+    has migrated the database."""
+    failures = 0
+    while _cache.rows is None:
+        try:
+            await key_ring()
+        except ApiKeysUnavailable as exc:
+            failures += 1
+            if failures == 1:
+                logger.warning("the inference keys could not be read at start (tried again every %g s): %s",
+                               WARM_RETRY_SECONDS, exc)
+            await asyncio.sleep(WARM_RETRY_SECONDS)
+
+
 def forget() -> None:
     """Read the keys again on the next request (this process changed one)."""
     _cache.checked_at = float("-inf")

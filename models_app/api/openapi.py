@@ -9,9 +9,9 @@ drops ``discriminator`` (its mapping names the inlined definitions).  A field th
 widens before validation (a string ``input`` or ``content``) is documented in its full form.
 
 drf-spectacular writes the admin views' operations from the DRF views.  The inference endpoints
-are plain ASGI apps, not DRF views: ``add_inference_operations`` (a drf-spectacular
-postprocessing hook, ``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``) adds their operations from
-the route table's ``INFERENCE_OPERATIONS``, each request body's schema from its pydantic model.
+are plain ASGI apps, not DRF views: the route table's hook (``api.routes.add_inference_operations``,
+a drf-spectacular postprocessing hook, ``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``) adds their
+operations with ``with_inference_operations``, each request body's schema from its pydantic model.
 """
 from __future__ import annotations
 
@@ -29,13 +29,11 @@ ERROR_RESPONSE = {
 INFERENCE_ERROR_STATUSES = (400, 401, 403, 404, 405, 409, 413, 429, 502, 503, 504)
 
 
-def add_inference_operations(result: dict, generator, request, public) -> dict:
-    """The inference paths' POST operations, added to the document drf-spectacular generated
-    (the paths kept in its order, by path)."""
-    from models_app.api.routes import INFERENCE_OPERATIONS  # the route table imports the protocols
-
+def with_inference_operations(result: dict, operations) -> dict:
+    """The document drf-spectacular generated with ``operations`` (``api.routes.InferenceOperation``)
+    added as POST operations (the paths kept in its order, by path)."""
     paths = dict(result["paths"])
-    for operation in INFERENCE_OPERATIONS:
+    for operation in operations:
         paths[operation.path] = {"post": inference_operation(operation)}
     result["paths"] = dict(sorted(paths.items()))
     return result

@@ -5,7 +5,7 @@ Every client protocol is a translation onto the one typed request (``runtime.inp
 its package parses the body, ``api.inference.generate`` runs it, and the package shapes the answer.
 A path that is not here goes on to Django (the admin API, the browser pages).  A path listed in
 ``INFERENCE_OPERATIONS`` too is in the OpenAPI document, its request body's schema written from
-the pydantic model that validates it (``api.openapi.add_inference_operations``).
+the pydantic model that validates it (``add_inference_operations``).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from models_app.api.embeddings.protocol import EmbeddingBody
 from models_app.api.messages.endpoint import count_tokens_app, messages_app
 from models_app.api.messages.protocol import CountTokensBody, MessagesBody
 from models_app.api.ollama.endpoint import OLLAMA_ROUTES
+from models_app.api.openapi import with_inference_operations
 from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
 from models_app.api.responses.protocol import ResponsesBody
 
@@ -111,3 +112,9 @@ INFERENCE_OPERATIONS = [
         streams=False,
     ),
 ]
+
+
+def add_inference_operations(result: dict, generator, request, public) -> dict:
+    """drf-spectacular's postprocessing hook (``SPECTACULAR_SETTINGS``): the document with the
+    inference operations added."""
+    return with_inference_operations(result, INFERENCE_OPERATIONS)

@@ -47,8 +47,17 @@ def serve(application, options: dict, service: ServiceSettings, announce: Callab
     bounds; ``announce(url)`` once the server listens (blocks, as ``run``)."""
     host = options["host"] or service.host
     port = options["port"] or service.port
+
+    async def started() -> None:
+        from models_app.api.keys import warm_key_ring  # the API's keys, once Django is set up
+
+        warming = asyncio.ensure_future(warm_key_ring())  # beside on_start (the runtime worker runs on)
+        if on_start is not None:
+            await on_start()
+        await warming
+
     run(application, host, port, limits=ConnectionLimits.from_service(service), server=options["server"],
-        on_start=on_start, on_stop=on_stop, graceful_seconds=options["graceful_timeout"],
+        on_start=started, on_stop=on_stop, graceful_seconds=options["graceful_timeout"],
         ready=lambda: announce(f"http://{host}:{port}/"))
 
 

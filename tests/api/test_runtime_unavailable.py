@@ -106,6 +106,7 @@ async def test_a_runtime_that_acknowledges_but_then_goes_silent_is_unavailable(s
         pytest.param("GET", "/healthz", None, id="healthz"),
     ],
 )
+@pytest.mark.django_db(transaction=True)  # an inference request reads the key ring (the keys in the database)
 async def test_api_answers_503_runtime_unavailable(silent_runtime, asgi_settings, method, path, body):
     from llmpool.asgi import application
 

@@ -192,7 +192,8 @@ def test_a_reload_while_the_database_is_away_succeeds_and_the_mirror_catches_up(
         after = {entry["name"]: entry for entry in http.get("/v1/admin/models").json()["models"]}
         assert after["m"]["runtime_state"] == "loaded" and after["m"]["definition"] == before[0]["definition"]
         assert after["n"]["runtime_state"] == "unloaded"
-        assert http.post("/v1/responses", json={"model": "m", "input": "still here"}).status_code == 200
+        still = http.post("/v1/responses", json={"model": "m", "input": "still here"})
+        assert still.status_code == 200, still.text
         assert http.get("/healthz").status_code == 200
         assert mirror_names(service.database) == {"m"}  # the mirror could not be written yet
 

@@ -182,3 +182,17 @@ def test_a_runtime_worker_that_cannot_reach_redis_at_start_exits_2_saying_so(tmp
     assert result.returncode == 2, output
     assert f"runtime_unavailable: cannot reach Redis at 127.0.0.1:{port} (LLMPOOL_REDIS_URL)" in result.stderr
     assert "Traceback" not in output and "secret" not in output
+
+
+@pytest.mark.parametrize(("command", "alone"), [("api", "an API process alone reaches the runtime"),
+                                                ("runtime", "the runtime worker runs alone")])
+def test_a_command_of_the_split_without_a_redis_url_exits_2_saying_so(tmp_path, command, alone):
+    settings = write_settings(tmp_path / "conf", {"m": {"backend": "stub", "enabled": True}})
+    env = {**os.environ, "LLMPOOL_SETTINGS": str(settings), "LLMPOOL_DB_PATH": str(tmp_path / "db.sqlite3"),
+           "LLMPOOL_STATE_DIR": str(tmp_path / "state")}
+    for name in ("LLMPOOL_REDIS_URL", "LLMPOOL_DATABASE_URL"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), command], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"runtime_unavailable: {alone} only over Redis; set LLMPOOL_REDIS_URL" in result.stderr

@@ -116,7 +116,16 @@ def test_every_operation_answers_as_documented(case, live):
         if case.path in BOUNDED_STREAMS:
             bounded_stream(live, case, {**(case.headers or {}), **auth})
         else:
-            case.call_and_validate(base_url=live.url, headers=auth, checks=ALL_CHECKS, timeout=30)
+            response = case.call_and_validate(base_url=live.url, headers=auth, checks=ALL_CHECKS, timeout=30)
+            delete_created_key(live, case, response)
+
+
+def delete_created_key(live: LiveService, case, response) -> None:
+    """A key the keys API made is deleted at once: a key in the database turns the inference key
+    check on, and every later inference case would get 401 instead of reaching its body's checks."""
+    if case.method == "POST" and case.path == "/v1/admin/keys" and response.status_code == 201:
+        deleted = httpx.delete(f"{live.url}/v1/admin/keys/{response.json()['id']}", headers=AUTH[0], timeout=10)
+        assert deleted.status_code == 204, deleted.text
 
 
 # -- the suite's own strategies ------------------------------------------------------------------

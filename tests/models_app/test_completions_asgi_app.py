@@ -1,6 +1,6 @@
 """POST /v1/completions through the ASGI application's route table (``api.routes``), in process:
 the answer, the stream, the error envelope and the keys; and the endpoint's operation in the
-OpenAPI document, written from the route table (``api.openapi.add_inference_operations``)."""
+OpenAPI document, written from the route table (``api.routes.add_inference_operations``)."""
 from __future__ import annotations
 
 import hashlib

@@ -1,6 +1,6 @@
 """POST /v1/embeddings through the ASGI application's route table (``api.routes``), in process:
 the answer and the error envelope; and the endpoint's operation in the OpenAPI document,
-written from the route table (``api.openapi.add_inference_operations``)."""
+written from the route table (``api.routes.add_inference_operations``)."""
 from __future__ import annotations
 
 import pytest

@@ -102,3 +102,28 @@ async def test_an_unreadable_database_after_a_read_keeps_the_last_ring(monkeypat
     monkeypatch.setattr(selectors, "key_ring_rows", broken)
     keys.forget()
     assert (await keys.key_ring()).caller(bearer(secret)).fairness_key == "erin"
+
+
+async def test_a_process_that_starts_before_its_database_is_ready_reads_its_keys_once_it_is(monkeypatch):
+    """The API process's start warms its key ring, trying again until the database answers (an API
+    process may start before the runtime worker has migrated it); then an outage finds the keys read."""
+    row, secret = await create("frank")
+    real = selectors.key_ring_rows
+    answers = iter([OperationalError("relation does not exist"), OperationalError("still migrating")])
+
+    def migrating(known):
+        failure = next(answers, None)
+        if failure is not None:
+            raise failure
+        return real(known)
+
+    monkeypatch.setattr(selectors, "key_ring_rows", migrating)
+    monkeypatch.setattr(keys, "WARM_RETRY_SECONDS", 0.01)
+    await keys.warm_key_ring()
+
+    def away(known):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(selectors, "key_ring_rows", away)
+    keys.forget()
+    assert (await keys.key_ring()).caller(bearer(secret)).fairness_key == "frank"

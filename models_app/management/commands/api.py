@@ -5,11 +5,9 @@ The same server as ``serve`` (uvicorn on uvloop by default, ``--server daphne``)
 more beside the runtime workers (``manage.py runtime``).  ``daphne llmpool.asgi:application`` and
 ``uvicorn llmpool.asgi:application`` serve the same application, without these defaults.
 """
-import sys
-
 from django.core.management.base import BaseCommand
 
-from models_app.conf import startup_service_settings
+from models_app.conf import require_redis, startup_service_settings
 from models_app.http import server as http_server
 
 
@@ -20,14 +18,7 @@ class Command(BaseCommand):
         http_server.add_arguments(parser)
 
     def handle(self, *args, **options):
-        from django.conf import settings
-
-        if not settings.REDIS_URL:
-            self.stderr.write(
-                "runtime_unavailable: an API process alone reaches the runtime only over Redis; set "
-                "LLMPOOL_REDIS_URL (the embedded default runs everything with `manage.py serve`)"
-            )
-            sys.exit(2)
+        require_redis(self.stderr, "an API process alone reaches the runtime")
         service = startup_service_settings(self.stderr)
         from llmpool.asgi import application
 

@@ -14,19 +14,14 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from models_app import diagnostics
-from models_app.conf import startup_migrate, startup_service_settings
+from models_app.conf import require_redis, startup_migrate, startup_service_settings
 
 
 class Command(BaseCommand):
     help = "Run the llm-pool runtime worker alone (needs LLMPOOL_REDIS_URL)."
 
     def handle(self, *args, **options):
-        if not settings.REDIS_URL:
-            self.stderr.write(
-                "runtime_unavailable: the runtime worker runs alone only over Redis; set LLMPOOL_REDIS_URL "
-                "(the embedded default runs everything with `manage.py serve`)"
-            )
-            sys.exit(2)
+        require_redis(self.stderr, "the runtime worker runs alone")
         diagnostics.install()
         startup_service_settings(self.stderr)
         startup_migrate(self.stderr)

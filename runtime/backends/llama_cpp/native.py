@@ -213,29 +213,21 @@ class GgufWeights:
             return ""
         return self._lib.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
 
-    def tokenize(self, text: str, *, parse_special: bool) -> list[int]:
+    def tokenize(self, text: str, *, parse_special: bool, add_special: bool = False) -> list[int]:
         data = text.encode("utf-8")
-        capacity = len(data) + 2
+        capacity = len(data) + 4
         buffer = (self._lib.llama_token * capacity)()
-        count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, False, parse_special)
-        if count < 0:
+        count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special, parse_special)
+        if count < 0:  # too small: -count is the size it needs
             capacity = -count
             buffer = (self._lib.llama_token * capacity)()
-            count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, False, parse_special)
+            count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special, parse_special)
         return list(buffer[:count])
 
     def tokenize_input(self, text: str) -> list[int]:
         """An embedding input as llama-server tokenizes one: plain text, with the BOS and EOS the
         vocabulary asks for (``add_special``)."""
-        data = text.encode("utf-8")
-        capacity = len(data) + 4
-        buffer = (self._lib.llama_token * capacity)()
-        count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
-        if count < 0:
-            capacity = -count
-            buffer = (self._lib.llama_token * capacity)()
-            count = self._lib.llama_tokenize(self.vocab, data, len(data), buffer, capacity, True, False)
-        return list(buffer[:count])
+        return self.tokenize(text, parse_special=False, add_special=True)
 
     @property
     def n_embd_out(self) -> int:
