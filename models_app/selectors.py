@@ -5,9 +5,9 @@ from typing import Any
 
 from django.db import close_old_connections
 
+from models_app import placement
 from models_app.models import CatalogModel, InferenceKey, KeyRingVersion
 from models_app.transport.messages import OP_ACTIVITY, OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
-from models_app.transport.runtime_client import RuntimeClient
 
 MIB = 1024 * 1024
 
@@ -23,17 +23,17 @@ async def models_list() -> list[dict]:
 
 async def models_answer() -> dict:
     """GET /v1/admin/models's answer: ``models``, and with several nodes ``nodes``."""
-    return await RuntimeClient().call(OP_LIST_MODELS)
+    return await placement.call(OP_LIST_MODELS)
 
 
 async def model_get(name: str) -> dict:
     """One model's AdminModelEntry; raises UnknownModel (404)."""
-    return await RuntimeClient().call(OP_GET_MODEL, {"name": name})
+    return await placement.call(OP_GET_MODEL, {"name": name})
 
 
 async def gpu_memory() -> dict:
     """GPU memory usage and per-model VRAM estimates (GET /v1/admin/gpu-memory)."""
-    return await RuntimeClient().call(OP_GPU_MEMORY)
+    return await placement.call(OP_GPU_MEMORY)
 
 
 def effective_values(entry: dict) -> list[dict[str, Any]]:
@@ -87,7 +87,7 @@ def _meaning(key: str, value: Any, constraint: dict) -> str | None:
 async def activity(*, model: str | None = None, limit: str | None = None) -> dict:
     """The runtime's ring of finished requests (GET /v1/admin/activity); the runtime checks both."""
     query = {key: value for key, value in (("model", model), ("limit", limit)) if value is not None}
-    return await RuntimeClient().call(OP_ACTIVITY, query)
+    return await placement.call(OP_ACTIVITY, query)
 
 
 def key_ring_version() -> int:

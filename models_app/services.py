@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from pydantic import ValidationError
 
+from models_app import placement
 from models_app.conf import service_settings
 from models_app.key_fields import SECRET_PREFIX, KeyFields, database_id
 from models_app.models import CatalogModel, InferenceKey, KeyRingVersion
@@ -33,7 +34,6 @@ from models_app.transport.messages import (
     admin_event_message,
 )
 from models_app.transport import nodes
-from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import format_validation_error
 from runtime.errors import ApiKeyNameTaken, InvalidRequest, UnknownApiKey
 
@@ -77,12 +77,12 @@ async def model_load(name: str, body: dict | None, dry_run: bool = False) -> dic
     payload = {"name": name, "body": body}
     if dry_run:  # the memory plan of this load, acting on nothing (docs/api.md)
         payload["dry_run"] = True
-    return await RuntimeClient().call(OP_LOAD, payload, deadline=service_settings().admin_call_timeout_seconds)
+    return await placement.call(OP_LOAD, payload, deadline=service_settings().admin_call_timeout_seconds)
 
 
 async def model_unload(name: str) -> dict:
     """Gracefully unload a model; answers its AdminModelEntry once it is unloaded (or already was)."""
-    return await RuntimeClient().call(
+    return await placement.call(
         OP_UNLOAD, {"name": name}, deadline=service_settings().admin_call_timeout_seconds
     )
 
@@ -90,14 +90,14 @@ async def model_unload(name: str) -> dict:
 async def model_reconfigure(name: str, body: dict | None) -> dict:
     """Change a loaded model's reconfigurable fields without reloading its weights (runtime.model.residency);
     answers its entry with ``reconfigured`` {duration_ms, changed, reason}."""
-    return await RuntimeClient().call(
+    return await placement.call(
         OP_RECONFIGURE, {"name": name, "body": body}, deadline=service_settings().admin_call_timeout_seconds
     )
 
 
 async def model_residency(name: str, op: str) -> dict:
     """Put a loaded model to sleep (``sleep``) or wake it (``wake``); answers its entry."""
-    return await RuntimeClient().call(
+    return await placement.call(
         {"sleep": OP_SLEEP, "wake": OP_WAKE}[op], {"name": name}, deadline=service_settings().admin_call_timeout_seconds
     )
 
@@ -107,7 +107,7 @@ async def settings_reload() -> dict:
 
     Raises InvalidSettings (400) or SettingsReloadConflict (409) with the catalog unchanged.
     """
-    diff = await RuntimeClient().call(OP_RELOAD_SETTINGS)  # every node, two-phase (transport.pool_calls)
+    diff = await placement.call(OP_RELOAD_SETTINGS)  # every node, two-phase (placement.several)
     nodes.REGISTRY.forget_cache()  # the nodes announced their new catalogs before answering
     await _publish_catalog_changed(diff)
     return diff

@@ -142,7 +142,7 @@ class RuntimeService:
             await listener(self)
         return diff
 
-    # A reload over several nodes, two-phase (models_app.transport.pool_calls): every node checks and
+    # A reload over several nodes, two-phase (models_app.placement.several): every node checks and
     # holds (prepare), then every node swaps (commit), or every prepared node lets go (abort).
     async def op_reload_prepare(self, payload, emit) -> dict:
         """Check the files as a reload would, hold every model's loads and answer the diff; the

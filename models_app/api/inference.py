@@ -25,13 +25,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
+from models_app import placement
 from models_app.api.client_timeouts import StreamWriteTimeout, stream_write
 from models_app.api.errors import Envelope, error_answer, internal_error, openai_envelope, send_error, send_json
 from models_app.api.keys import Caller, key_ring
 from models_app.api.limits import parse_json
 from models_app.conf import service_settings
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
-from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
@@ -108,11 +108,10 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
     non-streamed request gets one reply, its result or its error.  Errors after that are raised
     by the stream's iterator; closing it early cancels the request in the runtime.
     """
-    client = RuntimeClient()
     wire = with_endpoint({**request.to_wire(), "model": model})
     if not request.stream:
-        return await client.call(OP_GENERATE, wire)
-    exchange = client.exchange(OP_GENERATE, wire)
+        return await placement.call(OP_GENERATE, wire)
+    exchange = placement.exchange(OP_GENERATE, wire)
     early = _EARLY.get()
     try:
         waiting_for = await _until_admitted(exchange, stop_when_waiting=early is not None)

@@ -20,10 +20,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from models_app import placement
 from models_app.api.errors import error_json_response
 from models_app.conf import service_settings
 from models_app.transport.messages import OP_METRICS
-from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import MethodNotAllowed, RuntimeUnavailable, Unauthorized
 
 _API_PROCESS = ProcessCollector(namespace="llmpool_api", registry=None)
@@ -59,7 +59,7 @@ async def metrics_view(request) -> HttpResponse:
     if not _authorized(request):
         return error_json_response(Unauthorized("GET /metrics requires Authorization: Bearer <service.metrics_token or admin_token>"))
     try:
-        text = (await RuntimeClient().call(OP_METRICS))["text"]
+        text = (await placement.call(OP_METRICS))["text"]
     except RuntimeUnavailable:
         text = None
     registry = CollectorRegistry()

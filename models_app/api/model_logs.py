@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from models_app import placement
 from models_app.api.errors import error_answer
 from models_app.api.event_stream import sse_event
 from models_app.transport.messages import OP_MODEL_LOGS
-from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import LLMPoolError
 
 FOLLOW_POLL_SECONDS = 0.5
@@ -18,7 +18,7 @@ KEEPALIVE_SECONDS = 15.0
 
 async def logs_tail(name: str, lines: str | None) -> dict:
     payload = {"name": name} if lines is None else {"name": name, "lines": lines}
-    return await RuntimeClient().call(OP_MODEL_LOGS, payload)
+    return await placement.call(OP_MODEL_LOGS, payload)
 
 
 async def logs_follow(first: dict, name: str) -> AsyncIterator[bytes]:
@@ -40,7 +40,7 @@ async def logs_follow(first: dict, name: str) -> AsyncIterator[bytes]:
             yield b": keepalive\n\n"
         await asyncio.sleep(FOLLOW_POLL_SECONDS)
         try:
-            answer = await RuntimeClient().call(OP_MODEL_LOGS, {"name": name, "after": after, "lines": 200})
+            answer = await placement.call(OP_MODEL_LOGS, {"name": name, "after": after, "lines": 200})
         except LLMPoolError as exc:
             yield sse_event("error", error_answer(exc).body["error"])
             return

@@ -15,6 +15,7 @@ from rest_framework import serializers
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 
+from models_app import placement
 from models_app import selectors, services
 from models_app.api import openai_models
 from models_app.api.auth import AdminTokenPermission
@@ -25,7 +26,6 @@ from models_app.api.event_stream import sse_event, transition_stream
 from models_app.api.keys import key_ring
 from models_app.api.limits import BodyRefused, refused_as
 from models_app.transport.messages import OP_CATALOG
-from models_app.transport.runtime_client import RuntimeClient
 from runtime.config import LoadBody
 from runtime.errors import InvalidRequest, LLMPoolError, LoadBodyInvalid, NotFound
 
@@ -423,7 +423,7 @@ class HealthApi(APIView):
     )
     async def get(self, request):
         try:
-            catalog = await RuntimeClient().call(OP_CATALOG)
+            catalog = await placement.call(OP_CATALOG)
         except LLMPoolError as exc:
             return error_response(exc)
         return Response({"status": "ok", "models": len(catalog["models"])})

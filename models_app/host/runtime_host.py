@@ -34,7 +34,7 @@ def heartbeat_interval() -> float:
 
 def event_entry(service: RuntimeService):
     """How the event publisher reads a model's entry: the one the admin API answers, ``node``
-    included (``transport.pool_calls`` adds it there)."""
+    included (``models_app.placement`` adds it there)."""
     name = nodes.this_node()
     return lambda controller: {**service.entry(controller), "node": name}
 

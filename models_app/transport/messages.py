@@ -30,7 +30,7 @@ OP_GET_MODEL = "get_model"
 OP_LOAD = "load"
 OP_UNLOAD = "unload"
 OP_RELOAD_SETTINGS = "reload_settings"
-# A reload over several nodes, two-phase (models_app.transport.pool_calls): check and hold, then swap or let go.
+# A reload over several nodes, two-phase (models_app.placement.several): check and hold, then swap or let go.
 OP_RELOAD_PREPARE = "reload_prepare"
 OP_RELOAD_COMMIT = "reload_commit"
 OP_RELOAD_ABORT = "reload_abort"

@@ -20,7 +20,8 @@ reload, as a split node writes its record to Redis.
 
 The records are the API's view of the catalog: ``Registry.model_names`` resolves the name a request gives
 (a model's name or an alias, ``runtime.pool.catalog.canonical_model``) over every node's record, and
-routing finds a node's model by the same rule.
+``Node.serves``/``Node.model`` find a node's model by the same rule (placement routes with them:
+``models_app.placement``).
 """
 from __future__ import annotations
 
@@ -209,99 +210,3 @@ def _names_in(nodes: list[Node]) -> dict[str, str]:
         for model in node.record.get("models", ()):
             models.setdefault(model["name"], []).extend(model.get("aliases") or ())
     return model_names(models)
-
-
-async def route(model: str | None, fairness_key: str | None = None) -> Node:
-    """The node a request for ``model`` (a name or an alias) goes to.
-
-    Among the alive nodes that serve it: one where it is loaded with the fewest requests of
-    ``fairness_key`` in flight, then the fewest in flight and queued in all, else the first by
-    name.  Served only by nodes that are down (in the registry as read now, not the cached view):
-    RuntimeUnavailable at once.  Served by no node the registry knows: the first alive node (it
-    answers 404 unknown_model), or, with none alive yet, this process's own node's channel (the
-    request waits there for a runtime that starts, as on a single node).
-    """
-    nodes = await REGISTRY.nodes()
-    if len(nodes) == 1 and not is_split():
-        return nodes[0]
-    serving = [n for n in nodes if model is not None and n.serves(model)]
-    if model is not None and not any(n.alive for n in serving):
-        # Perhaps added by a reload, or its node back, since the cached view: read again (a
-        # restarted worker answers as soon as it has announced itself, not a cache period later).
-        REGISTRY.forget_cache()
-        nodes = await REGISTRY.nodes()
-        serving = [n for n in nodes if n.serves(model)]
-    alive = [n for n in serving if n.alive]
-    if alive:
-        return min(alive, key=lambda n: _load_key(n, model, fairness_key))
-    if serving:
-        down = ", ".join(n.name for n in serving)
-        raise RuntimeUnavailable(
-            f"model {model!r} is served by node {down}, which is down (no heartbeat within {EXPIRY_SECONDS:g} s)"
-        )
-    up = [n for n in nodes if n.alive]
-    if up:
-        return up[0]
-    own = this_node()
-    return next((n for n in nodes if n.name == own), Node(own, node_channel(own), False))
-
-
-# (node, model name) -> this process's requests in flight there (RuntimeClient.exchange tracks them);
-# (node, model name, fairness key) -> those of one key.
-_INFLIGHT: dict[tuple, int] = {}
-
-
-def track(node: Node, model: str | None, fairness_key: str | None = None) -> tuple[tuple, tuple]:
-    """Count one request of this process to ``model`` on ``node`` (and of its key); ``untrack`` ends it."""
-    entry = node.model(model) if model is not None else None
-    where = (node.name, entry["name"] if entry else model or "")
-    keys = (where, (*where, fairness_key))
-    for key in keys:
-        _INFLIGHT[key] = _INFLIGHT.get(key, 0) + 1
-    return keys
-
-
-def untrack(keys: tuple[tuple, tuple] | None) -> None:
-    for key in keys or ():
-        if key not in _INFLIGHT:
-            continue
-        if _INFLIGHT[key] <= 1:
-            del _INFLIGHT[key]
-        else:
-            _INFLIGHT[key] -= 1
-
-
-# node name -> until when (monotonic) this process prefers other nodes: it did not answer in time.
-_SUSPECT: dict[str, float] = {}
-
-
-def suspect(node: Node) -> None:
-    """``node`` left a call unanswered (killed, or stalled): for ``EXPIRY_SECONDS``, by when the
-    registry says whether it is down, route elsewhere where another node serves the model."""
-    _SUSPECT[node.name] = time.monotonic() + EXPIRY_SECONDS
-
-
-def _suspected(name: str) -> bool:
-    until = _SUSPECT.get(name)
-    if until is None:
-        return False
-    if until < time.monotonic():
-        del _SUSPECT[name]
-        return False
-    return True
-
-
-def _load_key(node: Node, model: str, fairness_key: str | None = None) -> tuple:
-    """Not suspected (``suspect``) first, then loaded; then the fewest requests per loaded replica:
-    this process's own of the request's fairness key in flight there, then all its own there (both
-    exact, at once), then the node's last heartbeat figure (every API process's, up to about 1.5 s
-    old); then the name.  The key's own count first spreads every key evenly over the nodes, so
-    each node's fair order adds up to a fair order over all of them (docs/scheduling.md)."""
-    entry = node.model(model) or {}
-    loaded = entry.get("runtime_state") == "loaded"
-    replicas = max(1, entry.get("replicas") or 1)
-    where = (node.name, entry.get("name", model))
-    mine_of_key = _INFLIGHT.get((*where, fairness_key), 0)
-    mine = _INFLIGHT.get(where, 0)
-    return (_suspected(node.name), not loaded, mine_of_key / replicas, mine / replicas,
-            entry.get("load", 0) / replicas, node.name)

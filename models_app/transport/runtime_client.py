@@ -5,27 +5,22 @@ and sends a heartbeat while it works, so a silent runtime is detected within
 ``service.runtime_reply_timeout_seconds`` and answered as 503
 ``runtime_unavailable``; streamed chunks arrive as messages on the same channel.
 
-A request that names a model (``model`` for inference, ``name`` for admin calls) goes to the node
-that serves it (``models_app.transport.nodes.route``); a call about the whole pool goes to every
-alive node and is merged (``models_app.transport.pool_calls``).  A client made for one ``channel``
-talks to that node only.
+A client sends one exchange to one channel (a node's: ``models_app.transport.nodes``); which node
+serves a call, and the merge of several nodes' answers, are placement's (``models_app.placement``).
 """
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from redis.exceptions import RedisError
 
 from models_app.conf import service_settings
-from models_app.transport import nodes, pool_calls, spread
 from models_app.transport.messages import (
-    OP_GENERATE,
-    OP_EMBED,
     REPLY_ACK,
     REPLY_CHUNK,
     REPLY_ERROR,
@@ -37,52 +32,20 @@ from models_app.transport.messages import (
 from runtime.errors import RuntimeUnavailable, error_from_dict
 
 
-TRACKED_OPS = (OP_GENERATE, OP_EMBED)
 # A chunk missing from the runtime's replies: the channel layer lost it (Redis restarted while it
 # held it).  The request fails as when the runtime is silent, never with a hole in its answer.
 _LOST_REPLY = "a reply from the runtime was lost on the way (the channel layer restarted?)"
 
 
-def model_of(op: str, payload: dict) -> str | None:
-    """The model a request names: ``model`` for inference (and activity), ``name`` for admin calls."""
-    if op in (OP_GENERATE, OP_EMBED):
-        return payload.get("model")
-    return payload.get("name") or payload.get("model")
-
-
 class RuntimeClient:
-    def __init__(self, reply_timeout: float | None = None, channel: str | None = None):
+    def __init__(self, reply_timeout: float | None = None):
         self.layer = get_channel_layer()
         self.reply_timeout = reply_timeout or service_settings().runtime_reply_timeout_seconds
-        self.channel = channel  # one node's channel; None: each request routed to its model's node
 
-    def for_channel(self, channel: str) -> RuntimeClient:
-        client = RuntimeClient(self.reply_timeout, channel)
-        client.layer = self.layer
-        return client
-
-    async def call(self, op: str, payload: dict | None = None, *, deadline: float | None = None) -> dict:
-        """One request, one result (heartbeats keep it alive up to ``deadline`` seconds).
-
-        A pool call (``pool_calls.is_pool_call``) asks every alive node and answers the merge; a
-        model's AdminModelEntry answered by its node says which (``node``)."""
-        payload = payload or {}
-        if self.channel is None and pool_calls.is_pool_call(op, payload):
-            return await pool_calls.call_pool(self.for_channel, op, payload, deadline)
-        if self.channel is None and op in spread.SPREAD_OPS:
-            several = await spread.serving(model_of(op, payload))
-            if len(several) > 1:  # replicas over several nodes (transport.spread)
-                return await spread.call_spread(self.for_channel, op, payload, deadline, several)
-        node = None
-        if self.channel is None:
-            node = await nodes.route(model_of(op, payload), payload.get("fairness_key"))
-        result = await self._call(op, payload, deadline, node)
-        if node is not None and isinstance(result, dict) and "runtime_state" in result and "name" in result:
-            result = {**result, "node": node.name}
-        return result
-
-    async def _call(self, op: str, payload: dict, deadline: float | None, node: nodes.Node | None) -> dict:
-        exchange = self.exchange(op, payload, deadline=deadline, node=node)
+    async def call(self, channel: str, op: str, payload: dict | None = None, *, deadline: float | None = None,
+                   on_silent: Callable[[], None] | None = None) -> dict:
+        """One request to ``channel``, one result (heartbeats keep it alive up to ``deadline`` seconds)."""
+        exchange = self.exchange(channel, op, payload or {}, deadline=deadline, on_silent=on_silent)
         try:
             async for message in exchange:
                 if message["kind"] == REPLY_RESULT:
@@ -91,17 +54,14 @@ class RuntimeClient:
             await exchange.aclose()
         raise RuntimeUnavailable("the runtime closed the exchange without a result")
 
-    async def exchange(
-        self, op: str, payload: dict, *, deadline: float | None = None, node: nodes.Node | None = None
-    ) -> AsyncIterator[dict]:
-        """Yield the runtime's chunk and result messages; raise its errors.
+    async def exchange(self, channel: str, op: str, payload: dict, *, deadline: float | None = None,
+                       on_silent: Callable[[], None] | None = None) -> AsyncIterator[dict]:
+        """Yield the runtime's chunk and result messages from ``channel``; raise its errors.
 
-        Closing the iterator early (client gone) tells the runtime to cancel.  ``node``: where
-        ``call`` routed it already (else this client's channel, or routed here).
+        Closing the iterator early (client gone) tells the runtime to cancel.  ``on_silent`` is
+        called when the runtime does not answer in time (or the layer cannot be reached), before
+        the RuntimeUnavailable is raised.
         """
-        if node is None and self.channel is None:
-            node = await nodes.route(model_of(op, payload), payload.get("fairness_key"))
-        channel = node.channel if node is not None else self.channel
         request_id = payload.get("request_id") or uuid.uuid4().hex
         # The layer's default prefix, as Channels consumers use: over Redis one process's receivers
         # take turns on one list per prefix, so a second prefix would starve behind a WebSocket's wait.
@@ -115,16 +75,11 @@ class RuntimeClient:
             # A runtime that (re)starts later drops what the API has already given up on.
             "expires_at": time.time() + self.reply_timeout,
         }
-        # This process's requests in flight per node and model: routing's least-loaded pick.
-        tracked = (nodes.track(node, model_of(op, payload), payload.get("fairness_key"))
-                   if node is not None and op in TRACKED_OPS else None)
         try:
             await self.layer.send(channel, message)
         except ChannelFull as exc:
-            nodes.untrack(tracked)
             raise RuntimeUnavailable("the runtime's request queue is full") from exc
         except (OSError, RedisError) as exc:  # Redis itself away: the same 503 as a silent runtime
-            nodes.untrack(tracked)
             raise RuntimeUnavailable(f"the channel layer cannot be reached: {exc}") from exc
         give_up_at = time.monotonic() + deadline if deadline else None
         finished = False
@@ -134,8 +89,8 @@ class RuntimeClient:
                 try:
                     reply = await self._receive(reply_channel, give_up_at)
                 except RuntimeUnavailable:
-                    if node is not None:
-                        nodes.suspect(node)  # silent: the next requests prefer another node meanwhile
+                    if on_silent is not None:
+                        on_silent()
                     raise
                 kind = reply["kind"]
                 if kind in (REPLY_ACK, REPLY_HEARTBEAT):
@@ -157,7 +112,6 @@ class RuntimeClient:
                 if finished:
                     return
         finally:
-            nodes.untrack(tracked)
             if not finished:
                 await self._cancel(request_id, channel)
 

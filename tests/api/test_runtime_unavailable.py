@@ -10,6 +10,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 from models_app.conf import service_settings
+from models_app import placement
 from models_app.transport.messages import (
     OP_GENERATE,
     OP_LIST_MODELS,
@@ -56,7 +57,7 @@ async def runtime_messages(layer) -> list[dict]:
 async def test_client_call_raises_runtime_unavailable_within_the_reply_timeout(silent_runtime):
     started = time.monotonic()
     with pytest.raises(RuntimeUnavailable) as caught:
-        await RuntimeClient(reply_timeout=REPLY_TIMEOUT).call(OP_LIST_MODELS)
+        await placement.call(OP_LIST_MODELS, client=RuntimeClient(reply_timeout=REPLY_TIMEOUT))
     elapsed = time.monotonic() - started
     assert REPLY_TIMEOUT <= elapsed < 1.0
     assert caught.value.http_status == 503
@@ -65,7 +66,7 @@ async def test_client_call_raises_runtime_unavailable_within_the_reply_timeout(s
 
 async def test_client_tells_the_runtime_to_drop_a_request_it_gave_up_on(silent_runtime):
     with pytest.raises(RuntimeUnavailable):
-        await RuntimeClient(reply_timeout=REPLY_TIMEOUT).call(OP_GENERATE, {"model": "m"})
+        await placement.call(OP_GENERATE, {"model": "m"}, client=RuntimeClient(reply_timeout=REPLY_TIMEOUT))
     request, cancel = await runtime_messages(silent_runtime)
     assert request["type"] == RUNTIME_REQUEST
     assert request["op"] == OP_GENERATE
@@ -73,7 +74,7 @@ async def test_client_tells_the_runtime_to_drop_a_request_it_gave_up_on(silent_r
 
 
 async def test_exchange_raises_on_its_first_message(silent_runtime):
-    exchange = RuntimeClient(reply_timeout=REPLY_TIMEOUT).exchange(OP_GENERATE, {"model": "m"})
+    exchange = placement.exchange(OP_GENERATE, {"model": "m"}, client=RuntimeClient(reply_timeout=REPLY_TIMEOUT))
     started = time.monotonic()
     with pytest.raises(RuntimeUnavailable):
         await anext(exchange)
@@ -83,7 +84,7 @@ async def test_exchange_raises_on_its_first_message(silent_runtime):
 async def test_a_runtime_that_acknowledges_but_then_goes_silent_is_unavailable(silent_runtime):
     """Each message restarts the wait; silence after the acknowledgement still ends in 503."""
     client = RuntimeClient(reply_timeout=REPLY_TIMEOUT)
-    exchange = client.exchange(OP_LIST_MODELS, {})
+    exchange = client.exchange(RUNTIME_CHANNEL, OP_LIST_MODELS, {})
     waiting = asyncio.create_task(anext(exchange))
     request = await silent_runtime.receive(RUNTIME_CHANNEL)
     for _ in range(3):

@@ -81,9 +81,9 @@ def chunk(seq: int) -> dict:
 
 async def received(layer: ScriptedLayer) -> list[dict]:
     """What a generate exchange over ``layer`` yields to its caller."""
-    client = RuntimeClient(reply_timeout=5).for_channel("runtime")
+    client = RuntimeClient(reply_timeout=5)
     client.layer = layer
-    return [message async for message in client.exchange("generate", {"model": "m"})]
+    return [message async for message in client.exchange("runtime", "generate", {"model": "m"})]
 
 
 async def test_chunks_in_order_and_their_count_on_the_result_pass():

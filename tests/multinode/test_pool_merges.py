@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from models_app.placement import caller, decide
+from models_app.placement.inflight import INFLIGHT
+from models_app.placement.merges import metrics as _metrics
+from models_app.transport.messages import OP_GENERATE
 from models_app.transport.nodes import Node, node_channel, node_name
-from models_app.transport.pool_calls import _metrics
 from models_app.transport import nodes as pool_nodes
 
 TEXT = """# HELP llmpool_requests_total Requests.
@@ -14,6 +17,13 @@ llmpool_requests_total{model="m"} 3.0
 # TYPE llmpool_up gauge
 llmpool_up 1.0
 """
+
+
+async def route(model: str, fairness_key: str | None = None) -> Node:
+    """The node a generate request for ``model`` goes to, placed as the API places it."""
+    where = await caller.place(OP_GENERATE, {"model": model, "fairness_key": fairness_key})
+    assert isinstance(where, decide.One)
+    return where.node
 
 
 def test_every_nodes_samples_get_a_node_label_in_one_family_each():
@@ -46,10 +56,10 @@ def test_routing_prefers_an_alive_node_where_the_model_is_loaded_and_least_busy(
     import asyncio
 
     listed = [node("a", "unloaded", 0), node("b", "loaded", 4), node("c", "loaded", 1), node("d", "loaded", 0, False)]
-    assert asyncio.run(pool_nodes.route("m2")).name == "c"
+    assert asyncio.run(route("m2")).name == "c"
     listed = [node("d", "loaded", 0, False)]
     try:
-        asyncio.run(pool_nodes.route("m"))
+        asyncio.run(route("m"))
     except Exception as exc:
         assert getattr(exc, "code", None) == "runtime_unavailable" and "d" in str(exc)
     else:
@@ -104,8 +114,8 @@ def test_a_model_missing_from_the_cached_view_is_looked_up_again(monkeypatch, se
     monkeypatch.setattr(registry, "_read", read)
 
     async def scenario():
-        assert (await pool_nodes.route("old")).name == "a"  # the first read, cached now
-        return (await pool_nodes.route("new")).name  # not in the cached view: read again
+        assert (await route("old")).name == "a"  # the first read, cached now
+        return (await route("new")).name  # not in the cached view: read again
 
     assert asyncio.run(scenario()) == "b"
 
@@ -125,16 +135,16 @@ def test_routing_spreads_each_fairness_key_evenly_over_the_nodes(monkeypatch, se
 
     monkeypatch.setattr(pool_nodes.REGISTRY, "nodes", nodes)
     a, b = listed
-    held = [pool_nodes.track(a, "m", "heavy"), pool_nodes.track(a, "m", "heavy"),
-            *(pool_nodes.track(b, "m", "other") for _ in range(3))]
+    held = [INFLIGHT.track(decide.inflight_keys(a, "m", "heavy")), INFLIGHT.track(decide.inflight_keys(a, "m", "heavy")),
+            *(INFLIGHT.track(decide.inflight_keys(b, "m", "other")) for _ in range(3))]
     try:
         # a has 2 in flight, b 3: by the totals alone "heavy" would go to a again.
-        assert asyncio.run(pool_nodes.route("m", "heavy")).name == "b"
-        assert asyncio.run(pool_nodes.route("m", "light")).name == "a"  # a key with none anywhere: the totals
+        assert asyncio.run(route("m", "heavy")).name == "b"
+        assert asyncio.run(route("m", "light")).name == "a"  # a key with none anywhere: the totals
     finally:
         for keys in held:
-            pool_nodes.untrack(keys)
-    assert pool_nodes._INFLIGHT == {}
+            INFLIGHT.untrack(keys)
+    assert INFLIGHT.counts == {}
 
 
 def test_a_node_down_in_the_cached_view_is_looked_up_again_before_a_503(monkeypatch, settings):
@@ -154,6 +164,6 @@ def test_a_node_down_in_the_cached_view_is_looked_up_again_before_a_503(monkeypa
 
     async def scenario():
         await registry.nodes()  # the cached view: "a" down
-        return (await pool_nodes.route("m")).name
+        return (await route("m")).name
 
     assert asyncio.run(scenario()) == "a"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 
+from models_app import placement
 from models_app import selectors
 from models_app.api.errors import error_answer
 from models_app.api.answer_stream import shaped_stream
@@ -24,7 +25,6 @@ from models_app.api.ollama.protocol import (
 )
 from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line, waiting_notice
 from models_app.transport.messages import OP_EMBED
-from models_app.transport.runtime_client import RuntimeClient
 from runtime.errors import ModelManagementUnsupported
 
 
@@ -63,7 +63,7 @@ async def _embedded(parse: Callable, data, caller: Caller) -> tuple[str, dict, f
     started = time.monotonic()
     request = await parsed(parse, data, caller.fairness_key)
     model = await caller.resolve(request.model)
-    result = await RuntimeClient().call(OP_EMBED, with_endpoint({**request.to_wire(), "model": model}))
+    result = await placement.call(OP_EMBED, with_endpoint({**request.to_wire(), "model": model}))
     return request.model, result, started
 
 
