@@ -107,8 +107,11 @@ def pool_settings(files: dict[str, str], backend: str, args: argparse.Namespace)
         fields = {"gguf_n_ctx": args.ctx, "gguf_n_gpu_layers": args.n_gpu_layers, "gguf_n_threads": args.threads}
     models = {name: {"backend": backend, "model_path": path, "load_on_request": True, **fields,
                      **prompt_format(path, backend)} for name, path in files.items()}
-    return {"service": {"log_level": "warning"}, "models": models,
-            "groups": {"swap": {"members": list(files), "max_loaded": 1}}}
+    settings = {"service": {"log_level": "warning"}, "models": models,
+                "groups": {"swap": {"members": list(files), "max_loaded": 1}}}
+    if args.no_kv_store:
+        settings["engine"] = {"kv_store": {"enabled": False}}
+    return settings
 
 
 def chat(http: httpx.Client, model: str) -> float:
@@ -204,6 +207,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-gpu-layers", type=int, default=0)
     parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--no-kv-store", action="store_true",
+                        help="llama_cpp without engine.kv_store (no KV state saved on unload, none restored)")
     args = parser.parse_args()
     files = {"a": local_file(args.a), "b": local_file(args.b)}
     print(json.dumps(measure(args.binary, files, args), indent=2))
