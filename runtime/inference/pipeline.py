@@ -213,12 +213,14 @@ async def _take(event, output: Output, filters: AnswerFilters) -> bool:
             output.deltas += event.tokens
             output.unsent_logprobs.extend(event.logprobs or ())
             text, calls, stop = filters.feed(event.text)
-            await output.add_tool_calls(calls)
+            if calls:
+                await output.add_tool_calls(calls)
             await output.add_answer(text, stop)
             return stop is not None
         case Finished():
             text, calls, stop = filters.finish()
-            await output.add_tool_calls(calls)
+            if calls:
+                await output.add_tool_calls(calls)
             output.finished = event
             await output.add_answer(text, stop)
             return stop is not None
