@@ -89,10 +89,14 @@ def _setpriv() -> str | None:
 _SETPRIV = functools.cache(_setpriv)
 
 
-def _executable(argv0: str, env: dict | None) -> str:
-    """``argv0`` as the exec would find it; OSError as the exec would raise it when it cannot run
-    (setpriv execs the server itself, so its failure would otherwise show only as an exit code)."""
-    found = argv0 if "/" in argv0 else shutil.which(argv0, path=(env or os.environ).get("PATH", os.defpath))
+def _executable(argv0: str, env: dict | None, cwd: str | os.PathLike | None) -> str:
+    """``argv0`` as the exec would find it (a relative path from ``cwd``, a bare name on the
+    command's PATH); OSError as the exec would raise it when it cannot run (setpriv execs the
+    server itself, so its failure would otherwise show only as an exit code)."""
+    if "/" in argv0:
+        found = os.path.join(cwd, argv0) if cwd is not None else argv0
+    else:
+        found = shutil.which(argv0, path=(env or os.environ).get("PATH", os.defpath))
     if found is None or not os.path.exists(found):
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv0)
     if os.path.isdir(found) or not os.access(found, os.X_OK):
@@ -105,7 +109,7 @@ def spawn(command: ServerCommand, state_dir: Path, output: int) -> tuple[subproc
     descriptor its stdout and stderr write to (its log file, ``OutputLog.writer``)."""
     setpriv = _SETPRIV()
     if setpriv is not None:
-        argv = [setpriv, "--pdeathsig", "KILL", "--", _executable(command.argv[0], command.env), *command.argv[1:]]
+        argv = [setpriv, "--pdeathsig", "KILL", "--", _executable(command.argv[0], command.env, command.cwd), *command.argv[1:]]
         arm = None
     else:
         argv, arm = command.argv, functools.partial(_die_with_parent, os.getpid())

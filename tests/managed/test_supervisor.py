@@ -376,3 +376,20 @@ async def test_a_cancelled_start_returns_only_once_what_it_spawned_is_gone(state
     assert len(spawned_pids) == 1, "the cancelled start returned before its spawn had run"
     assert not alive(spawned_pids[0])
     assert pidfiles(state_dir) == []
+
+
+def test_the_program_setpriv_will_exec_is_checked_first_as_the_exec_would(tmp_path):
+    """setpriv execs the server itself, so the spawner finds the program first: a relative path from
+    the command's folder, a bare name on its PATH; a missing or non-executable one is the OSError the
+    exec would raise (a start error naming it), not a setpriv exit code."""
+    program = tmp_path / "bin" / "server"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    assert spawner._executable("bin/server", None, tmp_path) == str(program)
+    assert spawner._executable("server", {"PATH": str(program.parent)}, None) == str(program)
+    with pytest.raises(FileNotFoundError):
+        spawner._executable("bin/missing", None, tmp_path)
+    program.chmod(0o644)
+    with pytest.raises(PermissionError):
+        spawner._executable(str(program), None, None)
