@@ -101,6 +101,10 @@ class ServiceSettings(_Strict):
     # POST /v1/messages: with no API key's bucket and no fairness header, the body's metadata.user_id
     # is the fairness key (Claude Code sends one per device and conversation).
     fairness_key_from_metadata: bool = False
+    # Ollama's API: a request's keep_alive sets how long its model stays loaded once idle (its TTL,
+    # until the model unloads); off, keep_alive is ignored, so no client unloads or pins a model of
+    # a shared pool (docs/api.md).
+    ollama_keep_alive: bool = False
     # The browser origins that may call /v1 (CORS, models_app/api/cors.py); empty: CORS off.
     cors_allowed_origins: list[Annotated[str, AfterValidator(_cors_origin)]] = Field(default_factory=list)
     # GET /metrics: this token opens it to a scraper alone (the admin token opens it too).

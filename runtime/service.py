@@ -251,6 +251,8 @@ class RuntimeService:
         request = GenerationRequest.from_wire(payload).resolved(self.pool.settings.engine.decoding)
         request = with_reasoning_effort(controller.entry, request)
         check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
+        if request.keep_alive_seconds is not None:  # the edge passes one only where the operator allows it
+            controller.set_keep_alive(request.keep_alive_seconds)
         ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
         forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)

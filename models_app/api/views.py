@@ -74,6 +74,10 @@ class AdminModelEntrySerializer(serializers.Serializer):
         allow_null=True, help_text="When ttl_seconds unloads the idle model if no request comes (UTC); null when "
         "not counting down (busy, not loaded, no TTL, pinned)."
     )
+    keep_alive_seconds = serializers.FloatField(
+        allow_null=True, help_text="The TTL a request's keep_alive set (Ollama's API, with service.ollama_keep_alive) "
+        "until the model unloads: seconds, negative for none; null: the definition's ttl_seconds holds."
+    )
     last_request_at = serializers.DateTimeField(allow_null=True, help_text="When the last request arrived (UTC).")
     waiting_requests = serializers.IntegerField(
         help_text="Requests waiting for the model to load (load_on_request), not yet queued."

@@ -100,6 +100,10 @@ class GenerationRequest:
     logprobs: int | None = None  # top alternatives per token wanted (0: the chosen token's only); None: none
     reasoning_effort: str | None = None  # mapped onto ``thinking`` by the runtime (runtime.inference.admission)
     prompt: str | None = None
+    # How long the model stays loaded once idle, from this request on (Ollama's keep_alive, where
+    # service.ollama_keep_alive lets clients say it): seconds, a negative value for no TTL; None: as
+    # its definition says.
+    keep_alive_seconds: float | None = None
     passthrough: dict | None = None
     refused: list[dict] = field(default_factory=list)
 

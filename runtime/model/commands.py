@@ -146,7 +146,16 @@ class OperationFinished:
     error: Exception | None
     measured: Any
 
+
 # ---- the TTL timer (runtime.model.switching) -----------------------------------------------
+@dataclass(slots=True)
+class KeepAlive:
+    """A request's keep_alive: the model's idle time before its TTL unload from now on until it
+    unloads (seconds; a negative value: no TTL); pinned still wins."""
+
+    seconds: float
+
+
 @dataclass(slots=True)
 class TtlExpired:
     """The TTL timer armed when the model became idle at ``idle_since`` ran out."""
@@ -177,5 +186,5 @@ GROUP_NOTICES = frozenset(Notice) - MEMORY_NOTICES
 Command = (
     Load | Plan | LoadProgress | LoadFinished | Unload | UnloadFinished | TimedOut | EngineFailed | FailedReleased
     | HoldForReload | CommitReload | ReleaseReload | Admit | Finish | Reconfigure | Sleep | Wake | OperationFinished
-    | TtlExpired | Notice
+    | KeepAlive | TtlExpired | Notice
 )

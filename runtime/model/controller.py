@@ -60,6 +60,7 @@ class ModelController:
         self.vram = VramFigure()
         self.waiters = Waiters()  # requests waiting for a load (load_on_request)
         self.clock = IdleClock()
+        self.keep_alive: float | None = None  # a request's keep_alive (cmd.KeepAlive) until the model unloads
         self.reason: str | None = None  # of the lifecycle operation under way, or of the last one
         self.load_progress: dict | None = None  # {stage, fraction} of the load under way (runtime.model.load_progress)
         self._inbox: asyncio.Queue = asyncio.Queue()
@@ -167,6 +168,11 @@ class ModelController:
         other request meanwhile."""
         if not self._stopped:
             self._post(cmd.TimedOut(lease, limit))
+
+    def set_keep_alive(self, seconds: float) -> None:
+        """A request's keep_alive: the model's TTL from now on, until it unloads (cmd.KeepAlive)."""
+        if not self._stopped:
+            self._post(cmd.KeepAlive(seconds))
 
     def tell(self, notice: cmd.Notice) -> None:
         """A notice from the pool's memory manager or the model's swap group; its writer decides."""

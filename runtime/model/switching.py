@@ -31,9 +31,20 @@ class SwapTurn:
         """The definition or the group changed: the next ``settle`` reports afresh."""
         self.idle = self._drained = None
 
-    def ttl(self) -> int | None:
+    def ttl(self) -> float | None:
+        """The idle time before the TTL unload: a request's keep_alive (a negative one: none) where
+        one was given since the model loaded, else the definition's; a pinned model has none."""
         definition = self.model.entry.definition
-        return None if definition.pinned else definition.ttl_seconds
+        if definition.pinned:
+            return None
+        if self.model.keep_alive is not None:
+            return None if self.model.keep_alive < 0 else self.model.keep_alive
+        return definition.ttl_seconds
+
+    def keep_alive(self, seconds: float) -> None:
+        """A request's keep_alive: the TTL from now on; an idle model's timer is armed again."""
+        self.model.keep_alive = seconds
+        self.idle = None  # the next settle tells the clock afresh
 
     def settle(self) -> None:
         """After each command: tell the idle clock (TTL) and the swap group what the step left."""

@@ -104,6 +104,9 @@ class ModelWriter:
                 self.operations.wake(future)
             case cmd.OperationFinished(operation, error, measured):
                 self.operations.finished(future, operation, error, measured)
+            case cmd.KeepAlive(seconds):
+                future.set_result(None)
+                self.turn.keep_alive(seconds)
             case cmd.TtlExpired(idle_since):
                 future.set_result(None)
                 self.turn.ttl_expired(idle_since)
@@ -321,6 +324,7 @@ class ModelWriter:
         m.failed_replicas = {}
         m.scheduler.reset()
         m.load_override = {}
+        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
         m.replicas = m.entry.definition.replicas
         m.phases.clear(Mark.YIELDING)
         self.claim.release()
@@ -371,6 +375,7 @@ class ModelWriter:
         engines, m.engines = m.engines, []
         m.failed_replicas = {}
         m.load_override = {}
+        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
         m.replicas = m.entry.definition.replicas
         m.phases.clear(Mark.YIELDING)
         m.reason = REASON_ENGINE_FAILURE

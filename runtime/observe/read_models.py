@@ -50,6 +50,8 @@ def model_entry(controller: ModelController) -> dict:
         # load_on_request, ttl_seconds, pinned, keep_warm, aliases and load_wait_timeout_seconds.
         "group": controller.group.name if controller.group is not None else None,
         "idle_expires_at": iso_time(controller.idle_expires_at),
+        # A request's keep_alive (Ollama's, with service.ollama_keep_alive): the TTL until the model unloads.
+        "keep_alive_seconds": controller.keep_alive,
         "last_request_at": iso_time(controller.clock.last_request_at),
         "waiting_requests": len(controller.waiters),
         "last_reason": controller.reason,

@@ -28,7 +28,7 @@ ENTRY_KEYS = {
     "vram_estimate_source", "load_constraints", "load_recommendations", "load_override", "capabilities",
     "definition",
     # additive (docs/api.md): models that switch by themselves
-    "group", "idle_expires_at", "last_request_at", "waiting_requests", "last_reason",
+    "group", "idle_expires_at", "keep_alive_seconds", "last_request_at", "waiting_requests", "last_reason",
     # additive (docs/observability.md): rolling request figures
     "stats",
     # additive (docs/api.md): memory-aware placement

@@ -131,6 +131,14 @@ def test_ps_lists_the_loaded_models_with_their_expiry(http):
     assert by_name["agent"].expires_at.year == 9999  # no ttl: never
 
 
+def test_keep_alive_is_ignored_unless_the_operator_allows_it(http):
+    """service.ollama_keep_alive is off here: no client unloads (or pins) a model of a shared pool."""
+    answer = http.post("/api/generate", json={"model": "agent", "prompt": "hi", "stream": False, "keep_alive": 0})
+    assert answer.status_code == 200, answer.text
+    running = {model["name"]: model for model in http.get("/api/ps").json()["models"]}
+    assert "agent" in running and running["agent"]["expires_at"].startswith("9999")
+
+
 # -- chat and generate ------------------------------------------------------------------------
 def test_chat_answers_one_object_with_its_durations(client):
     answer = client.chat(model="echo", messages=[{"role": "user", "content": "hello there"}], stream=False,

@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from models_app.api.ollama.protocol import parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model
+from models_app.api.ollama.protocol import (
+    keep_alive_seconds,
+    parse_chat,
+    parse_embed,
+    parse_embeddings,
+    parse_generate,
+    shown_model,
+)
 from runtime.errors import InvalidRequest
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 24).decode()
@@ -145,3 +152,19 @@ def test_created_at_is_iso_utc_with_microseconds_and_the_time_now():
     parsed = [datetime.fromisoformat(stamp.replace("Z", "+00:00")) for stamp in stamps]
     assert all(stamp.endswith("Z") and len(stamp) == len("2026-01-01T00:00:00.000000Z") for stamp in stamps)
     assert parsed == sorted(parsed) and abs((datetime.now(timezone.utc) - parsed[-1]).total_seconds()) < 1
+
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    (None, None), (0, 0.0), (300, 300.0), (-1, -1.0), ("0", 0.0), ("600", 600.0), ("5m", 300.0),
+    ("1h30m", 5400.0), ("-1m", -60.0), ("1.5s", 1.5), ("250ms", 0.25),
+])
+def test_keep_alive_reads_as_seconds(value, seconds):
+    assert keep_alive_seconds(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "m", "", "5m soon"])
+def test_a_keep_alive_that_is_no_duration_is_refused(value):
+    with pytest.raises(InvalidRequest) as refused:
+        keep_alive_seconds(value)
+    assert refused.value.param == "keep_alive"

@@ -138,8 +138,9 @@ def _capabilities(capabilities: dict) -> list[str]:
 def _expires_at(entry: dict) -> str:
     if entry.get("idle_expires_at"):
         return entry["idle_expires_at"]
-    ttl = entry["definition"].get("ttl_seconds")
-    if ttl is None:
+    keep_alive = entry.get("keep_alive_seconds")
+    ttl = entry["definition"].get("ttl_seconds") if keep_alive is None else keep_alive
+    if ttl is None or ttl < 0 or entry["definition"].get("pinned"):
         return NEVER
     # Busy now: its idle countdown starts when its last request ends.
     return datetime.fromtimestamp(time.time() + ttl, tz=timezone.utc).isoformat().replace("+00:00", "Z")

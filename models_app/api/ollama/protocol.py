@@ -17,7 +17,9 @@ have are ignored, as Ollama's own JSON decoding ignores them.
   tells it), never a reload;
 - ``think``: true/false are thinking "enabled"/"disabled", "low"/"medium"/"high" a reasoning
   effort; ``format``: "json" is a JSON object's schema, an object is a JSON schema;
-- ``keep_alive`` is ignored: no client unloads or pins a model of a shared pool.
+- ``keep_alive`` is ignored unless ``service.ollama_keep_alive`` is on, so that no client unloads or
+  pins a model of a shared pool; on, it is the model's TTL from that request until it unloads
+  (a number of seconds or a Go duration such as "10m"; 0 unloads it once idle, a negative one keeps it).
 
 The request never carries the client's body as a ``passthrough``: a model whose engine
 forwards OpenAI bodies gets the typed request, which its engine writes as its own.
@@ -27,12 +29,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models_app.api import limits
+from models_app.conf import service_settings
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
 from runtime.inference.embedding import EmbeddingRequest
@@ -228,6 +232,31 @@ def _embedding(model: str, inputs: list[str], dimensions: int | None, fairness_k
                             fairness_key=limits.fairness_key(fairness_key, None))
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_seconds(value: KeepAlive) -> float | None:
+    """Ollama's keep_alive in seconds (negative: keep loaded): a number of seconds, a numeric string,
+    or a Go duration ("5m", "1h30m", "-1m"); None when not given.  Anything else is 400."""
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text)
+        except ValueError:
+            pass
+        sign, text = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.removeprefix("+"))
+        parts = _DURATION_PART.findall(text)
+        if parts and "".join(number + unit for number, unit in parts) == text:
+            return sign * sum(float(number) * _DURATION_UNITS[unit] for number, unit in parts)
+    raise InvalidRequest(f"keep_alive {value!r} is not a duration (seconds, or such as \"5m\" or \"1h30m\")",
+                         param="keep_alive")
+
+
 def _generation(body: _Generating, fairness_key: str | None, **fields) -> GenerationRequest:
     options = body.options or Options()
     stop = [sequence for sequence in options.stop or () if sequence] or None
@@ -240,6 +269,7 @@ def _generation(body: _Generating, fairness_key: str | None, **fields) -> Genera
     return GenerationRequest(
         request_id="",  # the runtime client names the exchange
         model=body.model,
+        keep_alive_seconds=keep_alive_seconds(body.keep_alive) if service_settings().ollama_keep_alive else None,
         max_output_tokens=options.num_predict if options.num_predict and options.num_predict > 0 else None,
         temperature=options.temperature,
         top_p=options.top_p or None,
