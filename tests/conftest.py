@@ -8,6 +8,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -294,3 +295,35 @@ def openai_client(live: LiveService, api_key: str = "unused"):
 
     with openai.OpenAI(base_url=live.url + "/v1", api_key=api_key, max_retries=0) as client:
         yield client
+
+
+@contextmanager
+def serving_http(handler):
+    """A threaded stdlib HTTP server of ``handler`` on a free port (an upstream a test fakes)."""
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@contextmanager
+def forwarding_service(folder: Path, upstream_port: int) -> Iterator[LiveService]:
+    """A live service with one loaded openai_remote model ``remote`` (``upstream-model`` at the
+    upstream on ``upstream_port``): a model whose engine forwards requests."""
+    remote = {"backend": "openai_remote", "remote_base_url": f"http://127.0.0.1:{upstream_port}/v1",
+              "remote_model": "upstream-model"}
+    live = LiveService(write_settings(folder, {"remote": remote}, service={"allow_remote_execution": True}),
+                       folder / "db.sqlite3").start()
+    try:
+        with live.client() as http:
+            assert http.post("/v1/admin/models/remote/load").json()["runtime_state"] == "loaded"
+        yield live
+    finally:
+        live.stop()

@@ -5,13 +5,12 @@ the typed request (the conversation, tools, sampling mapped), never Ollama's bod
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import ollama
 import pytest
 
-from tests.conftest import LiveService, write_settings
+from tests.conftest import forwarding_service, serving_http
 
 
 class Upstream(BaseHTTPRequestHandler):
@@ -51,28 +50,14 @@ class Upstream(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def upstream():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    thread.join(timeout=5)
+    with serving_http(Upstream) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory, api_shape, upstream):
-    folder = tmp_path_factory.mktemp("ollama_forwarded")
-    remote = {"backend": "openai_remote", "remote_base_url": f"http://127.0.0.1:{upstream.server_port}/v1",
-              "remote_model": "upstream-model"}
-    live = LiveService(write_settings(folder, {"remote": remote}, service={"allow_remote_execution": True}),
-                       folder / "db.sqlite3").start()
-    try:
-        with live.client() as http:
-            assert http.post("/v1/admin/models/remote/load").json()["runtime_state"] == "loaded"
+    with forwarding_service(tmp_path_factory.mktemp("ollama_forwarded"), upstream.server_port) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.mark.parametrize("stream", [False, True])
