@@ -145,7 +145,12 @@ def chat_body(prompt: str, tokens: int, stream: bool, upstream: bool = False) ->
 
 async def direct_once(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
     """The request sent as a plain client would."""
-    body = chat_body(prompt, tokens, stream)
+    return await completion_tokens(http, url, chat_body(prompt, tokens, stream), stream)
+
+
+async def completion_tokens(http: httpx.AsyncClient, url: str, body: dict, stream: bool) -> int:
+    """POST ``body`` to ``url``'s /v1/chat/completions: the completion tokens its usage says (a
+    stream's, in its last chunk with a usage)."""
     if not stream:
         response = await http.post(url + "/v1/chat/completions", json=body)
         response.raise_for_status()
@@ -203,18 +208,7 @@ def pool_chat_call(model: str):
     async def pool_chat(http: httpx.AsyncClient, url: str, prompt: str, tokens: int, stream: bool) -> int:
         body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
                 "temperature": 0.0, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
-        if not stream:
-            response = await http.post(url + "/v1/chat/completions", json=body)
-            response.raise_for_status()
-            return response.json()["usage"]["completion_tokens"]
-        used = 0
-        async with http.stream("POST", url + "/v1/chat/completions", json=body) as response:
-            response.raise_for_status()
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    usage = json.loads(line[6:]).get("usage")
-                    used = usage["completion_tokens"] if usage else used
-        return used
+        return await completion_tokens(http, url, body, stream)
 
     return pool_chat
 

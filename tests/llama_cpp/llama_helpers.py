@@ -11,6 +11,7 @@ from pathlib import Path
 import gguf
 import httpx
 
+from runtime.backends.base import Finished, TextDelta
 from tests.conftest import LiveService, write_settings
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,3 +56,15 @@ def write_metadata_only_gguf(path: Path, chat_template: str | None, arch: str = 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+async def answer_of(engine, request) -> tuple[str, Finished]:
+    """An engine's whole answer to ``request``: its text and its ``Finished`` event."""
+    pieces, finished = [], None
+    async for event in engine.generate(request):
+        if isinstance(event, TextDelta):
+            pieces.append(event.text)
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished is not None
+    return "".join(pieces), finished

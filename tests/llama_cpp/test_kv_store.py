@@ -14,10 +14,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from llama_helpers import SMOLLM2_MODEL
+from llama_helpers import SMOLLM2_MODEL, answer_of
 
 from runtime.backends import BACKENDS
-from runtime.backends.base import Finished, GenerationRequest, TextDelta
+from runtime.backends.base import Finished, GenerationRequest
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.kv_store import MAGIC, KvStore, common_prefix
 from runtime.config import KvStoreSettings
@@ -49,16 +49,6 @@ def turn(*history: str) -> GenerationRequest:
     return GenerationRequest("r", messages, instructions=SYSTEM, max_output_tokens=16, temperature=0.0).resolved()
 
 
-async def collect(engine: LlamaCppEngine, request: GenerationRequest) -> tuple[str, Finished]:
-    pieces, finished = [], None
-    async for event in engine.generate(request):
-        if isinstance(event, TextDelta):
-            pieces.append(event.text)
-        else:
-            finished = event
-    return "".join(pieces), finished
-
-
 async def on_worker(engine: LlamaCppEngine, work, *args):
     return await asyncio.get_running_loop().run_in_executor(engine._worker, work, *args)
 
@@ -72,7 +62,7 @@ async def first_turn_saved(fields: dict, state: Path) -> tuple[str, list[int]]:
     engine = make_engine(fields, state)
     await engine.load()
     try:
-        answer, _ = await collect(engine, turn("How often is gauge 3 read?"))
+        answer, _ = await answer_of(engine, turn("How often is gauge 3 read?"))
         held = list(engine.context.tokens)
     finally:
         await engine.unload()
@@ -84,7 +74,7 @@ async def cold_answer(engine: LlamaCppEngine, request: GenerationRequest) -> tup
     store, engine.kv_store = engine.kv_store, None
     try:
         await on_worker(engine, engine.context.clear)
-        return await collect(engine, request)
+        return await answer_of(engine, request)
     finally:
         engine.kv_store = store
 
@@ -98,7 +88,7 @@ async def test_a_conversation_comes_back_after_an_unload_and_answers_as_a_cold_p
     try:
         request = turn("How often is gauge 3 read?", answer, "And gauge 12?")
         tokens = engine.weights.tokenize_prompt(engine.render(request))
-        text, finished = await collect(engine, request)
+        text, finished = await answer_of(engine, request)
         assert finished.cached_tokens == common_prefix(held, tokens) > 100  # restored from the file, not decoded
         cold_text, cold = await cold_answer(engine, request)
         assert cold.cached_tokens == 0
@@ -112,11 +102,11 @@ async def test_sleep_saves_and_the_woken_context_restores(tmp_path):
     await engine.load()
     try:
         request = turn("How often is gauge 3 read?")
-        expected, _ = await collect(engine, request)
+        expected, _ = await answer_of(engine, request)
         await engine.sleep()
         assert len(saved(tmp_path)) == 1
         await engine.wake()
-        text, finished = await collect(engine, request)
+        text, finished = await answer_of(engine, request)
         assert finished.cached_tokens == finished.input_tokens - 1
         assert text == expected
     finally:
@@ -129,7 +119,7 @@ async def test_a_cache_saved_under_other_kv_settings_is_never_restored(tmp_path,
     engine = make_engine({**SMOLLM2_MODEL, **change}, tmp_path)
     await engine.load()
     try:
-        _, finished = await collect(engine, turn("How often is gauge 3 read?"))
+        _, finished = await answer_of(engine, turn("How often is gauge 3 read?"))
         assert finished.cached_tokens == 0
     finally:
         await engine.unload()
@@ -145,7 +135,7 @@ async def test_a_cache_saved_for_a_changed_model_file_is_never_restored(tmp_path
     engine = make_engine(fields, tmp_path)
     await engine.load()
     try:
-        _, finished = await collect(engine, turn("How often is gauge 3 read?"))
+        _, finished = await answer_of(engine, turn("How often is gauge 3 read?"))
         assert finished.cached_tokens == 0
     finally:
         await engine.unload()
@@ -181,7 +171,7 @@ async def test_a_damaged_file_is_dropped_with_a_warning_and_the_request_prefills
     try:
         with caplog.at_level(logging.WARNING, logger="llmpool.llama_cpp"):
             await engine.load()  # damaged headers are found here, damaged states at the restore
-            text, finished = await collect(engine, turn("How often is gauge 3 read?"))
+            text, finished = await answer_of(engine, turn("How often is gauge 3 read?"))
         assert finished.cached_tokens == 0 and text == answer
         assert not path.exists()
         assert any("dropped the saved KV cache" in record.getMessage() for record in caplog.records)
@@ -192,7 +182,7 @@ async def test_a_damaged_file_is_dropped_with_a_warning_and_the_request_prefills
 async def test_a_conversation_shorter_than_min_tokens_is_not_saved(tmp_path):
     engine = make_engine(SMOLLM2_MODEL, tmp_path, kv={**KV, "min_tokens": 1000})
     await engine.load()
-    _, finished = await collect(engine, turn("How often is gauge 3 read?"))
+    _, finished = await answer_of(engine, turn("How often is gauge 3 read?"))
     await engine.unload()
     assert finished.input_tokens < 1000 and saved(tmp_path) == []
     assert not (tmp_path / "kv").exists()  # no folder either: the first save makes it
@@ -201,7 +191,7 @@ async def test_a_conversation_shorter_than_min_tokens_is_not_saved(tmp_path):
 async def test_off_saves_nothing(tmp_path):
     engine = make_engine(SMOLLM2_MODEL, tmp_path, kv={**KV, "enabled": False})
     await engine.load()
-    await collect(engine, turn("How often is gauge 3 read?"))
+    await answer_of(engine, turn("How often is gauge 3 read?"))
     await engine.unload()
     assert not (tmp_path / "kv").exists()
 

@@ -12,7 +12,7 @@ import threading
 
 import pytest
 import pytest_asyncio
-from llama_helpers import SMOLLM2_MODEL
+from llama_helpers import SMOLLM2_MODEL, answer_of
 
 from runtime.backends import BACKENDS
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
@@ -52,17 +52,6 @@ def turn(history: list[str], max_output_tokens: int = 20) -> GenerationRequest:
     ).resolved()
 
 
-async def collect(engine: LlamaCppEngine, request: GenerationRequest) -> tuple[str, Finished]:
-    pieces, finished = [], None
-    async for event in engine.generate(request):
-        if isinstance(event, TextDelta):
-            pieces.append(event.text)
-        else:
-            finished = event
-    assert finished is not None
-    return "".join(pieces), finished
-
-
 async def on_worker(engine: LlamaCppEngine, work, *args):
     return await asyncio.get_running_loop().run_in_executor(engine._worker, work, *args)
 
@@ -70,7 +59,7 @@ async def on_worker(engine: LlamaCppEngine, work, *args):
 async def cold(engine: LlamaCppEngine, request: GenerationRequest) -> tuple[str, Finished]:
     """The answer without reuse: the cache cleared first, as every request once did."""
     await on_worker(engine, engine.context.clear)
-    return await collect(engine, request)
+    return await answer_of(engine, request)
 
 
 def cache_positions(engine: LlamaCppEngine) -> int:
@@ -107,7 +96,7 @@ async def test_later_turns_reuse_the_conversation_and_answer_exactly_as_cold(eng
         history += [text, question]
         request = turn(history)
         tokens = prompt_tokens(engine, request)
-        text, finished = await collect(engine, request)  # right after the previous turn: warm
+        text, finished = await answer_of(engine, request)  # right after the previous turn: warm
         assert finished.input_tokens == len(tokens)
         assert common_prefix(previous, tokens) <= finished.cached_tokens < len(tokens)
         assert finished.cached_tokens > len(tokens) // 2  # the system prompt and the earlier turns
@@ -124,7 +113,7 @@ async def test_later_turns_reuse_the_conversation_and_answer_exactly_as_cold(eng
 async def test_the_same_prompt_again_reuses_all_but_its_last_token(engine):
     request = turn([QUESTIONS[0]])
     first, _ = await cold(engine, request)
-    again, finished = await collect(engine, request)
+    again, finished = await answer_of(engine, request)
     assert finished.cached_tokens == finished.input_tokens - 1  # the last one is decoded for its logits
     assert again == first
 
@@ -138,7 +127,7 @@ async def test_a_generation_cancelled_mid_answer_leaves_a_cache_the_next_request
             break  # the client leaves after its first delta
     await on_worker(engine, lambda: None)  # the cancelled generation has ended on the worker
     assert len(engine.context.tokens) == cache_positions(engine) >= len(prompt_tokens(engine, request))
-    text, finished = await collect(engine, request)
+    text, finished = await answer_of(engine, request)
     assert finished.cached_tokens == finished.input_tokens - 1
     assert text == expected
 
@@ -164,13 +153,13 @@ async def test_a_generation_stopped_mid_prefill_keeps_exactly_the_decoded_chunks
     await on_worker(engine, stopped_after_two_chunks)
     assert events == []  # stopped before any token: no Finished either
     assert engine.context.tokens == tokens[:256] and cache_positions(engine) == 256
-    text, finished = await collect(engine, request)
+    text, finished = await answer_of(engine, request)
     assert finished.cached_tokens == 256
     assert text == expected
 
 
 async def test_a_failed_decode_clears_what_the_cache_is_known_to_hold(engine):
-    await collect(engine, turn([QUESTIONS[0]]))
+    await answer_of(engine, turn([QUESTIONS[0]]))
     assert engine.context.tokens
     failed = threading.Event()
 
@@ -183,5 +172,5 @@ async def test_a_failed_decode_clears_what_the_cache_is_known_to_hold(engine):
     await on_worker(engine, decode_out_of_vocabulary)
     assert failed.is_set()
     assert engine.context.tokens == [] and cache_positions(engine) == 0
-    _, finished = await collect(engine, turn([QUESTIONS[0]]))
+    _, finished = await answer_of(engine, turn([QUESTIONS[0]]))
     assert finished.cached_tokens == 0
