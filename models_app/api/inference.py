@@ -2,7 +2,8 @@
 plain-ASGI front that serves a protocol without Django's request machinery.
 
 Each protocol (``api/responses/``, ``api/chat/``) parses its body into the same
-``GenerationRequest`` and shapes the answer its own way; between the two, ``generate`` is the
+``GenerationRequest`` (chat completions and completions: inside a ``ForwardedRequest`` with the
+client's body) and shapes the answer its own way; between the two, ``generate`` is the
 one path to the runtime (admission, capability checks, scheduler and error codes all live
 there).  ``inference_app`` serves a protocol's ``create`` function straight from ASGI: Django's
 request handling costs a new thread-sensitive executor per request and several thread hops
@@ -34,7 +35,7 @@ from models_app.conf import service_settings
 from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
-from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
+from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, InferenceRequest, typed_request
 
 logger = logging.getLogger("llmpool.api")
 
@@ -96,7 +97,7 @@ def with_endpoint(wire: dict) -> dict:
     return wire if endpoint is None else {**wire, "endpoint": endpoint}
 
 
-async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterator[dict]:
+async def generate(request: InferenceRequest, model: str) -> dict | AsyncIterator[dict]:
     """Run ``request`` in the runtime on ``model``, the model its name means (``Caller.resolve``;
     the request keeps the client's name, which the answer shows): its result (``text``,
     ``finish_reason``, ``usage``), or, for a stream, an iterator of the runtime's messages
@@ -109,7 +110,7 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
     by the stream's iterator; closing it early cancels the request in the runtime.
     """
     wire = with_endpoint({**request.to_wire(), "model": model})
-    if not request.stream:
+    if not typed_request(request).stream:
         return await placement.call(OP_GENERATE, wire)
     exchange = placement.exchange(OP_GENERATE, wire)
     early = _EARLY.get()

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from models_app.api import limits
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError
-from runtime.inputs.request import GenerationRequest
+from runtime.inputs.request import ForwardedRequest, GenerationRequest
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -51,20 +51,21 @@ class StreamOptions(BaseModel):
 
 @dataclass
 class OpenAIRequest:
-    """A parsed chat completions or completions request: the typed request and what only the
-    answer's shape needs."""
+    """A parsed chat completions or completions request: the client's body with its typed request
+    (what the runtime gets) and what only the answer's shape needs."""
 
-    generation: GenerationRequest
+    forwarded: ForwardedRequest
     include_usage: bool = False
 
 
-def openai_request(body: BaseModel, fairness_key: str | None, refused: list[LLMPoolError],
-                   **fields) -> OpenAIRequest:
-    """The parsed request of a chat completions or completions ``body``: the typed request of
-    ``fields`` (the protocol's own) and the fields both read alike; ``fairness_key`` as the edge
-    decided it, else the body's ``user``; ``refused`` what the typed path cannot honour."""
+def openai_request(body: BaseModel, fairness_key: str | None, refused: list[LLMPoolError], *,
+                   path: str, data: dict, messages_from_body: bool = False, **fields) -> OpenAIRequest:
+    """The parsed request of a chat completions or completions ``body`` (``data`` as the client
+    sent it to ``path``): the typed request of ``fields`` (the protocol's own) and the fields both
+    read alike; ``fairness_key`` as the edge decided it, else the body's ``user``; ``refused`` what
+    the typed request cannot honour; ``messages_from_body`` as ``ForwardedRequest`` says."""
     stream = bool(body.stream)
-    generation = GenerationRequest(
+    typed = GenerationRequest(
         request_id="",  # the runtime client names the exchange
         model=body.model,
         temperature=body.temperature,
@@ -75,11 +76,11 @@ def openai_request(body: BaseModel, fairness_key: str | None, refused: list[LLMP
         seed=body.seed,
         presence_penalty=body.presence_penalty or None,  # a penalty of 0 is none
         frequency_penalty=body.frequency_penalty or None,
-        refused=[error.to_dict() for error in refused],
         **fields,
     )
+    forwarded = ForwardedRequest(typed, path, data, messages_from_body, [error.to_dict() for error in refused])
     options = body.stream_options
-    return OpenAIRequest(generation, stream and options is not None and bool(options.include_usage))
+    return OpenAIRequest(forwarded, stream and options is not None and bool(options.include_usage))
 
 
 def stop_sequences(stop: str | list[str] | None) -> list[str] | None:

@@ -8,9 +8,9 @@ in the typed request; the runtime refuses them for a model whose engine does not
 (``capabilities.sampling_options``).  ``reasoning_effort`` is carried too (the runtime maps it
 onto the model's thinking modes) unless ``thinking`` is set, which wins.  Fields the typed
 path cannot honour (and that would silently change
-the answer) are recorded in ``GenerationRequest.refused``, with the client's body as
-``passthrough``: a model whose engine forwards the body to an OpenAI-compatible server lets
-that server judge them; any other model answers 400 naming the first of them.
+the answer) are recorded in the ``ForwardedRequest``'s ``typed_refusals``, beside the client's
+body: a model whose engine forwards the body to an OpenAI-compatible server lets that server
+judge them; any other model answers 400 naming the first of them.
 
 Tools: ``tools`` (type function: name, description, JSON-schema parameters, strict),
 ``tool_choice`` (none, auto, required, or a named function, which must be one of the tools)
@@ -214,7 +214,7 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> OpenAIRequest:
         tools=tools,
         tool_choice=_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=body.parallel_tool_calls,
-        passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data, "messages_from_body": True},
+        path=CHAT_COMPLETIONS_PATH, data=data, messages_from_body=True,
     )
 
 

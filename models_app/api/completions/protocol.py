@@ -5,9 +5,9 @@ messages: only a model whose engine runs raw prompts takes it (capability ``raw_
 else the runtime answers 400 ``raw_prompt_unsupported``).  As on chat completions, fields that
 change nothing here are accepted and ignored, and what the typed path cannot honour (several
 prompts, token-id prompts, ``n``/``best_of`` > 1, ``echo``, ``suffix``, ``logit_bias``, fields it
-does not know) is recorded in ``GenerationRequest.refused`` with the client's body as
-``passthrough``: a model whose engine forwards the body lets its upstream judge them; any other
-model answers 400 naming the first of them.  ``seed``, the penalties and ``logprobs`` go into the
+does not know) is recorded in the ``ForwardedRequest``'s ``typed_refusals``, beside the client's
+body: a model whose engine forwards the body lets its upstream judge them; any other model
+answers 400 naming the first of them.  ``seed``, the penalties and ``logprobs`` go into the
 typed request's fields, which the runtime checks against the engine's
 ``capabilities.sampling_options`` (a penalty of 0 is no penalty: left unset).
 """
@@ -92,7 +92,7 @@ def parse_completion_body(data: Any, fairness_key: str | None) -> OpenAIRequest:
     refuse_unknown(body, COMPLETIONS_PATH, refused)
     return openai_request(
         body, fairness_key, refused, messages=[], prompt=prompt, max_output_tokens=body.max_tokens,
-        logprobs=body.logprobs, passthrough={"path": COMPLETIONS_PATH, "body": data},
+        logprobs=body.logprobs, path=COMPLETIONS_PATH, data=data,
     )
 
 

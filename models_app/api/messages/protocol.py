@@ -26,8 +26,8 @@ alike.  The translation, block by block:
 ``cache_control`` on any block, ``metadata``, and the fields Claude Code adds that change nothing
 here (``context_management``, ``output_config``, ``service_tier``, ``container``, ``mcp_servers``...)
 are accepted and ignored.  ``top_k`` is refused (400): no engine takes it through the typed request.
-A model whose engine forwards the client's OpenAI body upstream gets the typed request (no
-``passthrough``): an Anthropic body is never sent on as an OpenAI one.
+A model whose engine forwards the client's OpenAI body upstream gets the typed request (never a
+``ForwardedRequest``): an Anthropic body is never sent on as an OpenAI one.
 """
 from __future__ import annotations
 
