@@ -90,20 +90,15 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
         "-c", str(config["llama_server_n_ctx"]),
         "--flash-attn", config["llama_server_flash_attn"],
         *(["--jinja"] if config["llama_server_tools"] else []),
+        *server_spec.named_flags(config, "llama_server", "n_gpu_layers"),
         *server_spec.flag_args(
-            ("--n-gpu-layers", config["llama_server_n_gpu_layers"]),
             ("--cache-type-k", config["llama_server_type_k"]),
             ("--cache-type-v", config["llama_server_type_v"]),
             ("--mmproj", local("llama_server_mmproj")),
             ("--spec-draft-model", local("llama_server_draft_model")),
-            ("--reasoning-format", config["llama_server_reasoning_format"]),
-            ("--reasoning-budget", config["llama_server_reasoning_budget"]),
-            ("--image-max-tokens", config["llama_server_image_max_tokens"]),
-            ("--spec-type", config["llama_server_spec_type"]),
-            ("--spec-draft-n-max", config["llama_server_spec_draft_n_max"]),
-            ("--spec-draft-p-min", config["llama_server_spec_draft_p_min"]),
-            ("--api-key", config["llama_server_api_key"]),
         ),
+        *server_spec.named_flags(config, "llama_server", "reasoning_format", "reasoning_budget", "image_max_tokens",
+                                 "spec_type", "spec_draft_n_max", "spec_draft_p_min", "api_key"),
         *(_embedding_args(local("model_path")) if config["embeddings"] else []),
     ]
     return server_spec.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
