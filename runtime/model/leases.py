@@ -113,7 +113,7 @@ class Admission:
     def finish(self, future: asyncio.Future, ticket: Ticket, tokens: int | None) -> None:
         model, writer = self.model, self.writer
         if model.waiters.remove(ticket):
-            writer.turn.withdraw_unwanted_load()
+            writer.withdraw_unwanted_load()
             writer.claim.withdraw_wait()
         elif not model.scheduler.on_cancel(ticket):
             model.scheduler.on_done(ticket, tokens)
