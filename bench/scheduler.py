@@ -83,7 +83,7 @@ def served_shares(requests_per_key: dict[str, int], weights: dict[str, float], s
             break
         running.sort(key=lambda item: item[0])
         clock, ticket = running.pop(0)
-        if any(not scheduler.keys[key].queue for key in requests_per_key):
+        if any(not scheduler.keys[key].pending for key in requests_per_key):
             break  # one key ran dry: the backlogged window is over
         served[ticket.fairness_key] += sizes[ticket.request_id]
         scheduler.on_done(ticket, sizes[ticket.request_id])

@@ -1,0 +1,59 @@
+"""What a request queues with: its priority class, and how long it may wait (its queue timeout).
+
+A class is one of ``PRIORITY_CLASSES``, highest first.  The scheduler serves the highest class
+with a queued request, Virtual Token Counter order within it, except for the turn the starvation
+rule (``ClassTurns``) gives a lower class.  A queue timeout is a number of seconds, above 0 and at
+most ``MAX_QUEUE_TIMEOUT_SECONDS``; a request still queued after it is dropped before it starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.errors import QueueDeadlineExceeded
+
+PRIORITY_CLASSES = ("interactive", "default", "batch")
+DEFAULT_PRIORITY = "default"
+RANKS = {name: rank for rank, name in enumerate(PRIORITY_CLASSES)}  # 0 is served first
+
+MAX_QUEUE_TIMEOUT_SECONDS = 86_400
+
+
+def deadline_passed() -> QueueDeadlineExceeded:
+    """The error of a request dropped at its deadline, unstarted (503 queue_deadline_exceeded)."""
+    return QueueDeadlineExceeded("the request waited for a replica past its queue deadline; it was not started")
+
+
+@dataclass(slots=True)
+class ClassTurns:
+    """Which class the next start comes from.
+
+    The highest class with a queued request goes first, except that a class passed over
+    ``limit`` times in a row while it had a queued request (a dispatch of a higher class counts
+    one) is *due*: the next start is the due class passed over most (on a tie, the higher one).
+    So a class with a queued request is passed over at most ``limit + len(PRIORITY_CLASSES) - 2``
+    starts in a row (``limit + 1`` with three classes): ``limit`` by higher classes, then one
+    start of each other due class.
+    """
+
+    depth: list[int] = field(default_factory=lambda: [0] * len(PRIORITY_CLASSES))  # queued per class
+    passed_over: list[int] = field(default_factory=lambda: [0] * len(PRIORITY_CLASSES))
+
+    def pick(self, limit: int) -> int:
+        """The rank the next start comes from; at least one class has a queued request."""
+        due = None
+        for rank, queued in enumerate(self.depth):
+            if queued and self.passed_over[rank] >= limit and (due is None or self.passed_over[rank] > self.passed_over[due]):
+                due = rank
+        if due is not None:
+            return due
+        return next(rank for rank, queued in enumerate(self.depth) if queued)
+
+    def served(self, rank: int) -> None:
+        """A request of ``rank`` started: every lower class that waits was passed over once more."""
+        self.passed_over[rank] = 0
+        for lower in range(rank + 1, len(self.depth)):
+            self.passed_over[lower] = self.passed_over[lower] + 1 if self.depth[lower] else 0
+
+    def clear(self) -> None:
+        self.depth = [0] * len(PRIORITY_CLASSES)
+        self.passed_over = [0] * len(PRIORITY_CLASSES)
