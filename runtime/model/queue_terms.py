@@ -42,7 +42,8 @@ class ClassTurns:
         """The rank the next start comes from; at least one class has a queued request."""
         due = None
         for rank, queued in enumerate(self.depth):
-            if queued and self.passed_over[rank] >= limit and (due is None or self.passed_over[rank] > self.passed_over[due]):
+            passed = self.passed_over[rank]
+            if queued and passed >= limit and (due is None or passed > self.passed_over[due]):
                 due = rank
         if due is not None:
             return due
