@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.config import API_KEY_NAME, ApiKey
+from runtime.model.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
 
 # The prefix of every secret the keys API makes, so a leaked one is recognisable (secret scanners).
 SECRET_PREFIX = "sk-llmpool-"
@@ -35,7 +36,7 @@ class KeyFields(BaseModel):
     max_concurrent: int | None = Field(None, ge=1, le=100_000)
     token_budget: int | None = Field(None, ge=1, le=10**15)
     budget_period: Literal["day", "month"] | None = None
-    priority: Literal["interactive", "default", "batch"] = "default"
+    priority: Literal[PRIORITY_CLASSES] = DEFAULT_PRIORITY
     fairness_key: str | None = Field(None, min_length=1, max_length=256)
     weight: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
 
