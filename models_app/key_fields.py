@@ -1,7 +1,8 @@
 """The fields of an inference key of the database: the schema every write is checked against
 (the keys API's bodies, ``manage.py create_api_key``), and the JSON a key is shown as.
 
-The limit fields are stored and shown only: nothing enforces them yet (docs/api.md).  Each is a
+The limit fields are stored and shown only: nothing enforces them yet (docs/api.md), except
+``priority``, the class the key's requests queue in (``models_app.api.keys``).  Each is a
 whole number of at least 1 or null (no limit); 0, a negative, a bool, a string or a number past its
 bound is refused, so a typo cannot store a limit that would refuse every request or none.
 """
@@ -12,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.config import API_KEY_NAME, ApiKey
-from runtime.model.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
+from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
 
 # The prefix of every secret the keys API makes, so a leaked one is recognisable (secret scanners).
 SECRET_PREFIX = "sk-llmpool-"

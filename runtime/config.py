@@ -139,7 +139,7 @@ class FairnessSettings(_Strict):
     weights: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     reported_keys: int = Field(20, ge=1, le=1000)
     # A lower priority class passed over this many starts in a row while it waits gets the next
-    # one (runtime.model.queue_terms.ClassTurns): the bound on its starvation.
+    # one (runtime.queue_terms.ClassTurns): the bound on its starvation.
     priority_starvation_limit: int = Field(8, ge=1, le=10_000)
 
 

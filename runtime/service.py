@@ -17,7 +17,7 @@ from runtime.inference.admission import check_request, estimate_prompt_tokens, w
 from runtime.inference.pipeline import Emit, Output, run_on_engine
 from runtime.config import parse_load_body
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
-from runtime.inference.queueing import before_deadline, queue_ticket
+from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.errors import BackendError, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.observe.metrics import RuntimeMetrics

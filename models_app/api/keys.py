@@ -52,7 +52,7 @@ from models_app.transport import nodes
 from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
 from runtime.errors import ApiKeysUnavailable, InvalidApiKey, ModelNotAllowed
-from runtime.model.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
+from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
 
 logger = logging.getLogger("llmpool.api")
 
@@ -69,7 +69,7 @@ class Caller:
     fairness_key: str | None
     # The models the caller may use, as its key lists them (names or aliases); None: every model.
     models: frozenset[str] | None = None
-    # The class its request queues in (runtime.model.queue_terms.PRIORITY_CLASSES).
+    # The class its request queues in (runtime.queue_terms.PRIORITY_CLASSES).
     priority: str = DEFAULT_PRIORITY
     # The seconds its request may wait before it starts; None: its model's queue_timeout_seconds.
     queue_timeout_seconds: float | None = None

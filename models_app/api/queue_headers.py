@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from runtime.errors import InvalidPriority, InvalidQueueTimeout, PriorityNotAllowed
-from runtime.model.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS
+from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS
 
 QUEUE_TIMEOUT_HEADER = "x-llmpool-queue-timeout"
 # Plain decimal seconds: no sign, exponent, "inf", "nan" or digit separators, which float() takes.

@@ -19,7 +19,7 @@ from runtime.backends.shared.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
 from runtime.pool.devices import check_device_field
 from runtime.inputs.request import GenerationRequest
-from runtime.model.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS
+from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS
 from runtime.pool.model_files import locate_model_file
 
 Modality = Literal["text", "image", "audio"]

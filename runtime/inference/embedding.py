@@ -27,7 +27,7 @@ from runtime.errors import (
     RemoteExecutionDisallowed,
     RequestTimeout,
 )
-from runtime.model.queue_terms import DEFAULT_PRIORITY
+from runtime.queue_terms import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:  # runtime.pool.catalog imports the backends, which import this module
     from runtime.pool.catalog import CatalogEntry

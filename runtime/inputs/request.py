@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.inputs.chat_messages import typed_chat_messages
-from runtime.model.queue_terms import DEFAULT_PRIORITY
+from runtime.queue_terms import DEFAULT_PRIORITY
 
 # What a generate operation emits while it runs (its result ends it).
 GENERATE_ADMITTED = "admitted"  # queued: the API may answer a stream's headers now

@@ -12,7 +12,7 @@ that becomes backlogged again is lifted to the current minimum so idle time
 banks no credit.  A key's prompt estimate is charged at dispatch and corrected
 to the real token count when the request ends.
 
-Priority classes (``runtime.model.queue_terms``) come before that order: the next request comes
+Priority classes (``runtime.queue_terms``) come before that order: the next request comes
 from the highest class with a queued request, in VTC order within the class, except for the turn
 ``ClassTurns`` gives a lower class passed over ``engine.fairness.priority_starvation_limit`` times.
 A key's counter is one over its classes; its requests queue in one lane per class, first in first
@@ -20,7 +20,7 @@ out, and each class keeps its own heap of the keys backlogged in it.
 
 A request whose deadline (``Ticket.deadline``, on ``clock``) has passed never starts: the
 dispatch that would start it rejects it (503 queue_deadline_exceeded) and starts the next in its
-place.  The caller's own timer (``runtime.inference.queueing``) drops it at the deadline when no
+place.  The caller's own timer (``runtime.model.queueing``) drops it at the deadline when no
 dispatch comes first.
 
 Per-key state is bounded: a key is kept while it has pending or active requests; once idle
@@ -41,7 +41,8 @@ from typing import Protocol
 
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, LLMPoolError
-from runtime.model.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES, RANKS, ClassTurns, deadline_passed
+from runtime.model.class_turns import ClassTurns
+from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES, RANKS, deadline_passed
 
 # How many idle keys (no pending or active request) keep their counter for the lift.
 IDLE_KEYS_RETAINED = 4096
@@ -55,7 +56,7 @@ class Ticket:
     replica: int | None = None
     charged: float = 0.0  # weighted tokens charged to the key so far
     seq: int = 0
-    priority: str = DEFAULT_PRIORITY  # one of runtime.model.queue_terms.PRIORITY_CLASSES
+    priority: str = DEFAULT_PRIORITY  # one of runtime.queue_terms.PRIORITY_CLASSES
     deadline: float | None = None  # on the scheduler's clock: past it, the request never starts
 
 

@@ -13,7 +13,7 @@ import math
 import time
 from collections import deque
 
-from runtime.model.queue_terms import DEFAULT_PRIORITY, RANKS
+from runtime.queue_terms import DEFAULT_PRIORITY, RANKS
 from runtime.observe.metrics import endpoint_label
 from runtime.observe.params import count_param
 from runtime.observe.records import RequestRecord

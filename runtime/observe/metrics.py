@@ -8,7 +8,7 @@ API process reports the one runtime's figures (docs/observability.md).
 
 Every label value is bounded: model names come from the catalog (a request for an unknown
 model counts under ``model=""``), endpoints from ``ENDPOINTS``, codes from runtime.errors,
-reasons from runtime.model.state, priority classes from runtime.model.queue_terms, and fairness
+reasons from runtime.model.state, priority classes from runtime.queue_terms, and fairness
 keys are cut to the busiest ``reported_keys`` plus ``other`` (``KeyTally``).  No request text is
 ever a label.
 """
@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, QueueDeadlineExceeded
-from runtime.model.queue_terms import PRIORITY_CLASSES
+from runtime.queue_terms import PRIORITY_CLASSES
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.observe.records import RequestRecord
 

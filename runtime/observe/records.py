@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.errors import LLMPoolError, error_codes
-from runtime.model.queue_terms import DEFAULT_PRIORITY
+from runtime.queue_terms import DEFAULT_PRIORITY
 from runtime.observe.read_models import iso_time
 
 CANCELLED_STATUS = 499  # the caller went away (nginx's convention); counted with code "cancelled"

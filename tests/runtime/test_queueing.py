@@ -1,4 +1,4 @@
-"""The runtime's side of a request's queue terms (``runtime.inference.queueing``): the ticket's
+"""The runtime's side of a request's queue terms (``runtime.model.queueing``): the ticket's
 class and deadline from the request and its model's definition, the values it refuses, and the
 wait that ends at the deadline."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from runtime.backends.stub.spec import StubDefinition
 from runtime.errors import InvalidPriority, InvalidQueueTimeout, QueueDeadlineExceeded
 from runtime.inference.embedding import EmbeddingRequest
-from runtime.inference.queueing import before_deadline, queue_ticket
+from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.inputs.request import GenerationRequest
 from runtime.model.scheduler import Ticket
 

@@ -3,7 +3,7 @@ import random
 
 from runtime.config import FairnessSettings
 from runtime.errors import ModelUnloading
-from runtime.model.queue_terms import PRIORITY_CLASSES
+from runtime.queue_terms import PRIORITY_CLASSES
 from runtime.model.scheduler import Scheduler, Ticket
 
 

@@ -20,7 +20,7 @@ from runtime.backends.base import CommonDefinition
 from runtime.errors import InvalidPriority, InvalidQueueTimeout
 from runtime.inference.embedding import EmbeddingRequest
 from runtime.inputs.request import GenerationRequest
-from runtime.model.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS, deadline_passed
+from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS, deadline_passed
 from runtime.model.scheduler import Ticket
 
 T = TypeVar("T")
