@@ -24,14 +24,16 @@ class ClassTurns:
 
     def pick(self, limit: int) -> int:
         """The rank the next start comes from; at least one class has a queued request."""
-        due = None
+        highest = due = None
         for rank, queued in enumerate(self.depth):
+            if not queued:
+                continue
+            if highest is None:
+                highest = rank
             passed = self.passed_over[rank]
-            if queued and passed >= limit and (due is None or passed > self.passed_over[due]):
+            if passed >= limit and (due is None or passed > self.passed_over[due]):
                 due = rank
-        if due is not None:
-            return due
-        return next(rank for rank, queued in enumerate(self.depth) if queued)
+        return highest if due is None else due
 
     def served(self, rank: int) -> None:
         """A request of ``rank`` started: every lower class that waits was passed over once more."""

@@ -71,6 +71,7 @@ class KeyState:
     weight: float
     counter: float = 0.0
     pending: int = 0  # queued requests, over every class
+    ranks: int = 0  # the classes it has a lane in, bit ``1 << rank`` each
     active: int = 0
     rejected: int = 0
 
@@ -120,6 +121,7 @@ class Scheduler:
         lanes, self.lanes = self.lanes, {}
         for (_rank, key), lane in lanes.items():
             state = self.keys[key]
+            state.ranks = 0
             while lane:
                 self.effects.reject(lane.popleft(), error)
                 state.pending -= 1
@@ -187,6 +189,7 @@ class Scheduler:
                 state.counter = lifted
                 self._rerank(key)
             lane = self.lanes[(rank, key)] = deque()
+            state.ranks |= 1 << rank
             heapq.heappush(self._heaps[rank], (state.counter, ticket.seq, key))
         lane.append(ticket)
         state.pending += 1
@@ -283,9 +286,11 @@ class Scheduler:
 
     def _dequeued(self, rank: int, key: str | None, lane: deque[Ticket]) -> None:
         """A request of ``lane`` left the queue (started, dropped or withdrawn)."""
+        state = self.keys[key]
         if not lane:
             del self.lanes[(rank, key)]
-        self.keys[key].pending -= 1
+            state.ranks &= ~(1 << rank)
+        state.pending -= 1
         self.queue_depth -= 1
         self.turns.depth[rank] -= 1
 
@@ -305,11 +310,13 @@ class Scheduler:
 
     def _rerank(self, key: str | None) -> None:
         """The key's counter moved: each class it is backlogged in gets a heap entry that carries it."""
-        counter = self.keys[key].counter
-        for rank, heap in enumerate(self._heaps):
-            lane = self.lanes.get((rank, key))
-            if lane is not None:
-                heapq.heappush(heap, (counter, lane[0].seq, key))
+        state = self.keys[key]
+        counter, ranks, rank = state.counter, state.ranks, 0
+        while ranks:
+            if ranks & 1:
+                heapq.heappush(self._heaps[rank], (counter, self.lanes[(rank, key)][0].seq, key))
+            ranks >>= 1
+            rank += 1
 
     def _charge(self, state: KeyState, ticket: Ticket, amount: float, *, rerank: bool = True) -> None:
         if not amount:
