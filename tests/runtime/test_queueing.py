@@ -14,6 +14,7 @@ from runtime.inference.embedding import EmbeddingRequest
 from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.inputs.request import GenerationRequest
 from runtime.model.scheduler import Ticket
+from tests.engines.runtime_driver import user_input
 
 
 def request(**fields) -> GenerationRequest:
@@ -65,3 +66,19 @@ async def test_a_wait_that_ends_in_time_or_has_no_deadline_is_untouched():
 
     with pytest.raises(TimeoutError, match="own"):
         await before_deadline(Ticket("r", None, deadline=time.monotonic() + 5), own_timeout())
+
+
+async def test_a_request_waiting_for_its_model_s_load_is_dropped_at_its_deadline(runtime_service):
+    service, _ = await runtime_service({"m": {"backend": "stub", "stub_reply": "a b", "load_on_request": True,
+                                              "stub_load_seconds": 1.0}})
+    controller = service.pool.controller("m")
+    payload = {"request_id": "late", "model": "m", "messages": user_input("hi"), "queue_timeout_seconds": 0.2,
+               "priority": "batch"}
+    started = time.monotonic()
+    with pytest.raises(QueueDeadlineExceeded):
+        await service.handle("generate", payload, None)
+    assert 0.2 <= time.monotonic() - started < 0.9  # at its deadline, not at the load's end
+    while controller.waiters:  # its finish reaches the model's writer on a later turn of the loop
+        assert time.monotonic() - started < 5, "the dropped request still waits for the load"
+        await asyncio.sleep(0.01)
+    assert controller.scheduler.queue_depth == 0
