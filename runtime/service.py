@@ -17,6 +17,7 @@ from runtime.inference.admission import check_request, estimate_prompt_tokens, w
 from runtime.inference.pipeline import Emit, Output, run_on_engine
 from runtime.config import parse_load_body
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
+from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.errors import BackendError, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.observe.metrics import RuntimeMetrics
@@ -29,7 +30,6 @@ from runtime.inputs.request import (
     GENERATE_WAITING,
     GenerationRequest,
 )
-from runtime.model.scheduler import Ticket
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.inference.token_count import count_tokens
 from runtime.supervisor import sweep_stale_processes
@@ -253,7 +253,7 @@ class RuntimeService:
         check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
         if request.keep_alive_seconds is not None:  # the edge passes one only where the operator allows it
             controller.set_keep_alive(request.keep_alive_seconds)
-        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
+        ticket = queue_ticket(request, controller.entry.definition, estimate_prompt_tokens(request), record.started)
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
         forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)
         output = Output(request, emit, open_on_first_chunk=request.stream and forwarded, record=record)
@@ -262,12 +262,12 @@ class RuntimeService:
             if request.stream:
                 await emit({"event": GENERATE_WAITING, "model": controller.name})
 
-        dispatched = await controller.admit(ticket, record.waited_for_load(waiting))
+        dispatched = await before_deadline(ticket, controller.admit(ticket, record.waited_for_load(waiting)))
         record.admitted()
         try:
             if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
                 await emit({"event": GENERATE_ADMITTED})  # this get their status
-            lease = await dispatched
+            lease = await before_deadline(ticket, dispatched)
             record.leased(lease.replica)
             lease.check()
             await run_on_engine(controller, lease, output)
@@ -297,11 +297,11 @@ class RuntimeService:
         record.model = controller.name
         request = EmbeddingRequest.from_wire(payload)
         check_embedding_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
-        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_input_tokens(request))
-        dispatched = await controller.admit(ticket)
+        ticket = queue_ticket(request, controller.entry.definition, estimate_input_tokens(request), record.started)
+        dispatched = await before_deadline(ticket, controller.admit(ticket))
         used = None
         try:
-            lease = await dispatched
+            lease = await before_deadline(ticket, dispatched)
             lease.check()
             vectors, used = await embed_on_engine(controller, lease, request)
             lease.check()

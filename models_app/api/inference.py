@@ -78,6 +78,9 @@ _EARLY: ContextVar[_EarlyStream | None] = ContextVar("llmpool_early_stream", def
 # The inference path being served: the runtime's metrics and activity label requests by it.
 ENDPOINT: ContextVar[str | None] = ContextVar("llmpool_endpoint", default=None)
 
+# The caller of the request being served: the runtime queues the request on its terms.
+_CALLER: ContextVar[Caller | None] = ContextVar("llmpool_caller", default=None)
+
 # Whether the request being served has a large body (``OFF_LOOP_BODY_BYTES``): its protocol parses
 # it off the loop (``parsed``).
 _LARGE_BODY: ContextVar[bool] = ContextVar("llmpool_large_body", default=False)
@@ -90,10 +93,15 @@ async def parsed(parse: Callable[..., Any], *args):
     return parse(*args)
 
 
-def with_endpoint(wire: dict) -> dict:
-    """A generate / embed payload with the path it came in on (``endpoint``), when known."""
-    endpoint = ENDPOINT.get()
-    return wire if endpoint is None else {**wire, "endpoint": endpoint}
+def runtime_wire(wire: dict) -> dict:
+    """A generate / embed / count payload with what the edge decided outside the body, when known:
+    the path it came in on (``endpoint``), and the class and queue timeout its caller's key and
+    headers give it (``Caller.queue_terms``)."""
+    endpoint, caller = ENDPOINT.get(), _CALLER.get()
+    extra = caller.queue_terms() if caller is not None else {}
+    if endpoint is not None:
+        extra["endpoint"] = endpoint
+    return {**wire, **extra} if extra else wire
 
 
 async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterator[dict]:
@@ -108,7 +116,7 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
     non-streamed request gets one reply, its result or its error.  Errors after that are raised
     by the stream's iterator; closing it early cancels the request in the runtime.
     """
-    wire = with_endpoint({**request.to_wire(), "model": model})
+    wire = runtime_wire({**request.to_wire(), "model": model})
     if not request.stream:
         return await placement.call(OP_GENERATE, wire)
     exchange = placement.exchange(OP_GENERATE, wire)
@@ -213,6 +221,7 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
         task = asyncio.current_task()
         watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
         ENDPOINT.set(path)  # this request's own task: nothing else reads it
+        _CALLER.set(caller)
         try:
             await _serve(create, path, caller, body, send, envelope, waiting_notice,
                          [(b"content-type", stream_type), *STREAM_HEADERS[1:]])

@@ -19,6 +19,7 @@ from runtime.backends.shared.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
 from runtime.pool.devices import check_device_field
 from runtime.inputs.request import GenerationRequest
+from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS
 from runtime.pool.model_files import locate_model_file
 
 Modality = Literal["text", "image", "audio"]
@@ -70,6 +71,10 @@ class CommonDefinition(BaseModel):
     # model while it is unloaded starts its load and waits for it, at most load_wait_timeout_seconds.
     load_on_request: bool = False
     load_wait_timeout_seconds: float = Field(600.0, gt=0, le=86400)
+    # How long a request may wait for this model (its load and its queue) before it starts: past it,
+    # 503 queue_deadline_exceeded, unstarted.  A request's X-LLMPool-Queue-Timeout header replaces
+    # it.  null: no limit.
+    queue_timeout_seconds: float | None = Field(None, gt=0, le=MAX_QUEUE_TIMEOUT_SECONDS)
     # Unload (gracefully) after this many seconds with nothing active or queued; null: never.
     ttl_seconds: int | None = Field(None, ge=1, le=31_536_000)
     # Never unloaded by its TTL or a swap group; only by an admin unload.

@@ -27,6 +27,7 @@ from runtime.errors import (
     RemoteExecutionDisallowed,
     RequestTimeout,
 )
+from runtime.queue_terms import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:  # runtime.pool.catalog imports the backends, which import this module
     from runtime.pool.catalog import CatalogEntry
@@ -38,13 +39,16 @@ Inputs = list[str] | list[list[int]]
 @dataclass
 class EmbeddingRequest:
     """``inputs`` as parsed (never empty; no input empty); ``dimensions`` the vector size asked
-    for, or None (the model's own); ``fairness_key`` as for ``GenerationRequest``."""
+    for, or None (the model's own); ``fairness_key``, ``priority`` and ``queue_timeout_seconds`` as for
+    ``GenerationRequest``."""
 
     request_id: str
     model: str
     inputs: Inputs
     dimensions: int | None = None
     fairness_key: str | None = None
+    priority: str = DEFAULT_PRIORITY
+    queue_timeout_seconds: float | None = None
 
     @property
     def token_arrays(self) -> bool:
