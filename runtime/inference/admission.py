@@ -48,6 +48,11 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
         raise RemoteExecutionDisallowed(
             f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
         )
+    if not spec.generates(definition):
+        raise InvalidRequest(
+            f"model {entry.name} does not generate text (backend {definition.backend}); it answers "
+            "POST /v1/audio/transcriptions and /v1/audio/translations", param="model",
+        )
     capabilities = spec.capabilities(definition)
     raw_prompt = request.prompt is not None
     if raw_prompt and not capabilities["raw_prompt"]:
