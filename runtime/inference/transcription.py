@@ -17,18 +17,16 @@ An engine of a speech-to-text model has ``transcribe(request)``: an async iterat
 """
 from __future__ import annotations
 
-import asyncio
 import math
 from contextlib import aclosing
-from typing import TYPE_CHECKING
 
-from runtime.errors import BackendError, RemoteExecutionDisallowed, RequestTimeout, TranscriptionUnsupported
+from runtime.errors import BackendError, TranscriptionUnsupported
+from runtime.inference.admission import refuse_remote
+from runtime.inference.deadline import request_deadline
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING
 from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.model.scheduler import Ticket
-
-if TYPE_CHECKING:  # runtime.pool.catalog imports the backends, which import runtime.inputs
-    from runtime.pool.catalog import CatalogEntry
+from runtime.pool.catalog import CatalogEntry
 
 TRANSCRIPT_SEGMENT = "segment"  # a streamed request's chunk: {"event": "segment", "segment": {...}}
 AUDIO_TOKENS_PER_SECOND = 50
@@ -47,12 +45,8 @@ def estimate_audio_tokens(request: TranscriptionRequest) -> int:
 
 def check_transcription_request(entry: CatalogEntry, request: TranscriptionRequest, allow_remote: bool) -> None:
     """Refuse (400/403) what the model cannot take, before it is queued."""
-    spec, definition = entry.spec, entry.definition
-    if spec.is_remote(definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
-        )
-    if not spec.audio_transcription(definition):
+    refuse_remote(entry, allow_remote)
+    if not entry.spec.audio_transcription(entry.definition):
         raise TranscriptionUnsupported(
             f"model {entry.name} does not transcribe audio (its capabilities.audio_transcription is false)",
             param="model",
@@ -104,27 +98,17 @@ async def _transcribe_on_engine(controller, lease, request: TranscriptionRequest
     """The engine's ``transcribe`` within the model's request_timeout_seconds (504 past it, and an
     engine that does not stop is killed: ``timed_out``); each segment kept in ``segments`` and, for a
     stream, sent on."""
-    limit = controller.entry.definition.request_timeout_seconds
-    deadline = asyncio.timeout(limit)
     done = None
-    try:
-        async with deadline:
-            async with aclosing(lease.engine.transcribe(request)) as events:
-                async for event in events:
-                    if isinstance(event, Transcribed):
-                        done = event
-                        continue
-                    record.saw_output()
-                    segments.append(event)
-                    if request.stream:
-                        await emit({"event": TRANSCRIPT_SEGMENT, "segment": event.to_wire()})
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-        controller.timed_out(lease, limit)
-        raise RequestTimeout(
-            f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
-        ) from None
+    async with request_deadline(controller, lease):
+        async with aclosing(lease.engine.transcribe(request)) as events:
+            async for event in events:
+                if isinstance(event, Transcribed):
+                    done = event
+                    continue
+                record.saw_output()
+                segments.append(event)
+                if request.stream:
+                    await emit({"event": TRANSCRIPT_SEGMENT, "segment": event.to_wire()})
     if done is None:
         raise BackendError(f"the {controller.entry.definition.backend} engine ended a transcription without a result")
     return done

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
+
+from runtime.inputs.wire import Wire
 
 TRANSCRIBE, TRANSLATE = "transcribe", "translate"  # OpenAI's two paths: the language kept, or English
 
 
 @dataclass
-class TranscriptionRequest:
+class TranscriptionRequest(Wire):
     """One request: ``audio`` the uploaded file as sent (wav, mp3, flac, ogg, webm: the engine
     decodes it), ``task`` transcribe or translate (into English), ``language`` an ISO-639-1 code or
     None (detected), ``prompt`` text the transcript should follow on from (names, spelling),
@@ -34,17 +36,9 @@ class TranscriptionRequest:
     stream: bool = False
     fairness_key: str | None = None
 
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> TranscriptionRequest:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
-
 
 @dataclass
-class TranscriptSegment:
+class TranscriptSegment(Wire):
     """One decoded piece of speech, as OpenAI's ``verbose_json`` segment: its times in seconds from
     the start of the audio, its text and token ids, and the decoder's figures (``seek``: where the
     decoder's 30-second window began, in 10 ms frames).  ``words``:
@@ -60,14 +54,6 @@ class TranscriptSegment:
     compression_ratio: float = 0.0
     no_speech_prob: float = 0.0
     words: list[dict] | None = None
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> TranscriptSegment:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 @dataclass

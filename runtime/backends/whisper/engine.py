@@ -16,12 +16,13 @@ import gc
 import io
 import threading
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, resolve_model_path
 from runtime.backends.ct2.engine import split_device
-from runtime.backends.shared.in_process import stream_from_thread
-from runtime.errors import BackendError, InvalidRequest, LLMPoolError
+from runtime.backends.shared.in_process import generate_in_thread
+from runtime.errors import BackendError, InvalidRequest
 from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 
 
@@ -78,17 +79,10 @@ class WhisperEngine:
         if self._model is None:
             raise BackendError("the Whisper engine is not loaded")
 
-        def produce(emit, stop: threading.Event) -> None:
-            self._transcribe_blocking(request, emit, stop)
-
-        try:
-            async with aclosing(stream_from_thread(produce, name="whisper-transcribe")) as events:
-                async for event in events:
-                    yield event
-        except LLMPoolError:
-            raise
-        except Exception as exc:
-            raise BackendError(f"Whisper transcription failed: {exc}") from exc
+        produce = partial(self._transcribe_blocking, request)
+        async with aclosing(generate_in_thread(produce, name="whisper-transcribe", engine="Whisper")) as events:
+            async for event in events:
+                yield event
 
     def _transcribe_blocking(self, request: TranscriptionRequest, emit, stop: threading.Event) -> None:
         faster_whisper, av = import_faster_whisper()
