@@ -34,11 +34,18 @@ def service(tmp_path_factory, api_shape):
         yield live
 
 
-def test_the_openai_client_gets_the_spoken_words_back(service, speech):
+def test_the_openai_client_gets_the_spoken_words_back_and_the_key_is_charged(service, speech):
     with openai_client(service) as client, open(speech, "rb") as audio:
-        transcript = client.audio.transcriptions.create(model="whisper", file=audio, language="en")
+        transcript = client.audio.transcriptions.create(model="whisper", file=audio, language="en",
+                                                        extra_headers={"X-LLMPool-Fairness-Key": "listener"})
     assert words(transcript.text) == words(SENTENCE)
     assert transcript.usage.type == "duration" and 2 <= transcript.usage.seconds <= 5
+    with service.client() as http:
+        record = http.get("/v1/admin/activity", params={"model": "whisper", "limit": 1}).json()["requests"][0]
+    # Charged 50 tokens per second of audio (docs/scheduling.md) plus the transcript's tokens.
+    assert (record["endpoint"], record["fairness_key"], record["status"]) == ("audio_transcriptions", "listener", 200)
+    assert 50 * (transcript.usage.seconds - 1) < record["input_tokens"] <= 50 * transcript.usage.seconds
+    assert len(words(SENTENCE)) <= record["output_tokens"] < 40
 
 
 def test_verbose_json_has_segments_and_word_timings(service, speech):
