@@ -97,12 +97,15 @@ def test_a_translation_answers_english_text(service, speech):
     assert words(translation) == words(SENTENCE)
 
 
-def test_a_broken_file_is_400_and_the_model_serves_on(service):
+def test_a_broken_file_or_an_unknown_language_is_400_and_the_model_serves_on(service, speech):
     with service.client() as http:
         answer = http.post("/v1/audio/transcriptions", files={"file": ("broken.mp3", b"ID3 not an mp3 " * 64)},
                            data={"model": "whisper"})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == "invalid_request" and answer.json()["error"]["param"] == "file"
+        unknown = http.post("/v1/audio/transcriptions", files={"file": ("s.wav", speech.read_bytes())},
+                            data={"model": "whisper", "language": "xx"})
+        assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "language", unknown.text
         assert model_entry(http, "whisper")["runtime_state"] == "loaded"
 
 
