@@ -24,11 +24,10 @@ from runtime.errors import BackendError, TranscriptionUnsupported
 from runtime.inference.admission import refuse_remote
 from runtime.inference.deadline import request_deadline
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING
-from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
+from runtime.inputs.transcription import TRANSCRIPT_SEGMENT, Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.model.scheduler import Ticket
 from runtime.pool.catalog import CatalogEntry
 
-TRANSCRIPT_SEGMENT = "segment"  # a streamed request's chunk: {"event": "segment", "segment": {...}}
 AUDIO_TOKENS_PER_SECOND = 50
 # About 128 kbit/s: between a compressed file and 16-bit 16 kHz PCM (32 kB/s); only the queue's
 # order before the engine counts depends on it.

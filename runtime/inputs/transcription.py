@@ -14,6 +14,8 @@ from typing import Literal
 from runtime.inputs.wire import Wire
 
 TRANSCRIBE, TRANSLATE = "transcribe", "translate"  # OpenAI's two paths: the language kept, or English
+# A streamed request's chunk per segment: {"event": "segment", "segment": TranscriptSegment.to_wire()}.
+TRANSCRIPT_SEGMENT = "segment"
 
 
 @dataclass

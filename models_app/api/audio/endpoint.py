@@ -22,8 +22,7 @@ from models_app.api.keys import Caller
 from models_app.conf import service_settings
 from models_app.transport.messages import OP_TRANSCRIBE, REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
-from runtime.inference.transcription import TRANSCRIPT_SEGMENT
-from runtime.inputs.transcription import TRANSCRIBE, TRANSLATE
+from runtime.inputs.transcription import TRANSCRIBE, TRANSCRIPT_SEGMENT, TRANSLATE
 
 # Room for the form's other fields and its part headers beside the file.
 FORM_MARGIN_BYTES = 1024 * 1024
