@@ -7,6 +7,7 @@ over service.audio_max_upload_bytes 413, each in the error envelope.
 """
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -103,6 +104,12 @@ def test_a_broken_file_or_an_unknown_language_is_400_and_the_model_serves_on(ser
                            data={"model": "whisper"})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == "invalid_request" and answer.json()["error"]["param"] == "file"
+        # Streamed, the same refusal comes after the stream opened: its last event is the envelope.
+        streamed = http.post("/v1/audio/transcriptions", files={"file": ("broken.mp3", b"ID3 not an mp3 " * 64)},
+                             data={"model": "whisper", "stream": "true"})
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        last = json.loads(streamed.text.strip().splitlines()[-1].removeprefix("data: "))
+        assert (last["error"]["code"], last["error"]["param"]) == ("invalid_request", "file")
         unknown = http.post("/v1/audio/transcriptions", files={"file": ("s.wav", speech.read_bytes())},
                             data={"model": "whisper", "language": "xx"})
         assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "language", unknown.text

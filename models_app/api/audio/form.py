@@ -40,7 +40,7 @@ class _Part:
         self.headers: dict[str, bytes] = {}
         self.data: list[bytes] = []
         self.size = 0
-        self._header_field = b""
+        self.header_field = b""  # the header whose name is being read
 
 
 def parse_form(body: bytes, content_type: str | None, max_file_bytes: int) -> Form:
@@ -66,15 +66,15 @@ def parse_form(body: bytes, content_type: str | None, max_file_bytes: int) -> Fo
         part.data.append(data[start:end])
 
     def on_header_field(data: bytes, start: int, end: int) -> None:
-        parts[-1]._header_field += data[start:end]
+        parts[-1].header_field += data[start:end]
 
     def on_header_value(data: bytes, start: int, end: int) -> None:
         part = parts[-1]
-        name = part._header_field.lower()
+        name = part.header_field.lower()
         part.headers[name] = part.headers.get(name, b"") + data[start:end]
 
     def on_header_end() -> None:
-        parts[-1]._header_field = b""
+        parts[-1].header_field = b""
 
     parser = MultipartParser(boundary, {
         "on_part_begin": on_part_begin, "on_part_data": on_part_data, "on_header_field": on_header_field,

@@ -13,9 +13,6 @@ import math
 
 from models_app.api.audio.protocol import AudioCall
 from models_app.api.inference import PlainAnswer
-from runtime.inputs.transcription import TRANSLATE
-
-TASK_NAMES = {"transcribe": "transcribe", TRANSLATE: "translate"}
 SEGMENT_FIELDS = ("seek", "start", "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio", "no_speech_prob")
 
 
@@ -39,7 +36,7 @@ def answer(result: dict, call: AudioCall) -> dict | PlainAnswer:
 
 def verbose_json(result: dict, call: AudioCall) -> dict:
     verbose = {
-        "task": TASK_NAMES[call.transcription.task],
+        "task": call.transcription.task,
         "language": result["language"],
         "duration": result["duration"],
         "text": result["text"],
