@@ -3,8 +3,9 @@ runtime's ``transcribe`` op to the engine and back.
 
 It takes the path every request takes (``RuntimeService.op_transcribe``): the model lookup,
 ``check_transcription_request`` (400/403 before it is queued), the controller's admission (a
-``load_on_request`` model loads for it; swap groups and memory apply), the fair-share scheduler,
-the lease of one replica and the model's ``request_timeout_seconds``.
+``load_on_request`` model loads for it; swap groups and memory apply), the scheduler (its priority
+class, its fair share, its queue deadline: ``runtime.model.queueing``), the lease of one replica
+and the model's ``request_timeout_seconds``.
 
 Fairness is charged in tokens, as a generation is: ``AUDIO_TOKENS_PER_SECOND`` for each second of
 audio (Whisper's encoder frames: 1500 per 30-second window) plus the transcript's tokens.  Before
@@ -25,7 +26,7 @@ from runtime.inference.admission import refuse_remote
 from runtime.inference.deadline import request_deadline
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING
 from runtime.inputs.transcription import TRANSCRIPT_SEGMENT, Transcribed, TranscriptionRequest, TranscriptSegment
-from runtime.model.scheduler import Ticket
+from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.pool.catalog import CatalogEntry
 
 AUDIO_TOKENS_PER_SECOND = 50
@@ -59,20 +60,20 @@ async def run_transcription(pool, payload: dict, emit, record, allow_remote: boo
     record.model = controller.name
     request = TranscriptionRequest.from_wire(payload)
     check_transcription_request(controller.entry, request, allow_remote)
-    ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_audio_tokens(request))
+    ticket = queue_ticket(request, controller.entry.definition, estimate_audio_tokens(request), record.started)
 
     async def waiting() -> None:  # the model loads for this request: a stream may open now
         if request.stream:
             await emit({"event": GENERATE_WAITING, "model": controller.name})
 
-    dispatched = await controller.admit(ticket, record.waited_for_load(waiting))
+    dispatched = await before_deadline(ticket, controller.admit(ticket, record.waited_for_load(waiting)))
     record.admitted()
     segments: list[TranscriptSegment] = []
     done: Transcribed | None = None
     try:
         if request.stream:
             await emit({"event": GENERATE_ADMITTED})
-        lease = await dispatched
+        lease = await before_deadline(ticket, dispatched)
         record.leased(lease.replica)
         lease.check()
         done = await _transcribe_on_engine(controller, lease, request, segments, emit, record)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from runtime.inputs.wire import Wire
+from runtime.queue_terms import DEFAULT_PRIORITY
 
 TRANSCRIBE, TRANSLATE = "transcribe", "translate"  # OpenAI's two paths: the language kept, or English
 # A streamed request's chunk per segment: {"event": "segment", "segment": TranscriptSegment.to_wire()}.
@@ -24,7 +25,8 @@ class TranscriptionRequest(Wire):
     decodes it), ``task`` transcribe or translate (into English), ``language`` an ISO-639-1 code or
     None (detected), ``prompt`` text the transcript should follow on from (names, spelling),
     ``temperature`` None for the engine's fallback schedule, ``word_timestamps`` whether each
-    segment carries its words' timings, ``stream`` whether segments go out as they are decoded."""
+    segment carries its words' timings, ``stream`` whether segments go out as they are decoded;
+    ``fairness_key``, ``priority`` and ``queue_timeout_seconds`` as for ``GenerationRequest``."""
 
     request_id: str
     model: str
@@ -37,6 +39,8 @@ class TranscriptionRequest(Wire):
     word_timestamps: bool = False
     stream: bool = False
     fairness_key: str | None = None
+    priority: str = DEFAULT_PRIORITY
+    queue_timeout_seconds: float | None = None
 
 
 @dataclass

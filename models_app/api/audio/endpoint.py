@@ -17,7 +17,7 @@ from models_app.api.audio import shapes
 from models_app.api.audio.form import parse_form
 from models_app.api.audio.protocol import TRANSCRIPTIONS_PATH, TRANSLATIONS_PATH, parse_audio_form
 from models_app.api.errors import error_answer
-from models_app.api.inference import PlainAnswer, inference_app, parsed, runtime_stream, sse_data, with_endpoint
+from models_app.api.inference import PlainAnswer, inference_app, parsed, runtime_stream, sse_data, runtime_wire
 from models_app.api.keys import Caller
 from models_app.conf import service_settings
 from models_app.transport.messages import OP_TRANSCRIBE, REPLY_CHUNK, REPLY_RESULT
@@ -40,7 +40,7 @@ async def _create(form, caller: Caller, task: str) -> dict | PlainAnswer | Async
     """Run one audio request; raises its error (LLMPoolError) before anything is sent."""
     call = await parsed(parse_audio_form, form, task, caller.fairness_key)
     model = await caller.resolve(call.transcription.model)
-    wire = with_endpoint({**call.transcription.to_wire(), "model": model})
+    wire = runtime_wire({**call.transcription.to_wire(), "model": model})
     if not call.transcription.stream:
         return shapes.answer(await placement.call(OP_TRANSCRIBE, wire), call)
     return _events(await runtime_stream(OP_TRANSCRIBE, wire))
