@@ -127,6 +127,9 @@ class ServiceSettings(_Strict):
     # An idle connection between requests is closed after this long; longer than the idle expiry
     # of the common clients (httpx and the openai SDK: 5 s), so none reuses one as it closes.
     http_keep_alive_timeout_seconds: float = Field(20.0, gt=0, le=3600)
+    # POST /v1/audio/transcriptions and translations: the uploaded file's size at most (413 past it).
+    # The file crosses the channel layer in one message (over Redis, one string: docs/settings.md).
+    audio_max_upload_bytes: int = Field(25 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     # Open connections at most (WebSockets included); the rest are answered 503 and closed.
     # null: half the process's file-descriptor limit, at most 1024.
     max_connections: int | None = Field(None, ge=1)

@@ -32,6 +32,7 @@ from runtime.inputs.request import (
 )
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.inference.token_count import count_tokens
+from runtime.inference.transcription import run_transcription
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -72,7 +73,7 @@ class RuntimeService:
             "reload_prepare": self.op_reload_prepare, "reload_commit": self.op_reload_commit,
             "reload_abort": self.op_reload_abort, "gpu_memory": self.op_gpu_memory, "catalog": self.op_catalog,
             "metrics": self.op_metrics, "activity": self.op_activity, "model_logs": self.op_model_logs,
-            "generate": self.op_generate, "embed": self.op_embed,
+            "generate": self.op_generate, "embed": self.op_embed, "transcribe": self.op_transcribe,
             "count_tokens": lambda payload, emit: count_tokens(self.pool, payload),
         }
 
@@ -308,3 +309,17 @@ class RuntimeService:
         finally:
             controller.finish(ticket, used)
         return {"vectors": vectors, "usage": {"prompt_tokens": used}}
+
+    # ---- speech to text --------------------------------------------------------------
+    async def op_transcribe(self, payload, emit) -> dict:
+        """One POST /v1/audio/transcriptions (or translations) request (runtime.inference.transcription):
+        the same lookup, admission, scheduler, lease and timeout as generate; cancellable the same way."""
+        request_id = payload["request_id"]
+        self._requests[request_id] = asyncio.current_task()
+        allow_remote = self.pool.startup_service["allow_remote_execution"]
+        try:
+            return await self.observer.run(
+                payload, lambda record: run_transcription(self.pool, payload, emit, record, allow_remote)
+            )
+        finally:
+            self._requests.pop(request_id, None)

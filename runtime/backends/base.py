@@ -151,6 +151,8 @@ class Engine(Protocol):
 
     # An engine of an embedding model (BackendSpec.embeddings) also has
     # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.inference.embedding.
+    # An engine of a speech-to-text model (BackendSpec.audio_transcription) has ``transcribe(request)``,
+    # an async iterator of TranscriptSegment then Transcribed: see runtime.inference.transcription.
 
 
 # ---- spec ----------------------------------------------------------------------------
@@ -232,6 +234,17 @@ class BackendSpec:
         which only the backends that can embed declare (false everywhere else)."""
         return bool(getattr(definition, "embeddings", False))
 
+    def generates(self, definition: CommonDefinition) -> bool:
+        """Whether the model generates text (chat, responses, completions, messages); a
+        speech-to-text model does not, and a generation asked of it is 400 before it is queued."""
+        return True
+
+    def audio_transcription(self, definition: CommonDefinition) -> bool:
+        """Whether the model answers POST /v1/audio/transcriptions and /v1/audio/translations: a
+        speech-to-text backend (whisper), or a managed server whose definition says its server
+        serves the route (``audio_transcription``: the request is passed through)."""
+        return bool(getattr(definition, "audio_transcription", False))
+
     def embedding_dimensions(self, definition: CommonDefinition) -> bool:
         """Whether an embedding request may ask for ``dimensions``: only where the upstream is
         sent it and judges it (a local engine answers vectors of the model's own size)."""
@@ -284,6 +297,7 @@ class BackendSpec:
             ],
             "thinking_token_budget": None,
             "embeddings": self.embeddings(definition),
+            "audio_transcription": self.audio_transcription(definition),
             "tools": self.tools(definition),
             "tool_choice": self.tool_choices(definition),
         }

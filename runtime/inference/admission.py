@@ -41,12 +41,22 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     return chars // 4 + 1
 
 
+def refuse_remote(entry: CatalogEntry, allow_remote: bool) -> None:
+    """403 for a model that runs on a remote service while service.allow_remote_execution is false."""
+    if entry.spec.is_remote(entry.definition) and not allow_remote:
+        raise RemoteExecutionDisallowed(
+            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
+        )
+
+
 def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote: bool) -> None:
     """Reject what the model cannot take (400/403) before it is queued."""
     spec, definition = entry.spec, entry.definition
-    if spec.is_remote(definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
+    refuse_remote(entry, allow_remote)
+    if not spec.generates(definition):
+        raise InvalidRequest(
+            f"model {entry.name} does not generate text (backend {definition.backend}); it answers "
+            "POST /v1/audio/transcriptions and /v1/audio/translations", param="model",
         )
     capabilities = spec.capabilities(definition)
     raw_prompt = request.prompt is not None

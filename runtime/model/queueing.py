@@ -20,13 +20,14 @@ from runtime.backends.base import CommonDefinition
 from runtime.errors import InvalidPriority, InvalidQueueTimeout
 from runtime.inference.embedding import EmbeddingRequest
 from runtime.inputs.request import GenerationRequest
+from runtime.inputs.transcription import TranscriptionRequest
 from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS, deadline_passed
 from runtime.model.scheduler import Ticket
 
 T = TypeVar("T")
 
 
-def queue_ticket(request: GenerationRequest | EmbeddingRequest, definition: CommonDefinition, cost_estimate: int,
+def queue_ticket(request: GenerationRequest | EmbeddingRequest | TranscriptionRequest, definition: CommonDefinition, cost_estimate: int,
                  received: float) -> Ticket:
     """The scheduler's ticket of ``request`` for a model of ``definition``, received at ``received``
     (``time.monotonic()``).  A class or a timeout the edge refuses is refused here too (400): the

@@ -39,6 +39,8 @@ ENDPOINTS = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/messages": "messages",
+    "/v1/audio/transcriptions": "audio_transcriptions",
+    "/v1/audio/translations": "audio_translations",
     "/api/chat": "ollama_chat",
     "/api/generate": "ollama_generate",
     "/api/embed": "ollama_embed",
