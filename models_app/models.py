@@ -24,7 +24,8 @@ class InferenceKey(models.Model):
     settings.json are not rows: they are read from the file).  Only the sha256 of the secret is
     kept: the secret is random and 256 bits long, so a slow hash would add nothing.
 
-    The limit fields are stored and shown; they are not enforced yet (docs/api.md)."""
+    The limit fields are stored and shown; they are not enforced yet (docs/api.md), except
+    ``priority``: the class the key's requests queue in (docs/scheduling.md)."""
 
     name = models.CharField(max_length=128, unique=True)
     key_sha256 = models.CharField(max_length=64, unique=True)

@@ -103,7 +103,7 @@ def key_ring_rows(known_version: int | None) -> tuple[int, list[dict] | None]:
     version = key_ring_version()
     if version == known_version:
         return version, None
-    fields = ("name", "key_sha256", "models", "fairness_key", "disabled")
+    fields = ("name", "key_sha256", "models", "fairness_key", "disabled", "priority")
     return version, list(InferenceKey.objects.values(*fields))
 
 

@@ -17,6 +17,7 @@ from runtime.inference.admission import engine_request, estimate_prompt_tokens
 from runtime.inference.pipeline import Emit, Output, run_on_engine
 from runtime.config import parse_load_body
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
+from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.errors import BackendError, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.observe.metrics import RuntimeMetrics
@@ -25,9 +26,9 @@ from runtime.paths import state_dir
 from runtime.pool.model_pool import ModelPool
 from runtime.observe.read_models import gpu_model_entry, model_entry
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, ForwardedRequest, typed_request
-from runtime.model.scheduler import Ticket
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.inference.token_count import count_tokens
+from runtime.inference.transcription import run_transcription
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -68,7 +69,7 @@ class RuntimeService:
             "reload_prepare": self.op_reload_prepare, "reload_commit": self.op_reload_commit,
             "reload_abort": self.op_reload_abort, "gpu_memory": self.op_gpu_memory, "catalog": self.op_catalog,
             "metrics": self.op_metrics, "activity": self.op_activity, "model_logs": self.op_model_logs,
-            "generate": self.op_generate, "embed": self.op_embed,
+            "generate": self.op_generate, "embed": self.op_embed, "transcribe": self.op_transcribe,
             "count_tokens": lambda payload, emit: count_tokens(self.pool, payload),
         }
 
@@ -249,7 +250,7 @@ class RuntimeService:
         request = typed_request(runs)
         if request.keep_alive_seconds is not None:  # the edge passes one only where the operator allows it
             controller.set_keep_alive(request.keep_alive_seconds)
-        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
+        ticket = queue_ticket(request, controller.entry.definition, estimate_prompt_tokens(request), record.started)
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
         forwarded = isinstance(runs, ForwardedRequest)
         output = Output(request, emit, open_on_first_chunk=request.stream and forwarded, record=record)
@@ -258,12 +259,12 @@ class RuntimeService:
             if request.stream:
                 await emit({"event": GENERATE_WAITING, "model": controller.name})
 
-        dispatched = await controller.admit(ticket, record.waited_for_load(waiting))
+        dispatched = await before_deadline(ticket, controller.admit(ticket, record.waited_for_load(waiting)))
         record.admitted()
         try:
             if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
                 await emit({"event": GENERATE_ADMITTED})  # this get their status
-            lease = await dispatched
+            lease = await before_deadline(ticket, dispatched)
             record.leased(lease.replica)
             lease.check()
             await run_on_engine(controller, lease, runs, output)
@@ -293,14 +294,28 @@ class RuntimeService:
         record.model = controller.name
         request = EmbeddingRequest.from_wire(payload)
         check_embedding_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
-        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_input_tokens(request))
-        dispatched = await controller.admit(ticket)
+        ticket = queue_ticket(request, controller.entry.definition, estimate_input_tokens(request), record.started)
+        dispatched = await before_deadline(ticket, controller.admit(ticket))
         used = None
         try:
-            lease = await dispatched
+            lease = await before_deadline(ticket, dispatched)
             lease.check()
             vectors, used = await embed_on_engine(controller, lease, request)
             lease.check()
         finally:
             controller.finish(ticket, used)
         return {"vectors": vectors, "usage": {"prompt_tokens": used}}
+
+    # ---- speech to text --------------------------------------------------------------
+    async def op_transcribe(self, payload, emit) -> dict:
+        """One POST /v1/audio/transcriptions (or translations) request (runtime.inference.transcription):
+        the same lookup, admission, scheduler, lease and timeout as generate; cancellable the same way."""
+        request_id = payload["request_id"]
+        self._requests[request_id] = asyncio.current_task()
+        allow_remote = self.pool.startup_service["allow_remote_execution"]
+        try:
+            return await self.observer.run(
+                payload, lambda record: run_transcription(self.pool, payload, emit, record, allow_remote)
+            )
+        finally:
+            self._requests.pop(request_id, None)

@@ -102,8 +102,9 @@ class KeyListApi(KeysAdminApi):
     @extend_schema(
         summary="Create an inference key",
         description=f"Body: {FIELDS} (all but name optional; a limit is an integer of at least 1, or null for none; "
-        "they are stored, not enforced yet). 201 with the key's fields, its id and its secret `key`, shown this "
-        "once. 400 invalid_request (nothing stored), 409 api_key_name_taken.",
+        "they are stored, not enforced yet; priority is the class the key's requests queue in). 201 with the "
+        "key's fields, its id and its secret `key`, shown this once. 400 invalid_request (nothing stored), "
+        "409 api_key_name_taken.",
         request={"application/json": body_schema(create=True)},
         responses={201: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 409: ERROR},
     )

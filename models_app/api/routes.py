@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from models_app.api.audio.endpoint import transcriptions_app, translations_app
 from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens_app
 from models_app.api.chat.protocol import ChatBody
 from models_app.api.completions.endpoint import completions_app
@@ -31,6 +32,8 @@ INFERENCE_ROUTES = {
     "/v1/chat/completions": chat_completions_app,
     "/v1/completions": completions_app,
     "/v1/embeddings": embeddings_app,
+    "/v1/audio/transcriptions": transcriptions_app,  # multipart/form-data, not JSON
+    "/v1/audio/translations": translations_app,
     "/v1/messages": messages_app,
     "/v1/messages/count_tokens": count_tokens_app,
     "/v1/chat/completions/input_tokens": chat_input_tokens_app,

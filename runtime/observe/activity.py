@@ -13,6 +13,7 @@ import math
 import time
 from collections import deque
 
+from runtime.queue_terms import DEFAULT_PRIORITY, RANKS
 from runtime.observe.metrics import endpoint_label
 from runtime.observe.params import count_param
 from runtime.observe.records import RequestRecord
@@ -95,7 +96,9 @@ class RequestObserver:
 
     async def run(self, payload: dict, work) -> dict:
         """``await work(record)``: its result, its error; the record is kept either way."""
-        record = RequestRecord(endpoint_label(payload.get("endpoint")), payload.get("fairness_key"))
+        priority = payload.get("priority")
+        record = RequestRecord(endpoint_label(payload.get("endpoint")), payload.get("fairness_key"),
+                               priority if priority in RANKS else DEFAULT_PRIORITY)
         result = None
         try:
             result = await work(record)

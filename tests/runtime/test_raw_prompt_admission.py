@@ -25,6 +25,7 @@ MINIMAL = {  # a valid definition of each backend
     "ct2": {"model_path": "/models/m-ct2"},
     "openai_remote": {"remote_base_url": "https://api.example.com/v1", "remote_model": "gpt-x"},
     "stub": {},
+    "whisper": {"model_path": "/models/whisper"},
 }
 
 

@@ -17,7 +17,7 @@ from models_app import placement
 from models_app import selectors
 from models_app.api.errors import error_answer
 from models_app.api.answer_stream import shaped_stream
-from models_app.api.inference import generate, inference_app, parsed, with_endpoint
+from models_app.api.inference import generate, inference_app, parsed, runtime_wire
 from models_app.api.keys import Caller
 from models_app.api.ollama import models
 from models_app.api.ollama.protocol import (
@@ -63,7 +63,7 @@ async def _embedded(parse: Callable, data, caller: Caller) -> tuple[str, dict, f
     started = time.monotonic()
     request = await parsed(parse, data, caller.fairness_key)
     model = await caller.resolve(request.model)
-    result = await placement.call(OP_EMBED, with_endpoint({**request.to_wire(), "model": model}))
+    result = await placement.call(OP_EMBED, runtime_wire({**request.to_wire(), "model": model}))
     return request.model, result, started
 
 

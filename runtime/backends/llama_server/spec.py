@@ -69,6 +69,9 @@ class LlamaServerDefinition(
     llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
     # POST /v1/embeddings too: started with --embeddings (see llama_server_command for --pooling).
     embeddings: bool = False
+    # POST /v1/audio/transcriptions and translations: the server serves them (an audio model) and
+    # the request is passed through to it (runtime.backends.shared.openai_audio).
+    audio_transcription: bool = False
     # Tool calling: started with --jinja (the default of recent builds, explicit for older ones);
     # false: capabilities.tools is false (the server is not asked for calls).
     llama_server_tools: bool = True

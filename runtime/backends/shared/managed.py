@@ -36,11 +36,13 @@ import httpx
 from runtime.backends.base import Finished, TextDelta, resolve_model_path
 from runtime.backends.shared.forwarding import answer_bound, forward
 from runtime.backends.shared.openai_chat import chat_completion, chat_request, required_for_named
+from runtime.backends.shared.openai_audio import create_transcription
 from runtime.backends.shared.openai_embeddings import create_embeddings
 from runtime.backends.shared.prompts import template_variables
 from runtime.backends.shared.upstream import UpstreamClient
 from runtime.errors import BackendError
 from runtime.inputs.request import ForwardedRequest, GenerationRequest, InferenceRequest
+from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.model.load_progress import report as report_progress
 from runtime.pool.devices import cuda_visible_devices
@@ -335,6 +337,23 @@ class ManagedServerEngine:
             except httpx.TransportError as exc:
                 if attempt == 2 or not self.process.running:
                     raise await self._connection_lost(exc) from None
+
+    async def transcribe(self, request: TranscriptionRequest) -> AsyncIterator[TranscriptSegment | Transcribed]:
+        """POST the server's /v1/audio/transcriptions or /translations (``audio_transcription:
+        true``), the model name rewritten to the one it serves; its segments, then their end."""
+        if self._failure is not None:
+            raise BackendError(self._failure)
+        if self._client is None:
+            raise BackendError(f"{self.label} is not loaded")
+        try:
+            segments, done = await create_transcription(
+                self._client, self._served_model, request, self.label, BackendError
+            )
+        except httpx.TransportError as exc:
+            raise await self._connection_lost(exc) from None
+        for segment in segments:
+            yield segment
+        yield done
 
     async def _connection_lost(self, exc: httpx.TransportError) -> BackendError:
         """The request's error: how the server ended, not its output (last_error has that)."""

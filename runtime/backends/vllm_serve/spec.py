@@ -45,6 +45,9 @@ class VllmServeDefinition(
     # POST /v1/embeddings: ``--runner pooling`` (a generative architecture is converted to an
     # embedding model, vLLM's ``--convert auto``); the server then serves embeddings only.
     embeddings: bool = False
+    # POST /v1/audio/transcriptions and translations: the server serves them (an audio model) and
+    # the request is passed through to it (runtime.backends.shared.openai_audio).
+    audio_transcription: bool = False
     # Tool calling: the vLLM tool parser of the model's call format (hermes, llama3_json,
     # mistral, pythonic, qwen3_coder, ...: whatever this vLLM registers; it checks at start).
     vllm_tool_call_parser: NonEmptyStr | None = None
