@@ -6,6 +6,7 @@ charge, load on request and the metrics' protocol label."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import httpx
 import pytest
@@ -46,7 +47,7 @@ def relevance(query: str, document: str) -> float:
 def service(tmp_path_factory, api_shape):
     with service_with_loaded_models(
         tmp_path_factory.mktemp("rerank"), MODELS, unloaded=("cold", "lazy"), admin_token=ADMIN_TOKEN,
-        service={"admin_token": ADMIN_TOKEN, "api_keys": API_KEYS},
+        service={"admin_token": ADMIN_TOKEN, "api_keys": API_KEYS, "capture_requests": True},
     ) as live:
         yield live
 
@@ -198,9 +199,12 @@ def test_charged_by_the_pairs_tokens_in_the_keys_bucket(service, http, admin):
     assert keys == {"team": 0.0, "full": 4.0}
 
 
-def test_metrics_label_the_protocol(http, admin):
+def test_metrics_and_activity_label_the_protocol(http, admin):
     assert rerank(http, path="/rerank", query="q", documents=["q"]).status_code == 200
     text = admin.get("/metrics").text
     counted = [line for line in text.splitlines()
                if line.startswith("llmpool_requests_total{") and 'endpoint="rerank"' in line and 'model="ranker"' in line]
     assert counted and all(float(line.rsplit(" ", 1)[1]) >= 1 for line in counted)
+    [item] = admin.get("/v1/admin/activity", params={"model": "ranker", "limit": 1}).json()["requests"]
+    assert item["endpoint"] == "rerank" and item["status"] == 200
+    assert json.loads(item["capture"]["request"]) == {"query": "q", "documents": ["q"]}

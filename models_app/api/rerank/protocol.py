@@ -20,7 +20,8 @@ from models_app.api.request_body import json_object, validated
 from runtime.errors import InvalidRequest
 from runtime.inference.rerank import RerankRequest
 
-RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking")  # llama-server's paths, vLLM's, Jina's
+# Jina's and Cohere's clients post /v1/rerank; llama-server serves all three, vLLM the first two.
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking")
 
 
 class RerankDocument(BaseModel):
