@@ -153,6 +153,8 @@ class Engine(Protocol):
     # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.inference.embedding.
     # An engine of a speech-to-text model (BackendSpec.audio_transcription) has ``transcribe(request)``,
     # an async iterator of TranscriptSegment then Transcribed: see runtime.inference.transcription.
+    # One of a reranking model (BackendSpec.rerank) has
+    # ``async rerank(query, documents) -> (scores, prompt_tokens)``: see runtime.inference.rerank.
 
 
 # ---- spec ----------------------------------------------------------------------------
@@ -250,6 +252,11 @@ class BackendSpec:
         sent it and judges it (a local engine answers vectors of the model's own size)."""
         return False
 
+    def rerank(self, definition: CommonDefinition) -> bool:
+        """Whether the model answers POST /v1/rerank: its definition's ``rerank`` field, which
+        only the backends that can score (query, document) pairs declare (false everywhere else)."""
+        return bool(getattr(definition, "rerank", False))
+
     def raw_prompt(self, definition: CommonDefinition) -> bool:
         """Whether the model takes a raw text prompt (``GenerationRequest.prompt``, POST
         /v1/completions): an engine that tokenizes it as it is, without a chat template, or one
@@ -298,6 +305,7 @@ class BackendSpec:
             "thinking_token_budget": None,
             "embeddings": self.embeddings(definition),
             "audio_transcription": self.audio_transcription(definition),
+            "rerank": self.rerank(definition),
             "tools": self.tools(definition),
             "tool_choice": self.tool_choices(definition),
         }

@@ -19,7 +19,6 @@ from runtime.errors import (
     ModalityUnsupported,
     MultiTurnUnsupported,
     RawPromptUnsupported,
-    RemoteExecutionDisallowed,
     ResponseFormatUnsupported,
     ThinkingUnsupported,
     ToolsUnsupported,
@@ -41,18 +40,10 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     return chars // 4 + 1
 
 
-def refuse_remote(entry: CatalogEntry, allow_remote: bool) -> None:
-    """403 for a model that runs on a remote service while service.allow_remote_execution is false."""
-    if entry.spec.is_remote(entry.definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
-        )
-
-
 def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote: bool) -> None:
     """Reject what the model cannot take (400/403) before it is queued."""
     spec, definition = entry.spec, entry.definition
-    refuse_remote(entry, allow_remote)
+    entry.refuse_remote(allow_remote)
     if not spec.generates(definition):
         raise InvalidRequest(
             f"model {entry.name} does not generate text (backend {definition.backend}); it answers "

@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from runtime.backends import BACKENDS, BackendSpec
 from runtime.backends.base import CommonDefinition
 from runtime.config import LoadedSettings
+from runtime.errors import RemoteExecutionDisallowed
 from runtime.redaction import redacted_dump
 
 
@@ -33,6 +34,13 @@ class CatalogEntry:
     @property
     def spec(self) -> BackendSpec:
         return BACKENDS[self.definition.backend]
+
+    def refuse_remote(self, allow_remote: bool) -> None:
+        """403 for a model that runs on a remote service while service.allow_remote_execution is false."""
+        if self.spec.is_remote(self.definition) and not allow_remote:
+            raise RemoteExecutionDisallowed(
+                f"model {self.name} runs on a remote service and service.allow_remote_execution is false"
+            )
 
     def definition_dict(self) -> dict:
         """Common fields plus only the resolved backend's fields, secrets redacted: what every

@@ -7,7 +7,8 @@ Every other definition field and load override maps to one llama-server flag
 ``llama_server_mmproj`` and ``llama_server_draft_model`` take the forms of
 ``runtime.pool.model_files`` (absolute, relative to the settings file, ``package:``).
 ``embeddings: true`` adds ``--embeddings`` (and ``--pooling`` where the GGUF declares none);
-such a server still serves chat completions (llama-server switches per batch).
+such a server still serves chat completions (llama-server switches per batch).  ``rerank: true``
+adds ``--reranking`` (rank pooling; not with ``embeddings``).
 ``llama_server_tools`` (default true) passes ``--jinja``: llama-server renders the tools
 through the GGUF's Jinja chat template and parses the model's calls itself (its generic JSON
 format, grammar-constrained, for a template that names no tools).  llama-server reads a named
@@ -26,11 +27,11 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
-from runtime.backends.shared.common_fields import FamilyDefinition
+from runtime.backends.shared.common_fields import FamilyDefinition, refuse_embeddings_with_rerank
 from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
 from runtime.backends.shared.overrides import LoadOverride, PositiveInt, integer_override
 from runtime.errors import BackendError, InvalidLoadRequest
@@ -72,6 +73,9 @@ class LlamaServerDefinition(
     # POST /v1/audio/transcriptions and translations: the server serves them (an audio model) and
     # the request is passed through to it (runtime.backends.shared.openai_audio).
     audio_transcription: bool = False
+    # POST /v1/rerank: started with --reranking (a reranker GGUF, rank pooling); the request goes to
+    # llama-server's /v1/rerank.
+    rerank: bool = False
     # Tool calling: started with --jinja (the default of recent builds, explicit for older ones);
     # false: capabilities.tools is false (the server is not asked for calls).
     llama_server_tools: bool = True
@@ -80,6 +84,11 @@ class LlamaServerDefinition(
     # abandoned one holds its slot at most that long; a longer or unbounded one is streamed all the
     # same (LLAMA_SERVER.stream_always).  0: every call is streamed.
     llama_server_unstreamed_max_tokens: int = Field(16, ge=0)
+
+    @model_validator(mode="after")
+    def _one_pooling(self):
+        refuse_embeddings_with_rerank(self)
+        return self
 
 
 def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
@@ -108,6 +117,7 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
             ("--api-key", config["llama_server_api_key"]),
         ),
         *(_embedding_args(local("model_path")) if config["embeddings"] else []),
+        *(["--reranking"] if config["rerank"] else []),
     ]
     return server_spec.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
 
