@@ -12,6 +12,10 @@ that becomes backlogged again is lifted to the current minimum so idle time
 banks no credit.  A key's prompt estimate is charged at dispatch and corrected
 to the real token count when the request ends.
 
+Which replica a dispatched request starts on is ``runtime.model.routing``'s choice: the one
+whose cache holds the longest prefix of its conversation, within a load bound; such a request may
+wait for its replica (``waiting``, still counted in ``queue_depth``) while another replica idles.
+
 Per-key state is bounded: a key is kept while it has pending or active requests; once idle
 it stays only as a record for the lift (and its rejection count), at most
 ``IDLE_KEYS_RETAINED`` idle keys, the least recently active forgotten first.  An idle key
@@ -28,6 +32,8 @@ from typing import Protocol
 
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, LLMPoolError
+from runtime.inference.prefix_marks import Mark
+from runtime.model.routing import ReplicaPrefixes, choose
 
 # How many idle keys (no pending or active request) keep their counter for the lift.
 IDLE_KEYS_RETAINED = 4096
@@ -38,7 +44,9 @@ class Ticket:
     request_id: str
     fairness_key: str | None
     cost_estimate: int = 0  # prompt tokens, estimated before the engine counts them
+    prefix: tuple[Mark, ...] = ()  # its conversation's prefix marks (runtime.inference.prefix_marks)
     replica: int | None = None
+    waits_for: int | None = None  # the busy replica it waits for (its cache holds the conversation)
     charged: float = 0.0  # weighted tokens charged to the key so far
     seq: int = 0
 
@@ -57,6 +65,7 @@ class KeyState:
     # two thirds of what an idle key cost (the soak's RSS grew 1.1 KiB per fairness key seen).
     queue: deque[Ticket] | tuple = field(default_factory=deque)
     active: int = 0
+    waiting: int = 0  # taken from the queue to wait for a replica of their own
     rejected: int = 0
 
 
@@ -81,12 +90,22 @@ class Scheduler:
     paused: bool = False
     # Replicas that failed while the model serves on the others: nothing is dispatched to them.
     retired: set[int] = field(default_factory=set)
+    # Per replica: the prefixes its cache is believed to hold, and the requests waiting for it.
+    caches: list[ReplicaPrefixes] = field(default_factory=list)
+    waiting: dict[int, deque[Ticket]] = field(default_factory=dict)
+    load_factor: float = 1.25
+    _stamp: itertools.count = field(default_factory=itertools.count)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def open(self, replicas: int, target_per_replica: int) -> None:
+    def open(self, replicas: int, target_per_replica: int, cached_sequences: int = 0, load_factor: float = 1.25) -> None:
+        """Serve on ``replicas``, each up to ``target_per_replica`` requests at once, each believed
+        to keep the prefixes of its last ``cached_sequences`` requests (0: routing by load alone)."""
         self.replicas = replicas
         self.target_per_replica = target_per_replica
         self.active = {index: set() for index in range(replicas)}
+        self.waiting = {index: deque() for index in range(replicas)}
+        self.caches = [ReplicaPrefixes(cached_sequences) for _ in range(replicas)]
+        self.load_factor = load_factor
         self.retired = set()
 
     def close(self, error: LLMPoolError) -> None:
@@ -96,6 +115,8 @@ class Scheduler:
 
     def reject_queued(self, error: LLMPoolError) -> None:
         """Every queued request is rejected with ``error`` (the active ones go on)."""
+        for replica in list(self.waiting):
+            self._requeue_waiting(replica)
         for key, state in list(self.keys.items()):
             while state.queue:
                 self.effects.reject(state.queue.popleft(), error)
@@ -113,8 +134,11 @@ class Scheduler:
         self._dispatch()
 
     def retire(self, replica: int) -> None:
-        """Dispatch nothing more to ``replica`` (it failed); the requests it holds end as they do."""
+        """Dispatch nothing more to ``replica`` (it failed); the requests it holds end as they do,
+        those waiting for it go to the others."""
         self.retired.add(replica)
+        self._requeue_waiting(replica)
+        self._dispatch()
 
     def reset(self) -> None:
         """Forget counters and key statistics (on unload)."""
@@ -123,6 +147,8 @@ class Scheduler:
         self.keys.clear()
         self._idle.clear()
         self.active.clear()
+        self.waiting.clear()
+        self.caches.clear()
         self._heap.clear()
         self._floor = 0.0
         self.queue_depth = 0
@@ -172,6 +198,12 @@ class Scheduler:
     def on_cancel(self, ticket: Ticket) -> bool:
         """Withdraw a queued request; False when it already started (or is unknown)."""
         state = self.keys.get(ticket.fairness_key)
+        if state is not None and ticket in self.waiting.get(ticket.waits_for, ()):
+            self.waiting[ticket.waits_for].remove(ticket)
+            state.waiting -= 1
+            self.queue_depth -= 1
+            self._settle(ticket.fairness_key, state)
+            return True
         if state is None or ticket not in state.queue:
             return False
         was_head = state.queue[0] is ticket
@@ -198,12 +230,12 @@ class Scheduler:
         lowest = min(state.counter for state in self.keys.values())
         busiest = sorted(
             self.keys.items(),
-            key=lambda item: (-(len(item[1].queue) + item[1].active), -item[1].rejected, str(item[0])),
+            key=lambda item: (-(len(item[1].queue) + item[1].waiting + item[1].active), -item[1].rejected, str(item[0])),
         )[: self.fairness.reported_keys]
         return [
             {
                 "key": key,
-                "pending": len(state.queue),
+                "pending": len(state.queue) + state.waiting,
                 "active": state.active,
                 "weight": state.weight,
                 "normalized_score": round(state.counter - lowest, 3),
@@ -227,7 +259,7 @@ class Scheduler:
 
     def _settle(self, key: str | None, state: KeyState) -> None:
         """After a key's request left the queue or ended: an idle key becomes a bounded record."""
-        if state.queue or state.active or self.keys.get(key) is not state:
+        if state.queue or state.active or state.waiting or self.keys.get(key) is not state:
             return
         if state.counter <= self._floor and not state.rejected:
             del self.keys[key]
@@ -260,31 +292,57 @@ class Scheduler:
         if rerank and state.queue:  # the key's heap entry must carry its new counter
             heapq.heappush(self._heap, (state.counter, state.queue[0].seq, ticket.fairness_key))
 
-    def _free_replica(self) -> int | None:
-        if self.paused:
-            return None
-        best, best_load = None, self.target_per_replica
-        for index in range(self.replicas):
-            load = len(self.active[index])
-            if load < best_load and index not in self.retired:
-                best, best_load = index, load
-        return best
+    def _load(self, replica: int) -> int:
+        return len(self.active[replica]) + len(self.waiting[replica])
 
     def _dispatch(self) -> None:
-        while self.queue_depth:
-            replica = self._free_replica()
-            if replica is None:
-                return
+        if self.paused or not self.replicas:
+            return
+        for replica, tickets in self.waiting.items():  # a freed slot goes first to those waiting for it
+            while tickets and len(self.active[replica]) < self.target_per_replica:
+                ticket = tickets.popleft()
+                state = self.keys[ticket.fairness_key]
+                state.waiting -= 1
+                self._start(ticket, state, replica, rerank=True)
+        usable = [index for index in range(self.replicas) if index not in self.retired]
+        while self._heap and usable:
             self._drop_stale()
-            counter, _seq, key = heapq.heappop(self._heap)
-            self._floor = max(self._floor, counter)
+            if not self._heap:
+                return
+            counter, _seq, key = self._heap[0]
             state = self.keys[key]
+            loads = [self._load(index) for index in range(self.replicas)]
+            route = choose(state.queue[0].prefix, self.caches, loads, usable, self.target_per_replica, self.load_factor)
+            if route is None:
+                return
+            heapq.heappop(self._heap)
+            self._floor = max(self._floor, counter)
             ticket = state.queue.popleft()
-            self.queue_depth -= 1
-            state.active += 1
-            ticket.replica = replica
-            self.active[replica].add(ticket)
-            self._charge(state, ticket, ticket.cost_estimate / state.weight, rerank=False)
-            if state.queue:
+            if route.wait:
+                ticket.waits_for = route.replica
+                state.waiting += 1
+                self.waiting[route.replica].append(ticket)
+            else:
+                self._start(ticket, state, route.replica, rerank=False)
+            if state.queue:  # the key's next request, at the counter this one left
                 heapq.heappush(self._heap, (state.counter, state.queue[0].seq, key))
-            self.effects.start(ticket, replica)
+
+    def _start(self, ticket: Ticket, state: KeyState, replica: int, *, rerank: bool) -> None:
+        self.queue_depth -= 1
+        state.active += 1
+        ticket.replica = replica
+        self.active[replica].add(ticket)
+        self.caches[replica].record(ticket.prefix, next(self._stamp))
+        self._charge(state, ticket, ticket.cost_estimate / state.weight, rerank=rerank)
+        self.effects.start(ticket, replica)
+
+    def _requeue_waiting(self, replica: int) -> None:
+        """The requests waiting for ``replica`` go back to the heads of their keys' queues."""
+        tickets = self.waiting.get(replica)
+        while tickets:
+            ticket = tickets.pop()  # the latest first, so each key's earliest ends up at its head
+            ticket.waits_for = None
+            state = self._key(ticket.fairness_key)
+            state.waiting -= 1
+            state.queue.appendleft(ticket)
+            heapq.heappush(self._heap, (state.counter, ticket.seq, ticket.fairness_key))

@@ -151,6 +151,9 @@ LLAMA_SERVER = managed.ServerProfile(
 )
 
 
+# The conversations routing takes a llama-server replica's prompt cache to keep besides its slots'.
+PROMPT_CACHE_SEQUENCES = 16
+
 # The constraint keys of a field POST .../reconfigure changes by restarting the server.
 RESTART = {"reconfigurable": True, "reconfigure_mode": "restart"}
 
@@ -210,6 +213,12 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
              "examples": ["auto", "on", "off"], **RESTART},
         ),
     )
+
+    def prefix_cache_sequences(self, target_inflight):
+        """Its slots' conversations, and the prompts its host-memory prompt cache (``--cache-ram``,
+        8 GiB by default) keeps of conversations that left a slot: taken as
+        ``PROMPT_CACHE_SEQUENCES`` more."""
+        return target_inflight + PROMPT_CACHE_SEQUENCES
 
     def context_length(self, config):
         """What one request gets: the slots share ``-c``."""
