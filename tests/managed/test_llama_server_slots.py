@@ -1,0 +1,109 @@
+"""llama-server's saved slots for real (the cached build serving SmolLM2, one slot): a conversation's
+cache is saved when the model unloads and restored when it loads again; a file llama-server
+refuses is dropped and the request prefills; a changed model file never restores."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from runtime.backends.llama_server.slots import SlotStore
+
+SYSTEM = "You are the librarian of a small town. Answer in one short sentence. " + " ".join(
+    f"Shelf {i} holds the books whose authors' names start with letter {chr(65 + i % 26)}." for i in range(1, 31)
+)
+FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
+
+
+@pytest.fixture
+def smol(live_service, llama_server_binary, smollm2_gguf, tmp_path):
+    """A service with a copy of SmolLM2 on llama-server (its file's mtime is the test's to change):
+    (an HTTP client, the copy's path, the KV store's folder)."""
+    model_file = tmp_path / "smol.gguf"
+    shutil.copyfile(smollm2_gguf, model_file)
+    model = {
+        "backend": "llama_server", "model_path": str(model_file), "llama_server_binary": llama_server_binary,
+        "llama_server_n_ctx": 2048, "llama_server_startup_timeout_seconds": 60.0, "target_inflight": 1,
+    }
+    service = live_service({"smol": model}, env={"LLMPOOL_STATE_DIR": str(tmp_path / "state")})
+    with service.client(timeout=120) as http:
+        yield http, model_file, tmp_path / "state" / "kv"
+    assert service.stop() == 0
+
+
+def cycle(http, action: str) -> None:
+    state = {"load": "loaded", "unload": "unloaded"}[action]
+    assert http.post(f"/v1/admin/models/smol/{action}").json()["runtime_state"] == state
+
+
+def ask(http, second_turn: bool, answer: str = "") -> dict:
+    items = [{"role": "user", "content": FIRST}]
+    if second_turn:
+        items += [{"role": "assistant", "content": answer}, {"role": "user", "content": SECOND}]
+    body = {"model": "smol", "instructions": SYSTEM, "input": items, "max_output_tokens": 8, "temperature": 0.0}
+    response = http.post("/v1/responses", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def saved(kv) -> dict[str, list[str]]:
+    return {folder.name: sorted(f.name for f in folder.glob("*.kv")) for folder in kv.iterdir() if folder.is_dir()}
+
+
+def test_a_conversation_finds_its_saved_slot_after_a_reload_unless_the_file_or_the_model_changed(smol):
+    http, model_file, kv = smol
+    cycle(http, "load")
+    first = ask(http, False)
+    answer = first["output"][-1]["content"][0]["text"]
+    cycle(http, "unload")
+    [(folder, [name])] = saved(kv).items()
+
+    cycle(http, "load")  # the saved slot is restored: the second turn decodes only its new tokens
+    second = ask(http, True, answer)
+    assert second["usage"]["input_tokens_details"]["cached_tokens"] >= first["usage"]["input_tokens"] - 8 > 256
+    cycle(http, "unload")
+    assert len(saved(kv)[folder]) == 2  # the longer conversation, beside the first
+
+    for path in (kv / folder).glob("*.kv"):  # truncated: llama-server refuses them, they are dropped
+        os.truncate(path, path.stat().st_size // 2)
+    cycle(http, "load")
+    assert saved(kv)[folder] == []
+    again = ask(http, True, answer)
+    assert again["usage"]["input_tokens_details"]["cached_tokens"] < 32
+    assert again["output"][-1]["content"][0]["text"] == second["output"][-1]["content"][0]["text"]
+    cycle(http, "unload")
+    assert len(saved(kv)[folder]) == 1
+
+    stat = model_file.stat()  # the model file changed: another identity, the old folder is never read
+    os.utime(model_file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    cycle(http, "load")
+    assert ask(http, True, answer)["usage"]["input_tokens_details"]["cached_tokens"] < 32
+    cycle(http, "unload")
+    folders = saved(kv)
+    assert len(folders) == 2 and len(folders[folder]) == 1
+
+
+def test_the_slots_identity_is_the_files_and_the_kv_settings(tmp_path):
+    binary, model = tmp_path / "llama-server", tmp_path / "m.gguf"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    model.write_bytes(b"GGUF")
+    config = {"llama_server_binary": str(binary), "model_path": str(model), "llama_server_mmproj": None,
+              "llama_server_n_ctx": 2048, "target_inflight": 1, "llama_server_type_k": None,
+              "llama_server_type_v": None, "llama_server_flash_attn": "auto"}
+    settings = {"enabled": True, "max_mib": 10, "max_model_mib": 5, "min_tokens": 256}
+    context = {"kv_store": settings, "state_dir": str(tmp_path / "state"), "base_dir": str(tmp_path)}
+
+    def folder(**changes):
+        return SlotStore.for_replica({**config, **changes}, context).folder
+
+    same = folder()
+    assert folder() == same and same.parent == tmp_path / "state" / "kv"
+    changed = [folder(llama_server_n_ctx=4096), folder(target_inflight=2), folder(llama_server_type_k="q8_0"),
+               folder(llama_server_flash_attn="on")]
+    assert len({same, *changed}) == 5
+    os.utime(model, ns=(0, 10**9))
+    assert folder() != same
+    assert SlotStore.for_replica(config, {**context, "kv_store": {**settings, "enabled": False}}) is None
+    assert SlotStore.for_replica({**config, "llama_server_binary": "no-such-llama-server"}, context) is None
