@@ -47,8 +47,6 @@ class ReplicaPrefixes:
     def record(self, marks: tuple[Mark, ...], stamp: int) -> None:
         """A request with ``marks`` was sent here: it continues the remembered sequence it shares
         the most with (that sequence's slot is reused), else it takes a new one."""
-        if self.capacity == 0:
-            return  # nothing remembered: ties of load go to the lowest index, as without routing
         self.last_used = stamp
         if not marks:
             return

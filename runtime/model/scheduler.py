@@ -33,7 +33,7 @@ from typing import Protocol
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, LLMPoolError
 from runtime.inference.prefix_marks import Mark
-from runtime.model.routing import ReplicaPrefixes, choose
+from runtime.model.routing import ReplicaPrefixes, Route, choose
 
 # How many idle keys (no pending or active request) keep their counter for the lift.
 IDLE_KEYS_RETAINED = 4096
@@ -295,6 +295,25 @@ class Scheduler:
     def _load(self, replica: int) -> int:
         return len(self.active[replica]) + len(self.waiting[replica])
 
+    def _free_replica(self) -> int | None:
+        """The least loaded replica with a free slot, ties to the lowest index; None: none."""
+        best, best_load = None, self.target_per_replica
+        active, waiting = self.active, self.waiting
+        for index in range(self.replicas):
+            load = len(active[index]) + len(waiting[index])
+            if load < best_load and index not in self.retired:
+                best, best_load = index, load
+        return best
+
+    def _route(self, ticket: Ticket, free: int) -> Route | None:
+        """Where ``ticket`` goes (``routing.choose``); without remembered prefixes, or for a
+        request without marks, to ``free``, the least loaded free replica."""
+        if not ticket.prefix or not self.caches[0].capacity:
+            return Route(free)
+        usable = [index for index in range(self.replicas) if index not in self.retired]
+        loads = [self._load(index) for index in range(self.replicas)]
+        return choose(ticket.prefix, self.caches, loads, usable, self.target_per_replica, self.load_factor)
+
     def _dispatch(self) -> None:
         if self.paused or not self.replicas:
             return
@@ -304,15 +323,16 @@ class Scheduler:
                 state = self.keys[ticket.fairness_key]
                 state.waiting -= 1
                 self._start(ticket, state, replica, rerank=True)
-        usable = [index for index in range(self.replicas) if index not in self.retired]
-        while self._heap and usable:
+        while self._heap:
+            free = self._free_replica()
+            if free is None:
+                return
             self._drop_stale()
             if not self._heap:
                 return
             counter, _seq, key = self._heap[0]
             state = self.keys[key]
-            loads = [self._load(index) for index in range(self.replicas)]
-            route = choose(state.queue[0].prefix, self.caches, loads, usable, self.target_per_replica, self.load_factor)
+            route = self._route(state.queue[0], free)
             if route is None:
                 return
             heapq.heappop(self._heap)
@@ -332,7 +352,9 @@ class Scheduler:
         state.active += 1
         ticket.replica = replica
         self.active[replica].add(ticket)
-        self.caches[replica].record(ticket.prefix, next(self._stamp))
+        cache = self.caches[replica]
+        if cache.capacity:
+            cache.record(ticket.prefix, next(self._stamp))
         self._charge(state, ticket, ticket.cost_estimate / state.weight, rerank=rerank)
         self.effects.start(ticket, replica)
 
