@@ -3,9 +3,11 @@ cache is saved when the model unloads and restored when it loads again; a file l
 refuses is dropped and the request prefills; a changed model file never restores."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
+import httpx
 import pytest
 
 from runtime.backends.llama_server.slots import SlotStore
@@ -107,3 +109,40 @@ def test_the_slots_identity_is_the_files_and_the_kv_settings(tmp_path):
     assert folder() != same
     assert SlotStore.for_replica(config, {**context, "kv_store": {**settings, "enabled": False}}) is None
     assert SlotStore.for_replica({**config, "llama_server_binary": "no-such-llama-server"}, context) is None
+
+
+async def test_save_writes_the_used_idle_slots_and_restore_drops_what_the_server_refuses(tmp_path):
+    store = SlotStore(tmp_path / "kv", {"engine": "test"}, max_bytes=10_000, max_model_bytes=1_000, min_tokens=256)
+    store.save_path()
+    slots = [
+        {"id": 0, "id_task": 5, "is_processing": False, "n_prompt_tokens": 300, "prompt": "a", "generated": "b"},
+        {"id": 1, "id_task": 6, "is_processing": True, "n_prompt_tokens": 300, "prompt": "c", "generated": ""},
+        {"id": 2, "id_task": 7, "is_processing": False, "n_prompt_tokens": 10, "prompt": "d", "generated": ""},
+        {"id": 3, "is_processing": False},  # never used since the server started
+        {"id": 4, "id_task": 8, "is_processing": False, "n_prompt_tokens": 900, "prompt": "e", "generated": ""},
+    ]
+    calls = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        calls.append((request.url.path, request.url.params.get("action")))
+        if request.url.path == "/slots":
+            return httpx.Response(200, json=slots)
+        name = json.loads(request.content)["filename"]
+        if request.url.params["action"] == "save":  # as llama-server does: the file in --slot-save-path
+            (store.folder / name).write_bytes(b"x" * (2_000 if request.url.path == "/slots/4" else 100))
+            return httpx.Response(200, json={"filename": name})
+        return httpx.Response(200 if name == kept else 400, json={"filename": name})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(server), base_url="http://llama") as client:
+        written = await store.save(client)
+        # Slot 4's file is larger than the model's budget: deleted, not counted.
+        assert calls == [("/slots", None), ("/slots/0", "save"), ("/slots/4", "save")]
+        assert [path.name for path in store.folder.iterdir()] == written and len(written) == 1
+        kept = written[0]
+        (store.folder / ("0" * 32 + ".kv")).write_bytes(b"broken")
+        later = (store.folder / kept).stat().st_mtime_ns + 10**9
+        os.utime(store.folder / ("0" * 32 + ".kv"), ns=(later, later))  # the most recent: tried first
+        calls.clear()
+        assert await store.restore(client, slots=2) == [kept]
+    assert calls == [("/slots/0", "restore"), ("/slots/0", "restore")]
+    assert [path.name for path in store.folder.iterdir()] == [kept]
