@@ -12,16 +12,21 @@ the most with the prompt) and llama-server decodes only the rest.
 The identity is what a slot's state depends on: the GGUF (real path, size, mtime), ``-c`` and the
 slot count that divides it, the K and V cache types, flash attention, the multimodal projector and
 the llama-server binary (real path, size, mtime); a changed one is another folder, never read.
-A file llama-server refuses to restore (truncated, corrupt) is deleted with a warning and the
-conversation prefills as usual.  The files count in ``engine.kv_store``'s budgets with the
-llama_cpp engine's.
+llama-server aborts on a truncated slot file (``GGML_ASSERT(nread <= state_size)``), so a file is
+checked before it is restored: llama-server writes it under a temporary name, and it is renamed to
+the SHA-256 of its content; one whose content no longer matches its name (truncated, corrupt) is
+deleted with a warning, as is one llama-server refuses, and the conversation prefills as usual.
+The files count in ``engine.kv_store``'s budgets with the llama_cpp engine's.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
 import shutil
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +38,8 @@ from runtime.pool.model_files import ModelFileError, resolve_model_file
 logger = logging.getLogger("llmpool.runtime")
 
 SLOT_CALL_SECONDS = 120.0  # a save or restore writes or reads the slot's whole cache
+PART = ".part-"  # the prefix of a file llama-server is writing (not yet a saved slot)
+STALE_PART_SECONDS = 3600  # a part this old was left by a server that stopped while saving
 
 
 def file_identity(path: str) -> dict:
@@ -90,29 +97,44 @@ class SlotStore:
         """Save every idle slot that served at least ``min_tokens`` prompt tokens, then hold the
         budgets; the files written.  Never raises: a failed save is a warning."""
         written = []
+        self._remove_stale_parts()
         try:
             slots = (await client.get("/slots")).raise_for_status().json()
             for slot in slots:
                 if slot.get("is_processing") or "id_task" not in slot:
                     continue  # busy (the server is stopping under it), or never used since its start
                 if slot.get("n_prompt_tokens", 0) < self.min_tokens:
-                    continue
-                content = f"{slot.get('prompt', '')}\0{slot.get('generated', '')}".encode()
-                name = hashlib.sha256(content).hexdigest()[:32] + SUFFIX
-                answer = await client.post(f"/slots/{slot['id']}", params={"action": "save"}, json={"filename": name})
-                if answer.status_code != 200:
-                    logger.warning("llama-server could not save slot %s: %s", slot["id"], answer.text[:200])
-                    continue
-                if size(self.folder / name) > self.max_model_bytes:
-                    remove(self.folder / name)  # one conversation larger than the model's whole budget
-                    continue
-                written.append(name)
-        except (httpx.HTTPError, ValueError, TypeError, KeyError) as exc:
+                    continue  # a restored slot that served nothing since has no task: not saved again
+                name = await self._save_slot(client, slot["id"])
+                if name is not None:
+                    written.append(name)
+        except (httpx.HTTPError, OSError, ValueError, TypeError, KeyError) as exc:
             logger.warning("saving llama-server's slots failed: %s", exc)
         if written:
             logger.info("saved %d llama-server slot(s) to %s", len(written), self.folder)
             keep_budgets(self.folder, self.root, self.max_model_bytes, self.max_bytes)
         return written
+
+    async def _save_slot(self, client: httpx.AsyncClient, slot: int) -> str | None:
+        """Have llama-server write ``slot`` to a part, then name it by its content's hash."""
+        part = self.folder / f"{PART}{uuid.uuid4().hex}"
+        try:
+            answer = await client.post(f"/slots/{slot}", params={"action": "save"}, json={"filename": part.name})
+            if answer.status_code != 200:
+                logger.warning("llama-server could not save slot %s: %s", slot, answer.text[:200])
+                return None
+            if size(part) > self.max_model_bytes:
+                return None  # one conversation larger than the model's whole budget
+            path = self.folder / (await asyncio.to_thread(content_name, part))
+            os.replace(part, path)
+            return path.name
+        finally:
+            remove(part)
+
+    def _remove_stale_parts(self) -> None:
+        for part in self.folder.glob(PART + "*"):
+            if time.time() - mtime(part) > STALE_PART_SECONDS:
+                remove(part)
 
     async def restore(self, client: httpx.AsyncClient, slots: int) -> list[str]:
         """Restore the most recently used saved files into slots 0, 1, ... (at most ``slots``);
@@ -122,6 +144,10 @@ class SlotStore:
         for path in files:
             if slot >= slots:
                 break
+            if await asyncio.to_thread(content_name, path) != path.name:
+                logger.warning("dropped the saved llama-server slot %s: its content does not match its name", path)
+                remove(path)
+                continue
             try:
                 answer = await client.post(f"/slots/{slot}", params={"action": "restore"}, json={"filename": path.name})
             except httpx.HTTPError as exc:
@@ -137,3 +163,12 @@ class SlotStore:
         if restored:
             logger.info("restored %d llama-server slot(s) from %s", len(restored), self.folder)
         return restored
+
+
+def content_name(path: Path) -> str:
+    """The name a saved slot file goes by: the SHA-256 of its content (checked before a restore)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()[:32] + SUFFIX
