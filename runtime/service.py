@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from runtime.observe.activity import RequestObserver, activity_answer
 from runtime.observe.records import RequestRecord
 from runtime.inference.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
+from runtime.inference.prefix_marks import prefix_marks
 from runtime.inference.pipeline import Emit, Output, run_on_engine
 from runtime.config import parse_load_body
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
@@ -257,7 +258,8 @@ class RuntimeService:
         check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
         if request.keep_alive_seconds is not None:  # the edge passes one only where the operator allows it
             controller.set_keep_alive(request.keep_alive_seconds)
-        ticket = queue_ticket(request, controller.entry.definition, estimate_prompt_tokens(request), record.started)
+        ticket = queue_ticket(request, controller.entry.definition, estimate_prompt_tokens(request), record.started,
+                              prefix=prefix_marks(request))
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
         forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)
         output = Output(request, emit, open_on_first_chunk=request.stream and forwarded, record=record)

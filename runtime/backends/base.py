@@ -313,6 +313,12 @@ class BackendSpec:
     def effective_target_inflight(self, configured: int) -> int:
         return configured if self.concurrent else 1
 
+    def prefix_cache_sequences(self, target_inflight: int) -> int:
+        """How many conversations one replica's cache is taken to keep with ``target_inflight``
+        slots (runtime.model.routing sends a conversation back to the replica that holds it); 0,
+        the default: no prefix cache is known, requests go to the least loaded replica."""
+        return 0
+
     # -- load overrides ----------------------------------------------------------------
     def validate_overrides(self, definition: CommonDefinition, overrides: dict[str, Any]) -> dict[str, Any]:
         """Check a schema-valid, sparse load body for this backend; raise InvalidLoadRequest (400).

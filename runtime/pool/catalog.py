@@ -17,7 +17,7 @@ from fnmatch import fnmatchcase
 
 from runtime.backends import BACKENDS, BackendSpec
 from runtime.backends.base import CommonDefinition
-from runtime.config import LoadedSettings
+from runtime.config import LoadedSettings, RoutingSettings
 from runtime.errors import RemoteExecutionDisallowed
 from runtime.redaction import redacted_dump
 
@@ -30,6 +30,8 @@ class CatalogEntry:
     base_dir: str
     # engine.kv_store of the settings, as its engines are handed it (runtime.model.replicas).
     kv_store: dict = field(default_factory=dict)
+    # engine.routing of the settings, as its scheduler opens with it (runtime.model.routing).
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
 
     @property
     def spec(self) -> BackendSpec:
@@ -62,6 +64,7 @@ def build_catalog(loaded: LoadedSettings) -> dict[str, CatalogEntry]:
             sources=tuple(loaded.sources.get(name, ())),
             base_dir=loaded.base_dir,
             kv_store=loaded.settings.engine.kv_store.model_dump(),
+            routing=loaded.settings.engine.routing,
         )
         for name, definition in loaded.settings.models.items()
     }

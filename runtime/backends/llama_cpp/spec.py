@@ -170,6 +170,10 @@ class LlamaCppSpec(BackendSpec):
     def context_length(self, config):
         return config.get("gguf_n_ctx")
 
+    def prefix_cache_sequences(self, target_inflight):
+        """One sequence per slot: a replica keeps the conversation each of its slots served last."""
+        return target_inflight
+
     def sleeping_mib(self, definition, config, base_dir, awake_mib):
         """Asleep, the weights stay mapped (and the process): the estimate's weights and overhead."""
         parts = self.estimate_parts(definition, config, base_dir)

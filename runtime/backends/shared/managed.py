@@ -68,6 +68,7 @@ class LaunchSite:
     base_dir: str
     scratch_dir: Path
     stem: str  # "<runtime pid>-<model>.r<replica>": prefix of the load's temporary files
+    slot_save_path: str | None = None  # where the server saves its slots (llama_server), None: nowhere
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ class ManagedServerEngine:
         self._report: asyncio.Task | None = None  # the death report, kept referenced until it ran
         self._loaded = False
         self._stopping = False
+        self.slot_save_path: str | None = None  # the LaunchSite's (a subclass that saves slots sets it)
 
     def _field(self, name: str) -> Any:
         return self.config[f"{self.profile.prefix}_{name}"]
@@ -207,6 +209,7 @@ class ManagedServerEngine:
             base_dir=self.context["base_dir"],
             scratch_dir=state_dir / "tmp",
             stem=f"{os.getpid()}-{self.model_name}.r{self.replica_index}",
+            slot_save_path=self.slot_save_path,
         )
         site.scratch_dir.mkdir(parents=True, exist_ok=True)
         try:
