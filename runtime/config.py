@@ -157,10 +157,21 @@ class KvStoreSettings(_Strict):
     min_tokens: int = Field(256, ge=1)  # a shorter sequence is not worth a file
 
 
+class RoutingSettings(_Strict):
+    """``engine.routing``: which replica of a model a request goes to (runtime.model.routing;
+    docs/scheduling.md).  ``prefix_affinity``: to the one whose cache holds the longest prefix of
+    its conversation, within ``load_factor`` times the replicas' average load; off, to the least
+    loaded."""
+
+    prefix_affinity: bool = True
+    load_factor: float = Field(1.25, ge=1.0, le=16.0)
+
+
 class EngineSettings(_Strict):
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
     kv_store: KvStoreSettings = Field(default_factory=KvStoreSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
 
 
 ModelDefinition = Annotated[

@@ -85,6 +85,8 @@ ToolsUnsupported = _error("ToolsUnsupported", "tools_unsupported", 400)
 EmbeddingsUnsupported = _error("EmbeddingsUnsupported", "embeddings_unsupported", 400)
 # POST /v1/audio/transcriptions (or translations) to a model without capabilities.audio_transcription.
 TranscriptionUnsupported = _error("TranscriptionUnsupported", "transcription_unsupported", 400)
+# POST /v1/rerank to a model whose definition does not say rerank: true.
+RerankUnsupported = _error("RerankUnsupported", "rerank_unsupported", 400)
 # A token count (POST /v1/messages/count_tokens, .../input_tokens) for a model whose engine has no tokenizer here.
 TokenCountUnsupported = _error("TokenCountUnsupported", "token_count_unsupported", 400)
 # A raw text prompt (POST /v1/completions) for a model whose engine runs chat messages only.

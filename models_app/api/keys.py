@@ -2,8 +2,8 @@
 request takes.
 
 Every inference endpoint (POST /v1/responses, /v1/chat/completions, /v1/completions, /v1/embeddings,
-/v1/messages, GET /v1/models and /v1/models/{id}) asks ``(await key_ring()).caller(header)`` once per
-request, before anything else:
+/v1/rerank, /v1/messages, GET /v1/models and /v1/models/{id}) asks ``(await key_ring()).caller(header)``
+once per request, before anything else:
 
 - no keys configured: anyone may call, every model; the fairness key is the first of
   ``service.fairness_key_headers`` the request carries, else None (the parser then takes the

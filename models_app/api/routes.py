@@ -20,10 +20,13 @@ from models_app.api.completions.endpoint import completions_app
 from models_app.api.completions.protocol import CompletionBody
 from models_app.api.embeddings.endpoint import embeddings_app
 from models_app.api.embeddings.protocol import EmbeddingBody
+from models_app.api.limits import MAX_RERANK_DOCUMENTS
 from models_app.api.messages.endpoint import count_tokens_app, messages_app
 from models_app.api.messages.protocol import CountTokensBody, MessagesBody
 from models_app.api.ollama.endpoint import OLLAMA_ROUTES
 from models_app.api.openapi import with_inference_operations
+from models_app.api.rerank.endpoint import RERANK_ROUTES
+from models_app.api.rerank.protocol import RerankBody
 from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
 from models_app.api.responses.protocol import ResponsesBody
 
@@ -34,6 +37,7 @@ INFERENCE_ROUTES = {
     "/v1/embeddings": embeddings_app,
     "/v1/audio/transcriptions": transcriptions_app,  # multipart/form-data, not JSON
     "/v1/audio/translations": translations_app,
+    **RERANK_ROUTES,  # /v1/rerank and the paths other servers give it (/rerank, /v1/reranking)
     "/v1/messages": messages_app,
     "/v1/messages/count_tokens": count_tokens_app,
     "/v1/chat/completions/input_tokens": chat_input_tokens_app,
@@ -95,6 +99,16 @@ INFERENCE_OPERATIONS = [
         "embeddings_unsupported), through the same model lookup, lifecycle rejections, admission and scheduler "
         "as /v1/responses. encoding_format float (default) or base64 (little-endian float32, as OpenAI); "
         "dimensions only where the upstream judges it (vllm_serve, openai_remote), else 400 naming the field. "
+        + KEYS_NOTE,
+        streams=False,
+    ),
+    InferenceOperation(
+        "/v1/rerank", RerankBody, "Rerank documents by their relevance to a query (Jina / Cohere rerank API)",
+        f"One relevance score per document (a string or an object with text; at most {MAX_RERANK_DOCUMENTS}, the "
+        "query a non-empty string) from a model whose capabilities.rerank is true (else 400 rerank_unsupported), through the same "
+        "model lookup, lifecycle rejections, admission and scheduler as /v1/embeddings. results are sorted by "
+        "relevance_score, highest first, cut to top_n; each carries index (the document's place in the request) "
+        "and, unless return_documents is false, document.text. Also served at /rerank and /v1/reranking. "
         + KEYS_NOTE,
         streams=False,
     ),

@@ -39,6 +39,7 @@ OP_CATALOG = "catalog"
 OP_GENERATE = "generate"
 OP_EMBED = "embed"
 OP_TRANSCRIBE = "transcribe"  # speech to text (runtime.inference.transcription)
+OP_RERANK = "rerank"  # one score per document (runtime.inference.rerank)
 OP_COUNT_TOKENS = "count_tokens"  # a generate payload's prompt tokens (runtime.inference.token_count)
 OP_METRICS = "metrics"  # the runtime's Prometheus text (GET /metrics)
 OP_ACTIVITY = "activity"  # the ring of finished requests (GET /v1/admin/activity)

@@ -155,6 +155,8 @@ class Engine(Protocol):
     # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.inference.embedding.
     # An engine of a speech-to-text model (BackendSpec.audio_transcription) has ``transcribe(request)``,
     # an async iterator of TranscriptSegment then Transcribed: see runtime.inference.transcription.
+    # One of a reranking model (BackendSpec.rerank) has
+    # ``async rerank(query, documents) -> (scores, prompt_tokens)``: see runtime.inference.rerank.
 
 
 # ---- spec ----------------------------------------------------------------------------
@@ -252,6 +254,11 @@ class BackendSpec:
         sent it and judges it (a local engine answers vectors of the model's own size)."""
         return False
 
+    def rerank(self, definition: CommonDefinition) -> bool:
+        """Whether the model answers POST /v1/rerank: its definition's ``rerank`` field, which
+        only the backends that can score (query, document) pairs declare (false everywhere else)."""
+        return bool(getattr(definition, "rerank", False))
+
     def raw_prompt(self, definition: CommonDefinition) -> bool:
         """Whether the model takes a raw text prompt (``GenerationRequest.prompt``, POST
         /v1/completions): an engine that tokenizes it as it is, without a chat template, or one
@@ -300,12 +307,19 @@ class BackendSpec:
             "thinking_token_budget": None,
             "embeddings": self.embeddings(definition),
             "audio_transcription": self.audio_transcription(definition),
+            "rerank": self.rerank(definition),
             "tools": self.tools(definition),
             "tool_choice": self.tool_choices(definition),
         }
 
     def effective_target_inflight(self, configured: int) -> int:
         return configured if self.concurrent else 1
+
+    def prefix_cache_sequences(self, target_inflight: int) -> int:
+        """How many conversations one replica's cache is taken to keep with ``target_inflight``
+        slots (runtime.model.routing sends a conversation back to the replica that holds it); 0,
+        the default: no prefix cache is known, requests go to the least loaded replica."""
+        return 0
 
     # -- load overrides ----------------------------------------------------------------
     def validate_overrides(self, definition: CommonDefinition, overrides: dict[str, Any]) -> dict[str, Any]:

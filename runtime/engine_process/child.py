@@ -5,7 +5,7 @@ the Unix socket it inherited as fd N (see ``protocol``); with ``--warm`` (a spar
 first imports that backend's engine library (``spec.warm_up``).  It builds the engine
 with ``BACKENDS[backend].create_engine(...)``, exactly as the runtime would in its own
 process, and runs it on this process's event loop: ``load`` once, any number of
-``generate``, ``embed`` and ``transcribe`` at a time (each cancellable), ``unload`` (then it exits 0).  It
+``generate``, ``embed``, ``transcribe`` and ``rerank`` at a time (each cancellable), ``unload`` (then it exits 0).  It
 exits as soon as the socket closes: the runtime is gone.  Django is never imported.
 
 A native fault kills this process, not the runtime; ``faulthandler`` writes the
@@ -56,7 +56,7 @@ class EngineHost:
         self._handlers = {
             # A stream's handler is its relay itself: a fault's stack in the output tail stays short.
             p.LOAD: self._on_load, p.GENERATE: partial(self._relay, self._generation, _generation_frame),
-            p.EMBED: self._on_embed, p.COUNT: self._on_count,
+            p.EMBED: self._on_embed, p.COUNT: self._on_count, p.RERANK: self._on_rerank,
             p.TRANSCRIBE: partial(self._relay, self._transcription, _transcription_frame),
             p.CANCEL: self._on_cancel, p.STATS: self._on_stats, p.RECONFIGURE: self._on_reconfigure,
             p.SLEEP: self._on_sleep, p.WAKE: self._on_wake, p.UNLOAD: self._on_unload,
@@ -143,6 +143,13 @@ class EngineHost:
         with self._running(embed_id):
             vectors, prompt_tokens = await self.engine.embed(message["inputs"], dimensions=message.get("dimensions"))
             self.outbox.send({"op": p.EMBEDDED, "id": embed_id, "vectors": vectors, "prompt_tokens": prompt_tokens})
+
+    async def _on_rerank(self, message: dict[str, Any]) -> None:
+        """The engine's ``rerank``, cancellable like a generation."""
+        rerank_id = message["id"]
+        with self._running(rerank_id):
+            scores, prompt_tokens = await self.engine.rerank(message["query"], message["documents"])
+            self.outbox.send({"op": p.RERANKED, "id": rerank_id, "scores": scores, "prompt_tokens": prompt_tokens})
 
     async def _on_count(self, message: dict[str, Any]) -> None:
         """The engine's ``count_tokens`` (runtime.inference.token_count), cancellable like a generation."""

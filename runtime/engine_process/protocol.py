@@ -10,9 +10,11 @@ runtime -> engine process
     ``embed`` {id, inputs, dimensions}   answered by ``embedded`` or ``error``
     ``transcribe`` {id, request} answered by ``segment``* then ``transcribed`` or ``error`` (the
         engine's ``transcribe``, runtime.inference.transcription; the request's audio as bytes)
+    ``rerank`` {id, query, documents}    answered by ``reranked`` or ``error``
     ``count`` {id, request}      answered by ``counted`` {id, input_tokens} (the engine's
         ``count_tokens``, runtime.inference.token_count) or ``error``
-    ``cancel`` {id}              answered by ``cancelled`` once that generate (embed, transcribe) has stopped
+    ``cancel`` {id}              answered by ``cancelled`` once that generate (embed, transcribe,
+        rerank) has stopped
     ``stats``                    answered by ``stats`` {rss_bytes, gpu_memory_bytes}
     ``unload``                   answered by ``unloaded``; the process then exits 0
     ``reconfigure`` {config, overlap?} answered by ``reconfigured`` once the engine's inference state (a
@@ -28,6 +30,7 @@ engine process -> runtime
     ``embedded`` {id, vectors, prompt_tokens}: the vectors of embed ``id``, one per input
     ``segment`` {id, segment}: one TranscriptSegment of transcription ``id``, as its wire dict
     ``transcribed`` {id, language, duration}: the end of transcription ``id``
+    ``reranked`` {id, scores, prompt_tokens}: the scores of rerank ``id``, one per document
     ``error`` {id, reply_to, code, message}: ``id`` is the generation (or embed) or null, ``reply_to``
         the op that failed; ``code`` is the LLMPoolError code (``internal_error`` otherwise)
     ``failed`` {message}: the engine reported itself dead (``context["on_engine_failure"]``)
@@ -56,6 +59,7 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 LOAD, GENERATE, EMBED, CANCEL, STATS, UNLOAD = "load", "generate", "embed", "cancel", "stats", "unload"
 COUNT, COUNTED = "count", "counted"  # runtime.inference.token_count
 TRANSCRIBE, SEGMENT, TRANSCRIBED = "transcribe", "segment", "transcribed"  # runtime.inference.transcription
+RERANK, RERANKED = "rerank", "reranked"  # runtime.inference.rerank
 RECONFIGURE, SLEEP, WAKE = "reconfigure", "sleep", "wake"  # runtime.model.residency
 RECONFIGURED, SLEPT, WOKEN = "reconfigured", "slept", "woken"
 # Replies and events (engine process -> runtime); STATS answers with its own name.

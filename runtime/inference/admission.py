@@ -22,7 +22,6 @@ from runtime.errors import (
     ModalityUnsupported,
     MultiTurnUnsupported,
     RawPromptUnsupported,
-    RemoteExecutionDisallowed,
     ResponseFormatUnsupported,
     ThinkingUnsupported,
     ToolsUnsupported,
@@ -62,14 +61,6 @@ def engine_request(entry: CatalogEntry, payload: dict, decoding: DecodingSetting
     return check_request(entry, with_typed(request, typed), allow_remote)
 
 
-def refuse_remote(entry: CatalogEntry, allow_remote: bool) -> None:
-    """403 for a model that runs on a remote service while service.allow_remote_execution is false."""
-    if entry.spec.is_remote(entry.definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
-        )
-
-
 def check_request(entry: CatalogEntry, request: InferenceRequest, allow_remote: bool) -> InferenceRequest:
     """Reject what the model cannot take (400/403) before it is queued; answer the kind its engine
     runs.  An engine that forwards gets a forwarded request as it is (its upstream judges the
@@ -77,7 +68,7 @@ def check_request(entry: CatalogEntry, request: InferenceRequest, allow_remote: 
     forwarded request's first typed refusal is then its 400."""
     spec, definition = entry.spec, entry.definition
     typed = typed_request(request)
-    refuse_remote(entry, allow_remote)
+    entry.refuse_remote(allow_remote)
     if not spec.generates(definition):
         raise InvalidRequest(
             f"model {entry.name} does not generate text (backend {definition.backend}); it answers "

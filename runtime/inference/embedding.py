@@ -18,12 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime.errors import (
-    BackendError,
-    EmbeddingsUnsupported,
-    InvalidRequest,
-    RemoteExecutionDisallowed,
-)
+from runtime.errors import BackendError, EmbeddingsUnsupported, InvalidRequest
 from runtime.inference.deadline import request_deadline
 from runtime.inputs.wire import Wire
 from runtime.queue_terms import DEFAULT_PRIORITY
@@ -65,10 +60,7 @@ def estimate_input_tokens(request: EmbeddingRequest) -> int:
 def check_embedding_request(entry: CatalogEntry, request: EmbeddingRequest, allow_remote: bool) -> None:
     """Refuse (400/403) what the model cannot take, before it is queued."""
     spec, definition = entry.spec, entry.definition
-    if spec.is_remote(definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
-        )
+    entry.refuse_remote(allow_remote)
     if not spec.embeddings(definition):
         raise EmbeddingsUnsupported(
             f"model {entry.name} does not compute embeddings (its definition does not set embeddings: true)",

@@ -22,7 +22,6 @@ import math
 from contextlib import aclosing
 
 from runtime.errors import BackendError, TranscriptionUnsupported
-from runtime.inference.admission import refuse_remote
 from runtime.inference.deadline import request_deadline
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING
 from runtime.inputs.transcription import TRANSCRIPT_SEGMENT, Transcribed, TranscriptionRequest, TranscriptSegment
@@ -45,7 +44,7 @@ def estimate_audio_tokens(request: TranscriptionRequest) -> int:
 
 def check_transcription_request(entry: CatalogEntry, request: TranscriptionRequest, allow_remote: bool) -> None:
     """Refuse (400/403) what the model cannot take, before it is queued."""
-    refuse_remote(entry, allow_remote)
+    entry.refuse_remote(allow_remote)
     if not entry.spec.audio_transcription(entry.definition):
         raise TranscriptionUnsupported(
             f"model {entry.name} does not transcribe audio (its capabilities.audio_transcription is false)",

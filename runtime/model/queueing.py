@@ -19,6 +19,8 @@ from typing import TypeVar
 from runtime.backends.base import CommonDefinition
 from runtime.errors import InvalidPriority, InvalidQueueTimeout
 from runtime.inference.embedding import EmbeddingRequest
+from runtime.inference.prefix_marks import Mark
+from runtime.inference.rerank import RerankRequest
 from runtime.inputs.request import GenerationRequest
 from runtime.inputs.transcription import TranscriptionRequest
 from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS, deadline_passed
@@ -27,10 +29,10 @@ from runtime.model.scheduler import Ticket
 T = TypeVar("T")
 
 
-def queue_ticket(request: GenerationRequest | EmbeddingRequest | TranscriptionRequest, definition: CommonDefinition, cost_estimate: int,
-                 received: float) -> Ticket:
+def queue_ticket(request: GenerationRequest | EmbeddingRequest | RerankRequest | TranscriptionRequest, definition: CommonDefinition, cost_estimate: int,
+                 received: float, prefix: tuple[Mark, ...] = ()) -> Ticket:
     """The scheduler's ticket of ``request`` for a model of ``definition``, received at ``received``
-    (``time.monotonic()``).  A class or a timeout the edge refuses is refused here too (400): the
+    (``time.monotonic()``), its conversation marked by ``prefix`` (routing).  A class or a timeout the edge refuses is refused here too (400): the
     channel layer's payload is the API's, but the scheduler must not hold what it cannot order."""
     if request.priority not in RANKS:
         raise InvalidPriority(f"priority must be one of {', '.join(PRIORITY_CLASSES)}", param="priority")
@@ -44,7 +46,7 @@ def queue_ticket(request: GenerationRequest | EmbeddingRequest | TranscriptionRe
         timeout = definition.queue_timeout_seconds
     return Ticket(
         request.request_id, request.fairness_key, cost_estimate=cost_estimate, priority=request.priority,
-        deadline=None if timeout is None else received + timeout,
+        deadline=None if timeout is None else received + timeout, prefix=prefix,
     )
 
 

@@ -23,6 +23,11 @@ dispatch that would start it rejects it (503 queue_deadline_exceeded) and starts
 place.  The caller's own timer (``runtime.model.queueing``) drops it at the deadline when no
 dispatch comes first.
 
+Which replica a dispatched request starts on is ``runtime.model.routing``'s choice: the one
+whose cache holds the longest prefix of its conversation, within a load bound; such a request may
+wait for its replica (``waiting``: still counted in ``queue_depth`` and its key's pending
+requests, no longer in its class's lane) while another replica idles.
+
 Per-key state is bounded: a key is kept while it has pending or active requests; once idle
 it stays only as a record for the lift (and its rejection count), at most
 ``IDLE_KEYS_RETAINED`` idle keys, the least recently active forgotten first.  An idle key
@@ -41,7 +46,9 @@ from typing import Protocol
 
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, LLMPoolError
+from runtime.inference.prefix_marks import Mark
 from runtime.model.class_turns import ClassTurns
+from runtime.model.routing import ReplicaPrefixes, Route, choose
 from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES, RANKS, deadline_passed
 
 # How many idle keys (no pending or active request) keep their counter for the lift.
@@ -53,7 +60,9 @@ class Ticket:
     request_id: str
     fairness_key: str | None
     cost_estimate: int = 0  # prompt tokens, estimated before the engine counts them
+    prefix: tuple[Mark, ...] = ()  # its conversation's prefix marks (runtime.inference.prefix_marks)
     replica: int | None = None
+    waits_for: int | None = None  # the busy replica it waits for (its cache holds the conversation)
     charged: float = 0.0  # weighted tokens charged to the key so far
     seq: int = 0
     priority: str = DEFAULT_PRIORITY  # one of runtime.queue_terms.PRIORITY_CLASSES
@@ -73,6 +82,7 @@ class KeyState:
     pending: int = 0  # queued requests, over every class
     ranks: int = 0  # the classes it has a lane in, bit ``1 << rank`` each
     active: int = 0
+    waiting: int = 0  # taken from its lanes to wait for a replica of their own
     rejected: int = 0
 
 
@@ -103,12 +113,22 @@ class Scheduler:
     paused: bool = False
     # Replicas that failed while the model serves on the others: nothing is dispatched to them.
     retired: set[int] = field(default_factory=set)
+    # Per replica: the prefixes its cache is believed to hold, and the requests waiting for it.
+    caches: list[ReplicaPrefixes] = field(default_factory=list)
+    waiting: dict[int, deque[Ticket]] = field(default_factory=dict)
+    load_factor: float = 1.25
+    _stamp: itertools.count = field(default_factory=itertools.count)
 
     # -- lifecycle ---------------------------------------------------------------------
-    def open(self, replicas: int, target_per_replica: int) -> None:
+    def open(self, replicas: int, target_per_replica: int, cached_sequences: int = 0, load_factor: float = 1.25) -> None:
+        """Serve on ``replicas``, each up to ``target_per_replica`` requests at once, each believed
+        to keep the prefixes of its last ``cached_sequences`` requests (0: routing by load alone)."""
         self.replicas = replicas
         self.target_per_replica = target_per_replica
         self.active = {index: set() for index in range(replicas)}
+        self.waiting = {index: deque() for index in range(replicas)}
+        self.caches = [ReplicaPrefixes(cached_sequences) for _ in range(replicas)]
+        self.load_factor = load_factor
         self.retired = set()
 
     def close(self, error: LLMPoolError) -> None:
@@ -118,6 +138,8 @@ class Scheduler:
 
     def reject_queued(self, error: LLMPoolError) -> None:
         """Every queued request is rejected with ``error`` (the active ones go on)."""
+        for replica in list(self.waiting):
+            self._requeue_waiting(replica)
         lanes, self.lanes = self.lanes, {}
         for (_rank, key), lane in lanes.items():
             state = self.keys[key]
@@ -141,8 +163,11 @@ class Scheduler:
         self._dispatch()
 
     def retire(self, replica: int) -> None:
-        """Dispatch nothing more to ``replica`` (it failed); the requests it holds end as they do."""
+        """Dispatch nothing more to ``replica`` (it failed); the requests it holds end as they do,
+        those waiting for it go to the others."""
         self.retired.add(replica)
+        self._requeue_waiting(replica)
+        self._dispatch()
 
     def reset(self) -> None:
         """Forget counters and key statistics (on unload)."""
@@ -152,6 +177,8 @@ class Scheduler:
         self.lanes.clear()
         self._idle.clear()
         self.active.clear()
+        self.waiting.clear()
+        self.caches.clear()
         for heap in self._heaps:
             heap.clear()
         self.turns.clear()
@@ -193,10 +220,10 @@ class Scheduler:
             self.rejected_executor_limit += 1
             limit = self.fairness.executor_queue_limit
             return ExecutorQueueFull(f"the model's queue is full ({limit} pending requests)")
-        if state.pending >= self.fairness.per_key_queue_limit:
+        if state.pending + state.waiting >= self.fairness.per_key_queue_limit:
             self.rejected_per_key_limit += 1
             return FairnessKeyQueueFull(
-                f"fairness key {key!r} already has {state.pending} pending requests "
+                f"fairness key {key!r} already has {state.pending + state.waiting} pending requests "
                 f"(limit {self.fairness.per_key_queue_limit})"
             )
         return None
@@ -217,6 +244,14 @@ class Scheduler:
     def on_cancel(self, ticket: Ticket) -> bool:
         """Withdraw a queued request; False when it already started (or is unknown)."""
         rank, key = RANKS[ticket.priority], ticket.fairness_key
+        waiters = self.waiting.get(ticket.waits_for)
+        if waiters is not None and ticket in waiters:
+            waiters.remove(ticket)
+            state = self.keys[key]
+            state.waiting -= 1
+            self.queue_depth -= 1
+            self._settle(key, state)
+            return True
         lane = self.lanes.get((rank, key))
         if lane is None or ticket not in lane:
             return False
@@ -238,6 +273,8 @@ class Scheduler:
         """Every queued request, class by class in the order lanes began."""
         for lane in self.lanes.values():
             yield from lane
+        for tickets in self.waiting.values():
+            yield from tickets
 
     def key_report(self) -> list[dict]:
         """The busiest keys (pending + active, then rejections), at most ``reported_keys``.
@@ -250,12 +287,12 @@ class Scheduler:
         lowest = min(state.counter for state in self.keys.values())
         busiest = sorted(
             self.keys.items(),
-            key=lambda item: (-(item[1].pending + item[1].active), -item[1].rejected, str(item[0])),
+            key=lambda item: (-(item[1].pending + item[1].waiting + item[1].active), -item[1].rejected, str(item[0])),
         )[: self.fairness.reported_keys]
         return [
             {
                 "key": key,
-                "pending": state.pending,
+                "pending": state.pending + state.waiting,
                 "active": state.active,
                 "weight": state.weight,
                 "normalized_score": round(state.counter - lowest, 3),
@@ -277,7 +314,7 @@ class Scheduler:
 
     def _settle(self, key: str | None, state: KeyState) -> None:
         """After a key's request left the queue or ended: an idle key becomes a bounded record."""
-        if state.pending or state.active or self.keys.get(key) is not state:
+        if state.pending or state.active or state.waiting or self.keys.get(key) is not state:
             return
         if state.counter <= self._floor and not state.rejected:
             del self.keys[key]
@@ -330,21 +367,33 @@ class Scheduler:
         if rerank and state.pending:
             self._rerank(ticket.fairness_key)
 
+    def _load(self, replica: int) -> int:
+        return len(self.active[replica]) + len(self.waiting[replica])
+
     def _free_replica(self) -> int | None:
-        if self.paused:
-            return None
+        """The least loaded replica with a free slot, ties to the lowest index; None: none."""
         best, best_load = None, self.target_per_replica
+        active, waiting = self.active, self.waiting
         for index in range(self.replicas):
-            load = len(self.active[index])
+            load = len(active[index]) + len(waiting[index])
             if load < best_load and index not in self.retired:
                 best, best_load = index, load
         return best
+
+    def _route(self, ticket: Ticket, free: int) -> Route:
+        """Where ``ticket`` goes (``routing.choose``); without remembered prefixes, or for a
+        request without marks, to ``free``, the least loaded free replica."""
+        if not ticket.prefix or not self.caches[0].capacity:
+            return Route(free)
+        usable = [index for index in range(self.replicas) if index not in self.retired]
+        loads = [self._load(index) for index in range(self.replicas)]
+        return choose(ticket.prefix, self.caches, loads, usable, self.target_per_replica, self.load_factor) or Route(free)
 
     def _next_ticket(self) -> Ticket | None:
         """Take the request to start next off the queue: from the class ``turns`` picks, the key
         with the lowest counter in it.  Requests past their deadline are rejected on the way.  The
         key's heap entry for the lane it came from is left to the caller (its counter moves)."""
-        while self.queue_depth:
+        while any(self.turns.depth):
             rank = self.turns.pick(self.fairness.priority_starvation_limit)
             self._drop_stale(rank)
             heap = self._heaps[rank]
@@ -352,30 +401,77 @@ class Scheduler:
             lane = self.lanes[(rank, key)]
             ticket = lane.popleft()
             self._dequeued(rank, key, lane)
-            if ticket.deadline is not None and self.clock() >= ticket.deadline:
-                self.effects.reject(ticket, deadline_passed())
+            if self._expired(ticket):
                 if lane:
                     heapq.heappush(heap, (counter, lane[0].seq, key))
-                self._settle(key, self.keys[key])
                 continue
             self._floor = max(self._floor, counter)
             self.turns.served(rank)
             return ticket
         return None
 
+    def _expired(self, ticket: Ticket) -> bool:
+        """Whether ``ticket`` (off the queue) is past its deadline: then it is rejected."""
+        if ticket.deadline is None or self.clock() < ticket.deadline:
+            return False
+        self.effects.reject(ticket, deadline_passed())
+        self._settle(ticket.fairness_key, self.keys[ticket.fairness_key])
+        return True
+
     def _dispatch(self) -> None:
-        while self.queue_depth:
-            replica = self._free_replica()
-            if replica is None:
+        if self.paused or not self.replicas:
+            return
+        for replica, tickets in self.waiting.items():  # a freed slot goes first to those waiting for it
+            while tickets and len(self.active[replica]) < self.target_per_replica:
+                ticket = tickets.popleft()
+                ticket.waits_for = None
+                self.keys[ticket.fairness_key].waiting -= 1
+                self.queue_depth -= 1
+                if not self._expired(ticket):
+                    self._start(ticket, replica)
+        while any(self.turns.depth):
+            free = self._free_replica()
+            if free is None:
                 return
             ticket = self._next_ticket()
             if ticket is None:
                 return
-            state = self.keys[ticket.fairness_key]
-            state.active += 1
-            ticket.replica = replica
-            self.active[replica].add(ticket)
-            self._charge(state, ticket, ticket.cost_estimate / state.weight, rerank=False)
-            if state.pending:  # the key's lanes (the one just taken from too) rank by its new counter
-                self._rerank(ticket.fairness_key)
-            self.effects.start(ticket, replica)
+            route = self._route(ticket, free)
+            if route.wait:
+                ticket.waits_for = route.replica
+                self.keys[ticket.fairness_key].waiting += 1
+                self.queue_depth += 1
+                self.waiting[route.replica].append(ticket)
+            else:
+                self._start(ticket, route.replica)
+
+    def _start(self, ticket: Ticket, replica: int) -> None:
+        state = self.keys[ticket.fairness_key]
+        state.active += 1
+        ticket.replica = replica
+        self.active[replica].add(ticket)
+        cache = self.caches[replica]
+        if cache.capacity:
+            cache.record(ticket.prefix, next(self._stamp))
+        self._charge(state, ticket, ticket.cost_estimate / state.weight, rerank=False)
+        if state.pending:  # the key's lanes (the one just taken from too) rank by its new counter
+            self._rerank(ticket.fairness_key)
+        self.effects.start(ticket, replica)
+
+    def _requeue_waiting(self, replica: int) -> None:
+        """The requests waiting for ``replica`` go back to the heads of their lanes."""
+        tickets = self.waiting.get(replica)
+        while tickets:
+            ticket = tickets.pop()  # the latest first, so each key's earliest ends up at its head
+            ticket.waits_for = None
+            rank, key = RANKS[ticket.priority], ticket.fairness_key
+            state = self._key(key)
+            state.waiting -= 1
+            lane = self.lanes.get((rank, key))
+            if lane is None:
+                lane = self.lanes[(rank, key)] = deque()
+                state.ranks |= 1 << rank
+            lane.appendleft(ticket)
+            heapq.heappush(self._heaps[rank], (state.counter, ticket.seq, key))
+            state.pending += 1
+            self.turns.depth[rank] += 1  # it stays in queue_depth

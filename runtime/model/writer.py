@@ -27,8 +27,7 @@ import logging
 import time
 
 from runtime.errors import BackendError, InsufficientMemory, InvalidLoadRequest, ModelStateConflict, ModelUnloading
-from runtime.model import commands as cmd
-from runtime.model import switching
+from runtime.model import commands as cmd, switching
 from runtime.model.leases import Admission, Lease
 from runtime.model.memory_claim import Claim, MemoryClaim
 from runtime.model.on_demand import OPERATOR_SEES_WHY, not_serving, resolve
@@ -263,7 +262,9 @@ class ModelWriter:
             m.failed_replicas = {}
             m.vram.observe(observed_mib, len(engines))
             self.claim.loaded(measured_mib, len(m.serving_engines))
-            m.scheduler.open(len(engines), m.effective_target_inflight)
+            target, routing = m.effective_target_inflight, m.entry.routing
+            cached = m.entry.spec.prefix_cache_sequences(target) if routing.prefix_affinity else 0
+            m.scheduler.open(len(engines), target, cached, routing.load_factor)
             m.machine.transition(S.LOADING, S.LOADED, m.reason)
             m.phases.move(P.STARTING, P.SERVING)
             m.waiters.release(self.requests.queue)  # they waited for this turn, even if the group ended it
@@ -298,11 +299,6 @@ class ModelWriter:
                 self.begin_load(S.UNLOADED, REASON_REQUEST)
             except InsufficientMemory as exc:  # nothing changed: the requests get the plan
                 m.waiters.fail(exc)
-
-    def withdraw_unwanted_load(self) -> None:
-        """A load that waits for a group slot for requests only, all gone now, does not happen."""
-        if self.turn.slot_wait_unwanted(self.load_waiters):
-            self.withdraw(P.AWAITING_SLOT)
 
     def withdraw(self, phase: Phase) -> None:
         """A request-triggered load that waits (in ``phase``), every request gone: it does not happen."""

@@ -24,8 +24,10 @@ STATS_WINDOW_SECONDS = 300.0  # the admin entry's rolling figures
 
 
 def capture_of(payload: dict, result: dict | None) -> dict:
-    """The request's messages / input and the answer's text, each cut to CAPTURE_LIMIT_CHARS."""
-    asked = {key: payload[key] for key in ("prompt", "instructions", "inputs") if payload.get(key)}
+    """The request's messages / input (a rerank's query and documents) and the answer's text, each
+    cut to CAPTURE_LIMIT_CHARS."""
+    shown = ("prompt", "instructions", "inputs", "query", "documents")
+    asked = {key: payload[key] for key in shown if payload.get(key)}
     messages = wire_messages(payload)
     if messages:
         asked = {"messages": messages, **asked}

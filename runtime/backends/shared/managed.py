@@ -38,6 +38,7 @@ from runtime.backends.shared.forwarding import answer_bound, forward
 from runtime.backends.shared.openai_chat import chat_completion, chat_request, required_for_named
 from runtime.backends.shared.openai_audio import create_transcription
 from runtime.backends.shared.openai_embeddings import create_embeddings
+from runtime.backends.shared.upstream_rerank import create_rerank
 from runtime.backends.shared.prompts import template_variables
 from runtime.backends.shared.upstream import UpstreamClient
 from runtime.errors import BackendError
@@ -68,6 +69,7 @@ class LaunchSite:
     base_dir: str
     scratch_dir: Path
     stem: str  # "<runtime pid>-<model>.r<replica>": prefix of the load's temporary files
+    slot_save_path: str | None = None  # where the server saves its slots (llama_server), None: nowhere
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ class ManagedServerEngine:
         self._report: asyncio.Task | None = None  # the death report, kept referenced until it ran
         self._loaded = False
         self._stopping = False
+        self.slot_save_path: str | None = None  # the LaunchSite's (a subclass that saves slots sets it)
 
     def _field(self, name: str) -> Any:
         return self.config[f"{self.profile.prefix}_{name}"]
@@ -207,6 +210,7 @@ class ManagedServerEngine:
             base_dir=self.context["base_dir"],
             scratch_dir=state_dir / "tmp",
             stem=f"{os.getpid()}-{self.model_name}.r{self.replica_index}",
+            slot_save_path=self.slot_save_path,
         )
         site.scratch_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -325,15 +329,27 @@ class ManagedServerEngine:
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """POST the server's /v1/embeddings (``embeddings: true``), the model name rewritten to
         the one it serves; once more on a fresh connection, as for generate."""
+        return await self._posted(lambda: create_embeddings(
+            self._client, "/v1/embeddings", self._served_model, inputs, dimensions, self.label, BackendError
+        ))
+
+    async def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        """POST the server's /v1/rerank (``rerank: true``: llama-server started with --reranking,
+        vLLM's pooling runner), the model name rewritten to the one it serves; once more on a
+        fresh connection, as for generate."""
+        return await self._posted(lambda: create_rerank(
+            self._client, "/v1/rerank", self._served_model, query, documents, self.label, BackendError
+        ))
+
+    async def _posted(self, call):
+        """``await call()`` against the loaded server, once more when the first connection failed."""
         if self._failure is not None:
             raise BackendError(self._failure)
         if self._client is None:
             raise BackendError(f"{self.label} is not loaded")
         for attempt in (1, 2):
             try:
-                return await create_embeddings(
-                    self._client, "/v1/embeddings", self._served_model, inputs, dimensions, self.label, BackendError
-                )
+                return await call()
             except httpx.TransportError as exc:
                 if attempt == 2 or not self.process.running:
                     raise await self._connection_lost(exc) from None
