@@ -31,6 +31,7 @@ import logging
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -304,19 +305,9 @@ class ProcessEngine:
         return reply["input_tokens"]
 
     async def _one_reply(self, message: dict[str, Any], answer: str) -> dict[str, Any]:
-        """Send ``message`` under a new id and await its one ``answer`` frame."""
-        request_id, stream = self._open_stream()
-        answered = False
-        try:
-            await self._send({**message, "id": request_id})
-            reply = await stream.next_reply(answer)
-            answered = True
-            return reply
-        except LLMPoolError:
-            answered = True  # the child ended it (or died)
-            raise
-        finally:
-            await self._close_stream(request_id, stream, ended=answered)
+        """Send ``message`` under a new id and await its one ``answer`` frame (a stream of one)."""
+        async with aclosing(self._streamed(message, lambda stream: stream.next_reply(answer), dict)) as replies:
+            return await anext(replies)
 
     async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
         """Tell the child to stop ``generation_id`` and wait (briefly) until it has; unanswered, the
