@@ -101,6 +101,11 @@ AdminTokenRequired = _error("AdminTokenRequired", "admin_token_required", 403)
 RemoteExecutionDisallowed = _error("RemoteExecutionDisallowed", "remote_execution_disallowed", 403)
 FairnessKeyQueueFull = _error("FairnessKeyQueueFull", "fairness_key_queue_full", 429, retry_after=1)
 ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retry_after=1)
+# An inference key over one of its limits (models_app.quotas): Retry-After is set from the window.
+RateLimited = _error("RateLimited", "rate_limited", 429, retry_after=1)
+TokenRateLimited = _error("TokenRateLimited", "token_rate_limited", 429, retry_after=1)
+ConcurrencyLimited = _error("ConcurrencyLimited", "concurrency_limited", 429, retry_after=1)
+BudgetExhausted = _error("BudgetExhausted", "budget_exhausted", 429, retry_after=1)
 # A backend that broke while generating; the model moves to failed when the engine is dead.
 BackendError = _error("BackendError", "backend_error", 502)
 # The model's request_timeout_seconds ran out while the engine held the request (slot freed).

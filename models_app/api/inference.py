@@ -31,7 +31,8 @@ from models_app.api.errors import Envelope, error_answer, internal_error, openai
 from models_app.api.keys import Caller, key_ring
 from models_app.api.limits import parse_json
 from models_app.conf import service_settings
-from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
+from models_app.quotas import admission
+from models_app.transport.messages import OP_EMBED, OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
@@ -110,7 +111,9 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
     """
     wire = with_endpoint({**request.to_wire(), "model": model})
     if not request.stream:
-        return await placement.call(OP_GENERATE, wire)
+        result = await placement.call(OP_GENERATE, wire)
+        await admission.charge(model, result["usage"])
+        return result
     exchange = placement.exchange(OP_GENERATE, wire)
     early = _EARLY.get()
     try:
@@ -119,10 +122,10 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
         await exchange.aclose()
         raise
     if waiting_for is None:
-        return _stream(exchange)
+        return _stream(exchange, model)
     early.model, early.exchange = waiting_for, exchange
     early.admission = asyncio.ensure_future(_until_admitted(exchange, stop_when_waiting=False))
-    return _stream(exchange, early.admission)
+    return _stream(exchange, model, early.admission)
 
 
 async def _until_admitted(exchange, *, stop_when_waiting: bool) -> str | None:
@@ -139,18 +142,28 @@ async def _until_admitted(exchange, *, stop_when_waiting: bool) -> str | None:
     return None
 
 
-async def _stream(exchange, admission: asyncio.Task | None = None) -> AsyncIterator[dict]:
+async def _stream(exchange, model: str, load_wait: asyncio.Task | None = None) -> AsyncIterator[dict]:
     try:
-        if admission is not None:
-            await admission  # the end of the wait for the load: its error raises here
+        if load_wait is not None:
+            await load_wait  # the end of the wait for the load: its error raises here
         async for message in exchange:
+            if message["kind"] == REPLY_RESULT:
+                await admission.charge(model, message["data"]["usage"])
             if message["kind"] in (REPLY_CHUNK, REPLY_RESULT):
                 yield message
     finally:
-        if admission is not None and not admission.done():
-            admission.cancel()
-            await asyncio.gather(admission, return_exceptions=True)
+        if load_wait is not None and not load_wait.done():
+            load_wait.cancel()
+            await asyncio.gather(load_wait, return_exceptions=True)
         await exchange.aclose()
+
+
+async def embed(embedding, model: str) -> dict:
+    """Run ``embedding`` (a typed embeddings request) in the runtime on ``model``: ``vectors`` and
+    ``usage`` (``prompt_tokens``, charged to the caller's key)."""
+    result = await placement.call(OP_EMBED, with_endpoint({**embedding.to_wire(), "model": model}))
+    await admission.charge(model, result["usage"])
+    return result
 
 
 def json_bytes(data) -> bytes:
@@ -184,7 +197,7 @@ def loading_comment(model: str) -> bytes:
 
 def inference_app(create: Create, path: str, *, envelope: Envelope = openai_envelope,
                   waiting_notice: Callable[[str], bytes] = loading_comment, method: str = "POST",
-                  stream_type: bytes = b"text/event-stream"):
+                  stream_type: bytes = b"text/event-stream", limited: bool = True):
     """The ASGI application that serves ``create`` at ``path`` (``method`` only: a GET's
     ``create`` is given ``{}``); a stream it answers is of the media type ``stream_type``.
 
@@ -193,7 +206,10 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
     exchange closes, which tells the runtime to cancel the generation and free its slot.
     An error before the answer starts goes through the one error writer (``api.errors``), its
     body ``envelope(exc)`` (the protocol's own error shape); ``waiting_notice(model)`` is what a
-    stream sends while it waits for its model (``_send_loading_notices``).
+    stream sends while it waits for its model (``_send_loading_notices``).  A ``limited`` path
+    (one that runs a model) admits a database key's request against the key's limits first
+    (``quotas.admission``): over one, it answers the 429; else every answer carries the key's
+    ``x-ratelimit-*`` headers, and the request holds its concurrency slot until it is answered.
     """
 
     async def app(scope, receive, send) -> None:
@@ -201,29 +217,53 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
             await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": method},
                              envelope=envelope)
             return
+        grant, headers = None, {}
         try:
-            # The key first: a caller without one is refused before its body is read.
-            caller = (await key_ring()).caller(_headers(scope).get)
-            body = await _read_body(receive)
-        except _Disconnected:
-            return
-        except LLMPoolError as exc:
-            await send_error(send, exc, envelope=envelope)
-            return
-        task = asyncio.current_task()
-        watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
-        ENDPOINT.set(path)  # this request's own task: nothing else reads it
-        try:
-            await _serve(create, path, caller, body, send, envelope, waiting_notice,
-                         [(b"content-type", stream_type), *STREAM_HEADERS[1:]])
-        except asyncio.CancelledError:
-            if not watcher.done():
-                raise
-            task.uncancel()
+            try:
+                # The key first: a caller without one is refused before its body is read.
+                caller = (await key_ring()).caller(_headers(scope).get)
+                if limited:
+                    grant = await admission.admit(caller.key_pk, caller.limits)
+                    headers = grant.headers if grant is not None else {}
+                    if grant is not None and grant.refusal is not None:
+                        await send_error(send, grant.refusal, headers, envelope=envelope)
+                        return
+                body = await _read_body(receive)
+            except _Disconnected:
+                return
+            except LLMPoolError as exc:
+                await send_error(send, exc, headers, envelope=envelope)
+                return
+            await _serve_watched(create, path, caller, body, receive, send, envelope, waiting_notice,
+                                 [(b"content-type", stream_type), *STREAM_HEADERS[1:], *_encoded(headers)],
+                                 grant, headers)
         finally:
-            watcher.cancel()
+            if grant is not None:
+                await grant.release()
 
     return app
+
+
+async def _serve_watched(create: Create, path: str, caller: Caller, body: bytes, receive, send, envelope: Envelope,
+                         waiting_notice: Callable[[str], bytes], stream_headers: list[tuple[bytes, bytes]],
+                         grant: admission.Grant | None, headers: dict[str, str]) -> None:
+    """``_serve`` in the request's task, which a disconnect of the client cancels."""
+    task = asyncio.current_task()
+    watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
+    ENDPOINT.set(path)  # this request's own task: nothing else reads it
+    admission.CURRENT.set(grant)
+    try:
+        await _serve(create, path, caller, body, send, envelope, waiting_notice, stream_headers, headers)
+    except asyncio.CancelledError:
+        if not watcher.done():
+            raise
+        task.uncancel()
+    finally:
+        watcher.cancel()
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
 
 
 def _headers(scope) -> dict[str, str]:
@@ -232,7 +272,8 @@ def _headers(scope) -> dict[str, str]:
 
 
 async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, envelope: Envelope,
-                 waiting_notice: Callable[[str], bytes], stream_headers: list[tuple[bytes, bytes]]) -> None:
+                 waiting_notice: Callable[[str], bytes], stream_headers: list[tuple[bytes, bytes]],
+                 headers: dict[str, str]) -> None:
     early = _EarlyStream()
     token = _EARLY.set(early)
     large = len(body) >= OFF_LOOP_BODY_BYTES
@@ -241,15 +282,15 @@ async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, e
         data = (await asyncio.to_thread(parse_json, body) if large else parse_json(body)) if body else {}
         answer = await create(data, caller)
     except LLMPoolError as exc:
-        await send_error(send, exc, envelope=envelope)
+        await send_error(send, exc, headers, envelope=envelope)
         return
     except Exception:
-        await send_error(send, internal_error(f"POST {path}"), envelope=envelope)
+        await send_error(send, internal_error(f"POST {path}"), headers, envelope=envelope)
         return
     finally:
         _EARLY.reset(token)
     if isinstance(answer, dict):
-        await send_json(send, 200, json_bytes(answer))
+        await send_json(send, 200, json_bytes(answer), headers)
         return
     try:
         await send({"type": "http.response.start", "status": 200, "headers": stream_headers})

@@ -43,6 +43,7 @@ from django.db import DatabaseError
 from models_app import selectors
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
+from models_app.quotas.policy import KeyLimits
 from models_app.transport import nodes
 from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
@@ -63,6 +64,9 @@ class Caller:
     fairness_key: str | None
     # The models the caller may use, as its key lists them (names or aliases); None: every model.
     models: frozenset[str] | None = None
+    # The database key's primary key (None: no key, or one of settings.json) and its limits.
+    key_pk: int | None = None
+    limits: KeyLimits | None = None
 
     def allows(self, model: str, names: Mapping[str, str]) -> bool:
         """Whether the key lists the model ``model`` (a name or an alias) means, every name on
@@ -100,6 +104,8 @@ class KeyRecord:
     models: list[str] | str  # "*": every model
     bucket: str  # the fairness key of its requests
     disabled: bool = False
+    pk: int | None = None  # a database key's primary key
+    limits: KeyLimits | None = None
 
     @classmethod
     def from_settings(cls, key: ApiKey) -> KeyRecord:
@@ -108,7 +114,8 @@ class KeyRecord:
     @classmethod
     def from_row(cls, row: Mapping) -> KeyRecord:
         bucket = row["fairness_key"] if row["fairness_key"] is not None else row["name"]
-        return cls(name=row["name"], models=row["models"], bucket=bucket, disabled=row["disabled"])
+        return cls(name=row["name"], models=row["models"], bucket=bucket, disabled=row["disabled"], pk=row["id"],
+                   limits=KeyLimits.from_row(row))
 
 
 class KeyRing:
@@ -133,7 +140,8 @@ class KeyRing:
         if not self._keys:
             return Caller(fairness_key=self._fairness_header(header))
         key = self._match(header("authorization"), header("x-api-key"))
-        return Caller(fairness_key=key.bucket, models=None if key.models == "*" else frozenset(key.models))
+        return Caller(fairness_key=key.bucket, models=None if key.models == "*" else frozenset(key.models),
+                      key_pk=key.pk, limits=key.limits)
 
     def _fairness_header(self, header: HeaderLookup) -> str | None:
         for name in self._fairness_headers:
