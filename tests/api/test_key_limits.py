@@ -246,5 +246,7 @@ def test_a_spent_budget_stays_spent_across_a_restart_and_the_usage_is_kept(servi
         expected = f'llmpool_key_tokens_total{{direction="in",key="budget",model="echo"}} ' \
                    f'{float(2 * first.json()["usage"]["input_tokens"])}'
         assert expected in metrics
-        assert fresh_admin.get(f"/v1/admin/keys/{made['id']}/usage?days=0").json()["error"]["code"] \
-            == "invalid_request"
+        for days in ("0", "-1", "x", "401", "9" * 30, "1.5"):
+            refused = fresh_admin.get(f"/v1/admin/keys/{made['id']}/usage?days={days}")
+            assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_request")
+        assert fresh_admin.get("/v1/admin/keys/key_999999/usage").status_code == 404
