@@ -112,7 +112,7 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
     wire = with_endpoint({**request.to_wire(), "model": model})
     if not request.stream:
         result = await placement.call(OP_GENERATE, wire)
-        await admission.charge(model, result["usage"])
+        admission.count(model, result["usage"])
         return result
     exchange = placement.exchange(OP_GENERATE, wire)
     early = _EARLY.get()
@@ -148,7 +148,7 @@ async def _stream(exchange, model: str, load_wait: asyncio.Task | None = None) -
             await load_wait  # the end of the wait for the load: its error raises here
         async for message in exchange:
             if message["kind"] == REPLY_RESULT:
-                await admission.charge(model, message["data"]["usage"])
+                admission.count(model, message["data"]["usage"])
             if message["kind"] in (REPLY_CHUNK, REPLY_RESULT):
                 yield message
     finally:
@@ -162,7 +162,7 @@ async def embed(embedding, model: str) -> dict:
     """Run ``embedding`` (a typed embeddings request) in the runtime on ``model``: ``vectors`` and
     ``usage`` (``prompt_tokens``, charged to the caller's key)."""
     result = await placement.call(OP_EMBED, with_endpoint({**embedding.to_wire(), "model": model}))
-    await admission.charge(model, result["usage"])
+    admission.count(model, result["usage"])
     return result
 
 
@@ -209,7 +209,8 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
     stream sends while it waits for its model (``_send_loading_notices``).  A ``limited`` path
     (one that runs a model) admits a database key's request against the key's limits first
     (``quotas.admission``): over one, it answers the 429; else every answer carries the key's
-    ``x-ratelimit-*`` headers, and the request holds its concurrency slot until it is answered.
+    ``x-ratelimit-*`` headers, and the request holds its concurrency slot until it is answered
+    (``grant.finish``, which also charges the answer's tokens).
     """
 
     async def app(scope, receive, send) -> None:
@@ -239,7 +240,7 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
                                  grant, headers)
         finally:
             if grant is not None:
-                await grant.release()
+                await grant.finish()
 
     return app
 

@@ -8,13 +8,15 @@ else: no keys configured, or a key of settings.json, which has no limits):
   (``rate_limited``, ``token_rate_limited``, ``concurrency_limited``, ``budget_exhausted``), its
   Retry-After the wait the store computed, and ``grant.headers`` the ``x-ratelimit-*`` headers
   that every answer to the request carries;
-- ``charge`` (called where the runtime's answer arrives: ``api.inference``) counts the engine's
-  real prompt and completion tokens against the key's tokens per minute and budget, and in the
-  usage ledger (``quotas.usage``) that the database's usage rows are written from;
-- ``grant.release()``, once the answer is sent, frees its concurrency slot.
+- ``count`` (called where the runtime's answer arrives: ``api.inference``) adds the engine's
+  real prompt and completion tokens to the usage ledger (``quotas.usage``) that the database's
+  usage rows are written from, and to the grant;
+- ``grant.finish()``, once the answer is sent, charges those tokens against the key's tokens per
+  minute and budget and frees its concurrency slot: in the split one more round trip, which the
+  client does not wait for.
 
 The grant of the request being served is ``CURRENT`` (set by the inference front for its own
-request task), so the protocols' code charges without passing it along.
+request task), so the protocols' code counts without passing it along.
 """
 from __future__ import annotations
 
@@ -74,12 +76,13 @@ class _EmbeddedStore:
                                                                                       period.last_day))
         return self.memory.admit(name, limits, time.monotonic(), period)
 
-    async def charge(self, key: int, limits: KeyLimits, tokens: int, request_id: str,
-                     period: BudgetPeriod | None) -> None:
-        self.memory.charge(str(key), limits, tokens, time.monotonic(), period)
-
-    async def release(self, key: int, request_id: str) -> None:
-        self.memory.release(str(key))
+    async def finish(self, key: int, limits: KeyLimits, tokens: int, request_id: str,
+                     period: BudgetPeriod | None, release: bool) -> None:
+        name = str(key)
+        if tokens:
+            self.memory.charge(name, limits, tokens, time.monotonic(), period)
+        if release:
+            self.memory.release(name)
 
 
 EMBEDDED = _EmbeddedStore()
@@ -106,25 +109,24 @@ class Grant:
     refusal: LLMPoolError | None = None
     holds_slot: bool = False
 
-    async def charge(self, model: str, input_tokens: int, output_tokens: int) -> None:
-        """Count an answer's tokens: in the usage ledger, and against the key's token limits."""
-        usage.LEDGER.record(self.key, model, input_tokens, output_tokens)
-        if self.limits is None or not self.limits.charges_tokens:
-            return
-        try:
-            await store().charge(self.key, self.limits, input_tokens + output_tokens, self.request_id,
-                                 _period(self.limits))
-        except Exception as exc:  # the answer is given: a counter that missed it must not fail it
-            logger.warning("the tokens of a request of key_%s could not be counted: %s", self.key, exc)
+    tokens: int = 0  # what its answer used, counted at ``finish``
 
-    async def release(self) -> None:
-        if not self.holds_slot:
+    def count(self, model: str, input_tokens: int, output_tokens: int) -> None:
+        """An answer's tokens: in the usage ledger at once, against the key's limits at ``finish``."""
+        usage.LEDGER.record(self.key, model, input_tokens, output_tokens)
+        self.tokens += input_tokens + output_tokens
+
+    async def finish(self) -> None:
+        """The end of the request, once its answer is sent: its tokens count against the key's
+        tokens per minute and budget, and its concurrency slot is free."""
+        tokens = self.tokens if self.limits is not None and self.limits.charges_tokens else 0
+        release, self.holds_slot = self.holds_slot, False
+        if not tokens and not release:
             return
-        self.holds_slot = False
         try:
-            await store().release(self.key, self.request_id)
-        except Exception as exc:  # its lease runs out instead
-            logger.warning("the concurrency slot of a request of key_%s could not be freed: %s", self.key, exc)
+            await store().finish(self.key, self.limits, tokens, self.request_id, _period(self.limits), release)
+        except Exception as exc:  # the answer is given; a slot not freed is freed when its lease ends
+            logger.warning("the end of a request of key_%s could not be counted: %s", self.key, exc)
 
 
 CURRENT: ContextVar[Grant | None] = ContextVar("llmpool_key_grant", default=None)
@@ -154,13 +156,13 @@ async def admit(key: int | None, limits: KeyLimits | None) -> Grant | None:
     return grant
 
 
-async def charge(model: str, used: dict) -> None:
-    """Charge the request being served with the runtime's usage of ``model``: ``input_tokens`` and
+def count(model: str, used: dict) -> None:
+    """Count the runtime's usage of ``model`` for the request being served: ``input_tokens`` and
     ``output_tokens`` (a generation) or ``prompt_tokens`` (embeddings)."""
     grant = CURRENT.get()
     if grant is None:
         return
     if "prompt_tokens" in used:
-        await grant.charge(model, int(used["prompt_tokens"]), 0)
+        grant.count(model, int(used["prompt_tokens"]), 0)
     else:
-        await grant.charge(model, int(used.get("input_tokens") or 0), int(used.get("output_tokens") or 0))
+        grant.count(model, int(used.get("input_tokens") or 0), int(used.get("output_tokens") or 0))

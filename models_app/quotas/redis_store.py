@@ -1,14 +1,15 @@
 """The split's counters: every key's windows in Redis, shared by all API processes of the pool.
 
 Each admission is one Lua script (one round trip, atomic), so two API processes never both let
-in the 61st request of a 60 rpm key; the clock is Redis's own (``TIME``), so API processes on
+in the 61st request of a 60 rpm key; a request's end is another (its tokens counted, its slot
+freed), sent once its answer is; the clock is Redis's own (``TIME``), so API processes on
 hosts whose clocks differ still agree on the windows.  Per key, under the pool's prefix:
 
 - ``<prefix>:quota:<key>:req``: a sorted set of the admitted requests (score: admission time, ms);
-- ``quota:<key>:tok`` and ``:toksum``: the charged answers (member ``<request>:<tokens>``, score:
+- ``<prefix>:quota:<key>:tok`` and ``:toksum``: the charged answers (member ``<request>:<tokens>``, score:
   answer time) and their sum, which the script lowers as members leave the window;
-- ``quota:<key>:run``: the requests in flight (score: the end of their lease);
-- ``quota:<key>:budget:<period>``: the tokens charged in a budget period (kept until it ends).
+- ``<prefix>:quota:<key>:run``: the requests in flight (score: the end of their lease);
+- ``<prefix>:quota:<key>:budget:<period>``: the tokens charged in a budget period (kept until it ends).
 
 A request in flight holds a lease of ``LEASE_SECONDS`` that its API process renews
 (``renew_leases``, from the usage task): the slots of an API process that died free themselves
@@ -95,22 +96,23 @@ end
 return {refused, wait, requests, requests_reset, tokens, tokens_reset}
 """ % (int(policy.WINDOW_SECONDS * 1000), int(policy.CONCURRENCY_RETRY_SECONDS * 1000))
 
-# KEYS: tok, toksum, budget.  ARGV: tokens, the request's id, tpm counted (1/0), budget counted
-# (1/0), the budget key's life (s).
-_CHARGE = """
+# KEYS: tok, toksum, budget, run.  ARGV: tokens, the request's id, tpm counted (1/0), budget
+# counted (1/0), the budget key's life (s), release the slot (1/0).
+_FINISH = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local tokens = tonumber(ARGV[1])
-if ARGV[3] == '1' then
+if ARGV[3] == '1' and tokens > 0 then
   redis.call('ZADD', KEYS[1], now, ARGV[2] .. ':' .. tokens)
   redis.call('INCRBY', KEYS[2], tokens)
   redis.call('PEXPIRE', KEYS[1], %d)
   redis.call('PEXPIRE', KEYS[2], %d)
 end
-if ARGV[4] == '1' then
+if ARGV[4] == '1' and tokens > 0 then
   redis.call('INCRBY', KEYS[3], tokens)
   redis.call('EXPIRE', KEYS[3], tonumber(ARGV[5]))
 end
+if ARGV[6] == '1' then redis.call('ZREM', KEYS[4], ARGV[2]) end
 return 1
 """ % (int(policy.WINDOW_SECONDS * 1000), int(policy.WINDOW_SECONDS * 1000))
 
@@ -147,7 +149,7 @@ class RedisStore:
         if found is None:
             client = aioredis.from_url(settings.REDIS_URL, socket_timeout=nodes.REDIS_TIMEOUT_SECONDS,
                                        socket_connect_timeout=nodes.REDIS_TIMEOUT_SECONDS)
-            found = self._clients[loop] = (client, client.register_script(_ADMIT), client.register_script(_CHARGE),
+            found = self._clients[loop] = (client, client.register_script(_ADMIT), client.register_script(_FINISH),
                                            client.register_script(_RENEW))
         return found
 
@@ -156,7 +158,7 @@ class RedisStore:
         return f"{nodes.prefix()}:quota:{key}:{part}"
 
     async def admit(self, key: int, limits: KeyLimits, request_id: str, period: BudgetPeriod | None) -> Verdict:
-        _client, admit, _charge, _renew = self._scripts()
+        _client, admit, _finish, _renew = self._scripts()
         budget_key = self._key(key, f"budget:{period.name}") if period is not None else self._key(key, "budget")
         keys = [self._key(key, "req"), self._key(key, "tok"), self._key(key, "toksum"), self._key(key, "run"),
                 budget_key]
@@ -175,26 +177,24 @@ class RedisStore:
                                    tokens_reset / 1000)
         return Verdict(_REFUSALS[refused], max(0, wait) / 1000, requests_window, tokens_window)
 
-    async def charge(self, key: int, limits: KeyLimits, tokens: int, request_id: str,
-                     period: BudgetPeriod | None) -> None:
-        _client, _admit, charge, _renew = self._scripts()
-        budget_key = self._key(key, f"budget:{period.name}") if period is not None else self._key(key, "budget")
-        await charge(
-            keys=[self._key(key, "tok"), self._key(key, "toksum"), budget_key],
-            args=[tokens, request_id, int(limits.tokens_per_minute is not None), int(period is not None),
-                  int(period.seconds_left) + BUDGET_KEEP_SECONDS if period is not None else 0],
-        )
-
-    async def release(self, key: int, request_id: str) -> None:
+    async def finish(self, key: int, limits: KeyLimits, tokens: int, request_id: str,
+                     period: BudgetPeriod | None, release: bool) -> None:
+        """The end of a request: its answer's ``tokens`` counted, its concurrency slot freed (``release``)."""
+        _client, _admit, finish, _renew = self._scripts()
         self.held.pop(request_id, None)
-        await self.client().zrem(self._key(key, "run"), request_id)
+        budget_key = self._key(key, f"budget:{period.name}") if period is not None else self._key(key, "budget")
+        await finish(
+            keys=[self._key(key, "tok"), self._key(key, "toksum"), budget_key, self._key(key, "run")],
+            args=[tokens, request_id, int(limits.tokens_per_minute is not None), int(period is not None),
+                  int(period.seconds_left) + BUDGET_KEEP_SECONDS if period is not None else 0, int(release)],
+        )
 
     async def renew_leases(self) -> None:
         """Renew the leases of this process's requests in flight."""
         held = list(self.held.items())
         if not held:
             return
-        _client, _admit, _charge, renew = self._scripts()
+        _client, _admit, _finish, renew = self._scripts()
         await renew(keys=[self._key(key, "run") for _, key in held],
                     args=[LEASE_SECONDS * 1000, *(request_id for request_id, _ in held)])
 

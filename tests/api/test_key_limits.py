@@ -28,6 +28,9 @@ MODELS = {
     "slow": {"backend": "stub", "stub_token_delay_ms": 150, "stub_reply": "one two three four five six"},
 }
 PROPAGATION_SECONDS = 1.0
+# An answer's tokens are charged just after it is sent (the split: one round trip to Redis then):
+# a request that must see them waits this long after the answer.
+CHARGED_SECONDS = 0.2
 
 # One inference call per limited path: (path, body, the envelope's shape).
 CALLS = [
@@ -163,12 +166,14 @@ def test_tokens_per_minute_are_charged_from_the_engines_real_counts(service, adm
     first = call(service.urls[0], made["key"], "/v1/responses", {"model": "echo", "input": "one two three"})
     assert first.headers["x-ratelimit-remaining-tokens"] == "1000000"  # nothing answered before it
     spent = usage_tokens(first)
+    time.sleep(CHARGED_SECONDS)
     streamed = httpx.post(service.urls[-1] + "/v1/chat/completions", headers=bearer(made["key"]), timeout=30, json={
         "model": "echo", "stream": True, "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "four five six seven"}]})
     assert streamed.headers["x-ratelimit-remaining-tokens"] == str(1_000_000 - spent)
     chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
     spent += chunks[-1]["usage"]["total_tokens"]
+    time.sleep(CHARGED_SECONDS)
     probe = call(service.urls[0], made["key"], "/v1/responses", {"model": "nothing", "input": "x"})
     assert probe.headers["x-ratelimit-remaining-tokens"] == str(1_000_000 - spent)
     change(service, admin, made, tokens_per_minute=spent)
@@ -221,6 +226,7 @@ def test_a_spent_budget_stays_spent_across_a_restart_and_the_usage_is_kept(servi
     change(service, admin, made, token_budget=spent + 1)
     second = call(service.urls[-1], made["key"], "/v1/responses", {"model": "echo", "input": "a b c"})
     assert second.status_code == 200  # spent < budget: let in; its tokens then pass the budget
+    time.sleep(CHARGED_SECONDS)
     refused = call(service.url, made["key"], "/v1/responses", {"model": "echo", "input": "a b c"})
     assert (refused.status_code, refused.json()["error"]["code"]) == (429, "budget_exhausted")
     now = datetime.now(timezone.utc)
