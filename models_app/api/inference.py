@@ -227,40 +227,31 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
                     grant = await admission.admit(caller.key_pk, caller.limits)
                     headers = grant.headers if grant is not None else {}
                     if grant is not None and grant.refusal is not None:
-                        await send_error(send, grant.refusal, headers, envelope=envelope)
-                        return
+                        raise grant.refusal
                 body = await _read_body(receive)
             except _Disconnected:
                 return
             except LLMPoolError as exc:
                 await send_error(send, exc, headers, envelope=envelope)
                 return
-            await _serve_watched(create, path, caller, body, receive, send, envelope, waiting_notice,
-                                 [(b"content-type", stream_type), *STREAM_HEADERS[1:], *_encoded(headers)],
-                                 grant, headers)
+            task = asyncio.current_task()
+            watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
+            ENDPOINT.set(path)  # this request's own task: nothing else reads it
+            admission.CURRENT.set(grant)
+            try:
+                await _serve(create, path, caller, body, send, envelope, waiting_notice,
+                             [(b"content-type", stream_type), *STREAM_HEADERS[1:], *_encoded(headers)], headers)
+            except asyncio.CancelledError:
+                if not watcher.done():
+                    raise
+                task.uncancel()
+            finally:
+                watcher.cancel()
         finally:
             if grant is not None:
                 await grant.finish()
 
     return app
-
-
-async def _serve_watched(create: Create, path: str, caller: Caller, body: bytes, receive, send, envelope: Envelope,
-                         waiting_notice: Callable[[str], bytes], stream_headers: list[tuple[bytes, bytes]],
-                         grant: admission.Grant | None, headers: dict[str, str]) -> None:
-    """``_serve`` in the request's task, which a disconnect of the client cancels."""
-    task = asyncio.current_task()
-    watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
-    ENDPOINT.set(path)  # this request's own task: nothing else reads it
-    admission.CURRENT.set(grant)
-    try:
-        await _serve(create, path, caller, body, send, envelope, waiting_notice, stream_headers, headers)
-    except asyncio.CancelledError:
-        if not watcher.done():
-            raise
-        task.uncancel()
-    finally:
-        watcher.cancel()
 
 
 def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

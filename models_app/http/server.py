@@ -53,7 +53,7 @@ def serve(application, options: dict, service: ServiceSettings, announce: Callab
         from models_app.quotas import usage
 
         warming = asyncio.ensure_future(warm_key_ring())  # beside on_start (the runtime worker runs on)
-        asyncio.ensure_future(usage.run_periodic())  # ended with the rest of the tasks at the stop
+        usage.start_periodic()  # ended with the rest of the tasks at the stop
         if on_start is not None:
             await on_start()
         await warming

@@ -1,12 +1,12 @@
 """Usage per key: the tokens each database key used, per model and UTC day, kept in the database.
 
 A request's answer adds its tokens to this process's ``LEDGER`` (memory, no I/O on the request's
-path); ``run_periodic``, a task of the API process's own event loop (started with the HTTP
-server), writes what the ledger gathered to the usage rows every ``FLUSH_SECONDS`` in one
-transaction (``services.key_usage_add``), renews the split's concurrency leases of this
+path); ``run_periodic``, a task of the API process's own event loop (``start_periodic``, with
+the HTTP server), writes what the ledger gathered to the usage rows every ``FLUSH_SECONDS`` in
+one transaction (``services.key_usage_add``), renews the split's concurrency leases of this
 process's requests in flight, and, in one process of the pool, prunes the rows older than
-``KEEP_DAYS``.  In the split that one process is elected through Redis (a key set only if absent,
-renewed by its holder while it lives); embedded, the one API process does it.  A write that
+``KEEP_DAYS``.  In the split that one process is elected through Redis (a key set only if
+absent, renewed by its holder while it lives); embedded, the one API process does it.  A write that
 fails puts its counts back for the next one; ``flush`` at shutdown writes the rest.
 """
 from __future__ import annotations
@@ -72,6 +72,16 @@ async def flush() -> None:
     except Exception as exc:
         LEDGER.put_back(taken)
         logger.warning("the usage per key could not be written (kept for the next try): %s", exc)
+
+
+_RUNNING: set[asyncio.Task] = set()  # the loop keeps only a weak reference to a task
+
+
+def start_periodic() -> None:
+    """Start ``run_periodic`` on the running loop (the HTTP server's, as the API process starts)."""
+    task = asyncio.ensure_future(run_periodic())
+    _RUNNING.add(task)
+    task.add_done_callback(_RUNNING.discard)
 
 
 async def run_periodic() -> None:

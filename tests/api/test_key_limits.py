@@ -84,13 +84,18 @@ def admin(service):
 
 
 def create(service, admin, **fields) -> dict:
-    """A new key, once every API process knows it (GET /v1/models: no limit counts it)."""
+    """A new key, once every API process knows it: it lets the key in and refuses one it does not
+    know (before a process reads its first key, it lets anyone in).  GET /v1/models: no limit counts it."""
     answer = admin.post("/v1/admin/keys", json=fields)
     assert answer.status_code == 201, answer.text
     made = answer.json()
+
+    def knows(url: str) -> bool:
+        models = [httpx.get(url + "/v1/models", headers=bearer(key)).status_code for key in (made["key"], "sk-none")]
+        return models == [200, 401]
+
     for url in service.urls:
-        wait_for(lambda url=url: httpx.get(url + "/v1/models", headers=bearer(made["key"])).status_code == 200,
-                 PROPAGATION_SECONDS)
+        wait_for(lambda url=url: knows(url), PROPAGATION_SECONDS)
     return made
 
 
