@@ -37,8 +37,10 @@ from runtime.config import MODEL_NAME
 from runtime.errors import ApiKeyReadOnly, InvalidRequest, UnknownApiKey
 
 KEY_ID = OpenApiParameter("key_id", str, OpenApiParameter.PATH, description="key_<n>, or settings:<name>")
-USAGE_DAYS = OpenApiParameter("days", int, OpenApiParameter.QUERY,
-                              description=f"how many UTC days back, today included (1 to {KEEP_DAYS}; default 30)")
+USAGE_DAYS = OpenApiParameter(
+    "days", {"type": "integer", "minimum": 1, "maximum": KEEP_DAYS}, OpenApiParameter.QUERY,
+    description=f"how many UTC days back, today included (1 to {KEEP_DAYS}; default 30)",
+)
 FIELDS = ", ".join(KeyFields.model_fields)
 
 
