@@ -72,8 +72,9 @@ class _EmbeddedStore:
         name = str(key)
         if period is not None and not self.memory.budget_seeded(name, period):
             used = await sync_to_async(selectors.key_tokens_between)(key, period.first_day, period.last_day)
-            self.memory.seed_budget(name, period, used + usage.LEDGER.pending_tokens(key, period.first_day,
-                                                                                      period.last_day))
+            if not self.memory.budget_seeded(name, period):  # a request beside this one may have seeded it
+                unwritten = usage.LEDGER.pending_tokens(key, period.first_day, period.last_day)
+                self.memory.seed_budget(name, period, used + unwritten)
         return self.memory.admit(name, limits, time.monotonic(), period)
 
     async def finish(self, key: int, limits: KeyLimits, tokens: int, request_id: str,
@@ -108,7 +109,6 @@ class Grant:
     headers: dict[str, str] = field(default_factory=dict)
     refusal: LLMPoolError | None = None
     holds_slot: bool = False
-
     tokens: int = 0  # what its answer used, counted at ``finish``
 
     def count(self, model: str, input_tokens: int, output_tokens: int) -> None:
