@@ -36,7 +36,7 @@ from runtime.inputs.request import (
     GENERATE_UPSTREAM,
     GenerationRequest,
 )
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.observe.records import RequestRecord
 
 Emit = Callable[[dict], Awaitable[None]]
