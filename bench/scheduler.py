@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import http_latencies, percentiles, running_nodes, running_service  # noqa: E402
 from runtime.config import FairnessSettings  # noqa: E402
-from runtime.model.scheduler import Scheduler, Ticket  # noqa: E402
+from runtime.model.scheduler import Scheduler  # noqa: E402
+from runtime.model.tickets import Ticket  # noqa: E402
 from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES  # noqa: E402
 
 

@@ -1,8 +1,8 @@
 """The fields of an inference key of the database: the schema every write is checked against
 (the keys API's bodies, ``manage.py create_api_key``), and the JSON a key is shown as.
 
-The limit fields are stored and shown only: nothing enforces them yet (docs/api.md), except
-``priority``, the class the key's requests queue in (``models_app.api.keys``).  Each is a
+The limit fields are enforced at the edge (``models_app.quotas``, docs/api.md), and
+``priority`` is the class the key's requests queue in (``models_app.api.keys``).  Each is a
 whole number of at least 1 or null (no limit); 0, a negative, a bool, a string or a number past its
 bound is refused, so a typo cannot store a limit that would refuse every request or none.
 """

@@ -113,6 +113,11 @@ InvalidQueueTimeout = _error("InvalidQueueTimeout", "invalid_queue_timeout", 400
 # A priority header (service.priority_header) naming no class, or a class above the API key's.
 InvalidPriority = _error("InvalidPriority", "invalid_priority", 400)
 PriorityNotAllowed = _error("PriorityNotAllowed", "priority_not_allowed", 403)
+# An inference key over one of its limits (models_app.quotas): Retry-After is set from the window.
+RateLimited = _error("RateLimited", "rate_limited", 429, retry_after=1)
+TokenRateLimited = _error("TokenRateLimited", "token_rate_limited", 429, retry_after=1)
+ConcurrencyLimited = _error("ConcurrencyLimited", "concurrency_limited", 429, retry_after=1)
+BudgetExhausted = _error("BudgetExhausted", "budget_exhausted", 429, retry_after=1)
 # A backend that broke while generating; the model moves to failed when the engine is dead.
 BackendError = _error("BackendError", "backend_error", 502)
 # The model's request_timeout_seconds ran out while the engine held the request (slot freed).

@@ -48,6 +48,7 @@ from models_app import selectors
 from models_app.api import queue_headers
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
+from models_app.quotas.policy import KeyLimits
 from models_app.transport import nodes
 from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
@@ -77,6 +78,9 @@ class Caller:
     def queue_terms(self) -> dict:
         """What the runtime queues the request with: the typed request's fields of the same names."""
         return {"priority": self.priority, "queue_timeout_seconds": self.queue_timeout_seconds}
+    # The database key's primary key (None: no key, or one of settings.json) and its limits.
+    key_pk: int | None = None
+    limits: KeyLimits | None = None
 
     def allows(self, model: str, names: Mapping[str, str]) -> bool:
         """Whether the key lists the model ``model`` (a name or an alias) means, every name on
@@ -115,6 +119,8 @@ class KeyRecord:
     bucket: str  # the fairness key of its requests
     disabled: bool = False
     priority: str = DEFAULT_PRIORITY
+    pk: int | None = None  # a database key's primary key
+    limits: KeyLimits | None = None
 
     @classmethod
     def from_settings(cls, key: ApiKey) -> KeyRecord:
@@ -124,7 +130,7 @@ class KeyRecord:
     def from_row(cls, row: Mapping) -> KeyRecord:
         bucket = row["fairness_key"] if row["fairness_key"] is not None else row["name"]
         return cls(name=row["name"], models=row["models"], bucket=bucket, disabled=row["disabled"],
-                   priority=row["priority"])
+                   priority=row["priority"], pk=row["id"], limits=KeyLimits.from_row(row))
 
 
 class KeyRing:
@@ -148,6 +154,7 @@ class KeyRing:
     def caller(self, header: HeaderLookup) -> Caller:
         """The request's caller; raises 401 invalid_api_key when keys are configured and the
         request carries none of them, or a disabled one, then the queue headers' errors (400, 403)."""
+        key_pk = limits = None
         if not self._keys:  # any class may be asked for
             fairness_key, models = self._fairness_header(header), None
             own, ceiling = DEFAULT_PRIORITY, PRIORITY_CLASSES[0]
@@ -155,12 +162,14 @@ class KeyRing:
             key = self._match(header("authorization"), header("x-api-key"))
             models = None if key.models == "*" else frozenset(key.models)
             fairness_key, own, ceiling = key.bucket, key.priority, key.priority
+            key_pk, limits = key.pk, key.limits
         priority = own
         if self._priority_header is not None:
             priority = queue_headers.priority(header(self._priority_header), self._priority_header, own=own,
                                               ceiling=ceiling)
         return Caller(fairness_key=fairness_key, models=models, priority=priority,
-                      queue_timeout_seconds=queue_headers.queue_timeout(header(queue_headers.QUEUE_TIMEOUT_HEADER)))
+                      queue_timeout_seconds=queue_headers.queue_timeout(header(queue_headers.QUEUE_TIMEOUT_HEADER)),
+                      key_pk=key_pk, limits=limits)
 
     def _fairness_header(self, header: HeaderLookup) -> str | None:
         for name in self._fairness_headers:

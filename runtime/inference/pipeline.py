@@ -37,7 +37,7 @@ from runtime.inputs.request import (
     GenerationRequest,
     InferenceRequest,
 )
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.observe.records import RequestRecord
 
 Emit = Callable[[dict], Awaitable[None]]

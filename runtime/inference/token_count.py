@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from runtime.errors import TokenCountUnsupported
 from runtime.inference.admission import engine_request
 from runtime.inputs.request import GenerationRequest, typed_request
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 
 if TYPE_CHECKING:
     from runtime.model.writer import ModelController

@@ -24,7 +24,7 @@ from runtime.inference.rerank import RerankRequest
 from runtime.inputs.request import GenerationRequest
 from runtime.inputs.transcription import TranscriptionRequest
 from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS, deadline_passed
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 
 T = TypeVar("T")
 

@@ -16,7 +16,9 @@ HEADER = "X-LLMPool-Priority"
 
 def row(name: str, priority: str) -> dict:
     return {"name": name, "key_sha256": hashlib.sha256(name.encode()).hexdigest(), "models": "*",
-            "fairness_key": None, "disabled": False, "priority": priority}
+            "fairness_key": None, "disabled": False, "priority": priority, "id": int(hashlib.sha256(name.encode()).hexdigest()[:8], 16),
+            "requests_per_minute": None, "tokens_per_minute": None, "max_concurrent": None,
+            "token_budget": None, "budget_period": None}
 
 
 def ring(*rows, priority_header: str | None = HEADER) -> KeyRing:

@@ -13,7 +13,7 @@ from runtime.errors import InvalidPriority, InvalidQueueTimeout, QueueDeadlineEx
 from runtime.inference.embedding import EmbeddingRequest
 from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.inputs.request import GenerationRequest
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from tests.engines.runtime_driver import user_input
 
 

@@ -5,7 +5,8 @@ from runtime.config import FairnessSettings
 from runtime.errors import ModelUnloading
 from runtime.inference.prefix_marks import RAW_BLOCK_CHARS, prefix_marks
 from runtime.inputs.request import GenerationRequest
-from runtime.model.scheduler import Scheduler, Ticket
+from runtime.model.scheduler import Scheduler
+from runtime.model.tickets import Ticket
 from tests.runtime.scheduler_fakes import FakeEffects
 
 

@@ -3,7 +3,8 @@ import pytest
 
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, ModelUnloading
-from runtime.model.scheduler import Scheduler, Ticket
+from runtime.model.scheduler import Scheduler
+from runtime.model.tickets import Ticket
 from tests.runtime.scheduler_fakes import FakeEffects
 
 

@@ -2,7 +2,8 @@
 import tracemalloc
 
 from runtime.config import FairnessSettings
-from runtime.model.scheduler import IDLE_KEYS_RETAINED, Scheduler, Ticket
+from runtime.model.scheduler import IDLE_KEYS_RETAINED, Scheduler
+from runtime.model.tickets import Ticket
 
 
 class Started:

@@ -4,7 +4,8 @@ import random
 from runtime.config import FairnessSettings
 from runtime.errors import ModelUnloading
 from runtime.queue_terms import PRIORITY_CLASSES
-from runtime.model.scheduler import Scheduler, Ticket
+from runtime.model.scheduler import Scheduler
+from runtime.model.tickets import Ticket
 
 
 class FakeEffects:

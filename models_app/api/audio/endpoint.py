@@ -43,7 +43,7 @@ async def _create(form, caller: Caller, task: str) -> dict | PlainAnswer | Async
     wire = runtime_wire({**call.transcription.to_wire(), "model": model})
     if not call.transcription.stream:
         return shapes.answer(await placement.call(OP_TRANSCRIBE, wire), call)
-    return _events(await runtime_stream(OP_TRANSCRIBE, wire))
+    return _events(await runtime_stream(OP_TRANSCRIBE, wire, model))
 
 
 async def _events(messages: AsyncIterator[dict]) -> AsyncIterator[bytes]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from models_app import placement
 from models_app.api.inference import inference_app, parsed, runtime_wire
 from models_app.api.keys import Caller
+from models_app.quotas import admission
 from models_app.api.rerank.protocol import RERANK_PATHS, parse_rerank_body
 from models_app.transport.messages import OP_RERANK
 
@@ -23,6 +24,7 @@ async def create_rerank(data, caller: Caller) -> dict:
     call = await parsed(parse_rerank_body, data, caller.fairness_key)
     model = await caller.resolve(call.rerank.model)
     result = await placement.call(OP_RERANK, runtime_wire({**call.rerank.to_wire(), "model": model}))
+    admission.count(model, result["usage"])
     ranked = sorted(enumerate(result["scores"]), key=lambda pair: -pair[1])[: call.top_n]  # sorted() is stable
     documents = call.rerank.documents
     tokens = result["usage"]["prompt_tokens"]
