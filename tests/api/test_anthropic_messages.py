@@ -245,6 +245,7 @@ def test_images_where_the_model_accepts_them(client):
     [
         pytest.param({"model": "no-such-model"}, anthropic.NotFoundError, "not_found_error", "unknown_model", id="unknown"),
         pytest.param({"model": "cold"}, anthropic.ConflictError, "invalid_request_error", "model_not_loaded", id="cold"),
+        # the stub's sampling_options lack top_k (as an engine without top-k sampling)
         pytest.param({"model": "fixed", "extra_body": {"top_k": 5}}, anthropic.BadRequestError, "invalid_request_error",
                      "invalid_request", id="top_k"),
         pytest.param({"model": "fixed", "max_tokens": 0}, anthropic.BadRequestError, "invalid_request_error",

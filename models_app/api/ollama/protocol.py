@@ -10,11 +10,12 @@ have are ignored, as Ollama's own JSON decoding ignores them.
   ``tool_call_id``) answering the oldest unanswered call of that name (Ollama's calls have no
   ids: llm-pool numbers them);
 - ``options``: ``num_predict`` (a negative one: the service's default), ``temperature``,
-  ``top_p``, ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty`` go into the typed
-  request.  The others change nothing: sampling knobs the typed request does not carry
-  (``top_k``, ``repeat_penalty``, ``mirostat`` ...) and the load-time ones; ``num_ctx`` is
-  clamped to the loaded context (a model's context is its definition's, and ``/api/show``
-  tells it), never a reload;
+  ``top_p``, ``top_k`` (0: none), ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty``,
+  ``repeat_penalty`` (1: none) go into the typed request, which the runtime refuses (400 naming
+  the option) for a model whose engine lacks one (``capabilities.sampling_options``).  The others
+  change nothing: sampling knobs the typed request does not carry (``mirostat``, ``min_p``,
+  ``repeat_last_n`` ...) and the load-time ones; ``num_ctx`` is clamped to the loaded context (a
+  model's context is its definition's, and ``/api/show`` tells it), never a reload;
 - ``think``: true/false are thinking "enabled"/"disabled", "low"/"medium"/"high" a reasoning
   effort; ``format``: "json" is a JSON object's schema, an object is a JSON schema;
 - ``keep_alive`` is ignored unless ``service.ollama_keep_alive`` is on, so that no client unloads or
@@ -54,6 +55,8 @@ class Options(BaseModel):
     stop: list[str] | None = Field(None, max_length=limits.MAX_STOP_SEQUENCES)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    top_k: limits.TopK = None
+    repeat_penalty: limits.RepeatPenalty = None
 
 
 class CalledFunction(BaseModel):
@@ -277,6 +280,7 @@ def _generation(body: _Generating, fairness_key: str | None, **fields) -> Genera
         stop=stop,
         presence_penalty=options.presence_penalty or None,
         frequency_penalty=options.frequency_penalty or None,
+        **limits.sampling_knobs(options.top_k, options.repeat_penalty),
         thinking={True: "enabled", False: "disabled"}.get(think) if isinstance(think, bool) else None,
         reasoning_effort=think if isinstance(think, str) else None,
         response_format=response_format,
