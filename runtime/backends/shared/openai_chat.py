@@ -162,7 +162,29 @@ async def chat_completion(
     client: httpx.AsyncClient, url: str, body: dict, upstream: str, failure: type[LLMPoolError]
 ) -> AsyncIterator[TextDelta | ToolCall | Finished]:
     """POST ``body`` (streamed or not, as it says) and translate the answer into deltas, the
-    message's tool calls and the end."""
+    message's tool calls and the end.
+
+    An upstream that refuses ``max_tokens`` for its context (vLLM and SGLang refuse a prompt plus
+    ``max_tokens`` past the model's length) is asked once more without it: an output limit past
+    the model's room is the room, as where a local engine stops at a full context (Claude Code
+    sends 32000 whatever the model).  A prompt that does not fit is refused again, and that is
+    the request's 400."""
+    answered = False
+    try:
+        async for event in _completion(client, url, body, upstream, failure):
+            answered = True
+            yield event
+    except ContextLengthExceeded:
+        if answered or body.get("max_tokens") is None:
+            raise
+        unbounded = {key: value for key, value in body.items() if key != "max_tokens"}
+        async for event in _completion(client, url, unbounded, upstream, failure):
+            yield event
+
+
+async def _completion(
+    client: httpx.AsyncClient, url: str, body: dict, upstream: str, failure: type[LLMPoolError]
+) -> AsyncIterator[TextDelta | ToolCall | Finished]:
     if body.get("stream"):
         async for event in stream_chat(client, url, body, upstream, failure):
             yield event
