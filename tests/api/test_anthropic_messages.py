@@ -132,7 +132,7 @@ def test_the_activity_and_metrics_label_messages(service, client):
     with service.client() as http:
         (newest,) = http.get("/v1/admin/activity", params={"model": "fixed", "limit": 1}).json()["requests"]
         metrics = http.get("/metrics").text
-    assert (newest["endpoint"], newest["input_tokens"]) == ("messages", 2)
+    assert (newest["endpoint"], newest["input_tokens"], newest["fairness_key"]) == ("messages", 2, "claude")
     assert 'endpoint="messages"' in metrics
 
 
