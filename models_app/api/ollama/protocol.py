@@ -32,9 +32,9 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from models_app.api import limits
 from models_app.conf import service_settings
@@ -44,6 +44,12 @@ from runtime.inference.embedding import EmbeddingRequest
 from runtime.inputs.request import GenerationRequest
 
 _IMAGE_TYPES = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
+
+
+def _only_empty(kind: dict, why: str) -> Any:
+    """A field the document says is accepted only empty or null (``parse_generate`` refuses a value)."""
+    return WithJsonSchema({"anyOf": [kind, {"type": "null"}], "description": f"Not supported: {why}; a value is "
+                                                                              "refused (400)."})
 
 
 class Options(BaseModel):
@@ -121,15 +127,21 @@ class GenerateBody(_Generating):
     system: str | None = None
     images: list[str] | None = None
     raw: bool = False
-    suffix: str | None = None
-    template: str | None = None
-    context: list[int] | None = None
+    suffix: Annotated[str | None, _only_empty({"type": "string", "maxLength": 0}, "no fill-in-the-middle")] = None
+    template: Annotated[str | None, _only_empty({"type": "string", "maxLength": 0},
+                                                "prompts are rendered with the model's chat template")] = None
+    context: Annotated[list[int] | None, _only_empty({"type": "array", "items": {"type": "integer"}, "maxItems": 0},
+                                                     "send the conversation to /api/chat")] = None
 
 
 class EmbedBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str = Field(min_length=1)
-    input: str | list[str] = Field(min_length=1)
+    # Empty strings in the list are refused by ``parse_embed`` (naming the item), as the schema says.
+    input: Annotated[str | list[str], Field(min_length=1), WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+    ]})]
     truncate: bool | None = None
     dimensions: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     options: dict | None = None
@@ -145,9 +157,12 @@ class EmbeddingsBody(BaseModel):
 
 
 class ModelBody(BaseModel):
-    """``/api/show``'s body: ``model``, or the older ``name``."""
+    """The model to show (or, on the model-management paths, to act on): ``model``, or the older
+    ``name``; the first of them that is not empty names it."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"anyOf": [
+        {"properties": {name: {"type": "string", "minLength": 1}}, "required": [name]} for name in ("model", "name")
+    ]})
     model: str | None = None
     name: str | None = None
 
