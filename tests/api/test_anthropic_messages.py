@@ -337,7 +337,7 @@ def test_an_output_limit_past_a_small_context_is_clamped(service, client):
     llama_cpp model of 256 tokens: not refused; the engine stops where its context is full (its last
     token sampled from the full context)."""
     # A long prompt leaves a short answer before the context is full.
-    counting = [{"role": "user", "content": "Go on counting: " + ", ".join(str(n) for n in range(1, 41))}]
+    counting = [{"role": "user", "content": "Go on counting: " + ", ".join(str(n) for n in range(1, 48))}]
     message = client.messages.create(model="smol_small", max_tokens=32000, messages=counting)
     assert message.stop_reason == "max_tokens" and message.content[0].text
     assert message.usage.input_tokens + message.usage.output_tokens == SMALL_CONTEXT + 1
