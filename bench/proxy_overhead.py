@@ -431,8 +431,11 @@ async def messages_against_chat(http: httpx.AsyncClient, pool: str, requests: in
     streamed_cpu = {"chat": 0.0, "messages": 0.0}
     calls = {"chat": pool_chat_call("smol"), "messages": messages_call("smol")}
     await stream_rate(http, calls["chat"], pool, 1, tokens)  # warm up
-    for _ in range(rounds):
-        for name, call in calls.items():
+    for round_index in range(rounds):
+        # Each path goes first in every other round: a drift in the machine's load within a round
+        # (other processes, the server's own warm-up) is then charged to both alike.
+        order = list(calls.items()) if round_index % 2 == 0 else list(reversed(calls.items()))
+        for name, call in order:
             used = cpu_seconds(server)
             measured[name].append(await stream_rate(http, retried_once(f"{name}_streamed", call), pool, 1, tokens))
             streamed_cpu[name] += cpu_seconds(server) - used
