@@ -168,7 +168,7 @@ def test_every_inference_path_is_documented_in_its_protocols_shapes(schema):
     paths = schema["paths"]
     client_paths = {path for path in INFERENCE_ROUTES
                     if path.startswith(("/api/", "/v1/messages")) or path.endswith("/input_tokens")}
-    assert len(client_paths) == 16 and client_paths <= set(paths)
+    assert len(client_paths) == 17 and client_paths <= set(paths)
     assert set(paths["/api/tags"]) == {"get"} and "requestBody" not in paths["/api/tags"]["get"]
     assert set(paths["/api/delete"]) == {"delete"}
     chat = paths["/api/chat"]["post"]
