@@ -88,6 +88,8 @@ def sampling_options(request: GenerationRequest, grammar: str | None = None) -> 
         seed=request.seed,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
+        top_k=request.top_k or 0,
+        repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
         grammar=grammar,
     )
 

@@ -213,7 +213,7 @@ class LlamaCppSpec(BackendSpec):
         return list(THINKING_ALL) if definition.prompt_format == "gemma4_template" else ["default"]
 
     def sampling_options(self, definition):
-        """seed, both penalties and logprobs: native.py's sampler chain and token_logprobs."""
+        """All of them: the sampler chain (sampling.py) and native.py's token_logprobs."""
         return list(SAMPLING_OPTIONS)
 
     def reasoning_tags(self, definition, base_dir):
