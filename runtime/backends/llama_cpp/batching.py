@@ -30,6 +30,17 @@ logger = logging.getLogger("llmpool.llama_cpp")
 SLOT_PROMPT_SIMILARITY = 0.1  # llama-server's default: a shorter shared prefix is not worth a slot
 
 
+def choose_sequence(sequences: list[list[int]], free: list[int], prompt: list[int], last_used: dict[int, int]) -> int:
+    """The free sequence for ``prompt``: the one whose tokens share the longest prefix with it,
+    when that prefix is more than ``SLOT_PROMPT_SIMILARITY`` of the prompt; otherwise, and among
+    equals, the least recently used (``last_used``: sequence -> when it was last released)."""
+    def score(seq: int) -> tuple[int, int]:
+        shared = common_prefix(sequences[seq], prompt)
+        return (shared if shared > SLOT_PROMPT_SIMILARITY * len(prompt) else 0, -last_used.get(seq, 0))
+
+    return max(free, key=score)
+
+
 class BatchLoop:
     """The waiting and active generations of one replica.  ``state()`` gives the replica's
     current (context, kv_store); a context of None (asleep, unloaded) ends what waits with an error."""
@@ -105,20 +116,12 @@ class BatchLoop:
                 continue
             try:
                 tokens = generation.tokenize(context.n_ctx)
-                seq = self._choose(context, free, tokens)
+                seq = choose_sequence(context.sequences, free, tokens, self._last_used)
                 generation.start(context, seq, kv_store)
             except LLMPoolError as exc:
                 generation.end(exc)
                 continue
             active[seq] = generation
-
-    def _choose(self, context, free: list[int], tokens: list[int]) -> int:
-        def score(seq: int) -> tuple[int, int]:
-            shared = common_prefix(context.sequences[seq], tokens)
-            worth = shared > SLOT_PROMPT_SIMILARITY * len(tokens)
-            return (shared if worth else 0, -self._last_used.get(seq, 0))
-
-        return max(free, key=score)
 
     def _step(self, active: dict[int, Generation], context) -> None:
         """One batch: drop what was stopped, decode a token per answer and prompt chunks in
