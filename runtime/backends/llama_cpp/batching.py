@@ -103,9 +103,8 @@ class BatchLoop:
     def _admit(self, active: dict[int, Generation], context, kv_store) -> None:
         """Give each waiting generation a free sequence, while there is one."""
         while True:
-            free = [seq for seq in range(context.n_seq) if seq not in active] if context is not None else [None]
             with self._lock:
-                if not self._waiting or not free:
+                if not self._waiting or (context is not None and len(active) >= context.n_seq):
                     return
                 generation = self._waiting.popleft()
             if generation.stopped():
@@ -116,9 +115,13 @@ class BatchLoop:
                 continue
             try:
                 tokens = generation.tokenize(context.n_ctx)
-                seq = choose_sequence(context.sequences, free, tokens, self._last_used)
+                seq = choose_sequence(context.sequences, [s for s in range(context.n_seq) if s not in active],
+                                      tokens, self._last_used)
                 generation.start(context, seq, kv_store)
-            except LLMPoolError as exc:
+            except Exception as exc:  # this request fails, not the others
+                if not isinstance(exc, LLMPoolError):
+                    logger.exception("model %s: a generation could not start", self.model_name)
+                    exc = BackendError(f"llama.cpp generation failed: {exc}")
                 generation.end(exc)
                 continue
             active[seq] = generation
