@@ -198,3 +198,22 @@ async def test_a_replica_batches_concurrent_generations_through_its_engine_proce
     assert most == 3  # all three ran at once in the one replica
     await unload(service, "smol")
     assert pid not in [p.pid for p in engine_processes()]
+
+
+async def test_unload_waits_for_active_batched_streams_which_finish_and_the_process_goes(runtime_service):
+    service, events = await runtime_service({"smol": SMOLLM2_MODEL})
+    await load(service, "smol", {"target_inflight": 3})
+    [pid] = [p.pid for p in engine_processes()]
+    streams = [asyncio.create_task(generate(service, "smol", f"Count from {start} to 100, separated by commas.",
+                                            stream=True, max_output_tokens=24, temperature=0.0))
+               for start in (1, 10, 20)]
+    controller = service.pool.controller("smol")
+    while controller.scheduler.inflight < 3:
+        await asyncio.sleep(0.01)
+    unloading = asyncio.create_task(unload(service, "smol"))
+    await wait_for_state(service, "smol", "unloading")
+    for result, deltas in await asyncio.gather(*streams):  # each ends as it would have, not cut short
+        assert result["finish_reason"] in ("length", "stop") and "".join(deltas) == result["text"] != ""
+    assert (await unloading)["runtime_state"] == "unloaded"
+    assert moves(events, "smol") == LOAD_CYCLE + UNLOAD_CYCLE
+    assert pid not in [p.pid for p in engine_processes()]
