@@ -118,7 +118,9 @@ def forget_prefix(prefix: str) -> None:
 
 def _loaded(port: int, settings: dict) -> str:
     url = f"http://127.0.0.1:{port}"
-    wait_until_loaded(url, [name for name, d in settings["models"].items() if d.get("enabled")])
+    token = settings.get("service", {}).get("admin_token")
+    wait_until_loaded(url, [name for name, d in settings["models"].items() if d.get("enabled")],
+                      headers={"Authorization": f"Bearer {token}"} if token else None)
     return url
 
 
@@ -129,11 +131,11 @@ def serving_process():
     return next(p for p in psutil.Process().children(recursive=True) if " serve " in " ".join(p.cmdline()) + " ")
 
 
-def wait_until_loaded(url: str, names: list[str], timeout: float = 120) -> None:
+def wait_until_loaded(url: str, names: list[str], timeout: float = 120, headers: dict | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
-            models = httpx.get(url + "/v1/admin/models", timeout=2).json()["models"]
+            models = httpx.get(url + "/v1/admin/models", timeout=2, headers=headers).json()["models"]
             states = {m["name"]: m["runtime_state"] for m in models}
             if all(states.get(name) == "loaded" for name in names):
                 return

@@ -1,4 +1,4 @@
-"""Scheduler benchmark: decision cost, token fairness, and end-to-end requests/s.
+"""Scheduler benchmark: decision cost, token fairness, priority classes, and end-to-end requests/s.
 
 ``--nodes`` adds the fairness figures measured for real across two nodes (a split pool over the
 local Redis, one model with a replica on each node, stub requests of equal size).
@@ -21,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import http_latencies, percentiles, running_nodes, running_service  # noqa: E402
 from runtime.config import FairnessSettings  # noqa: E402
-from runtime.model.scheduler import Scheduler, Ticket  # noqa: E402
+from runtime.model.scheduler import Scheduler  # noqa: E402
+from runtime.model.tickets import Ticket  # noqa: E402
+from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES  # noqa: E402
 
 
 class Recorder:
@@ -35,22 +37,65 @@ class Recorder:
         raise AssertionError("nothing is rejected in this benchmark")
 
 
-def decision_cost(queued: int = 10_000, keys: int = 100, rounds: int = 20_000) -> dict:
-    """Mean cost of one request's decisions (admit + dispatch + completion) with ``queued`` pending."""
+def decision_cost(queued: int = 10_000, keys: int = 100, rounds: int = 20_000,
+                  classes: tuple[str, ...] = (DEFAULT_PRIORITY,)) -> dict:
+    """Mean cost of one request's decisions (admit + dispatch + completion) with ``queued`` pending,
+    each request of a class drawn from ``classes``."""
     effects = Recorder()
     scheduler = Scheduler(FairnessSettings(per_key_queue_limit=queued, executor_queue_limit=queued * 2), effects)
     scheduler.open(1, 1)
     rng = random.Random(1)
     for index in range(queued + 1):
-        scheduler.on_request(Ticket(f"r{index}", f"k{index % keys}", cost_estimate=rng.randint(10, 500)))
+        scheduler.on_request(Ticket(f"r{index}", f"k{index % keys}", cost_estimate=rng.randint(10, 500),
+                                    priority=rng.choice(classes)))
     begin = time.perf_counter()
     for index in range(rounds):
         running = effects.started[-1]
-        scheduler.on_request(Ticket(f"n{index}", f"k{rng.randrange(keys)}", cost_estimate=rng.randint(10, 500)))
+        scheduler.on_request(Ticket(f"n{index}", f"k{rng.randrange(keys)}", cost_estimate=rng.randint(10, 500),
+                                    priority=rng.choice(classes)))
         scheduler.on_done(running, running.cost_estimate + rng.randint(1, 500))
     elapsed = time.perf_counter() - begin
-    return {"queued": queued, "keys": keys, "rounds": rounds, "us_per_request": round(elapsed / rounds * 1e6, 2),
-            "target_us": 20}
+    return {"queued": queued, "keys": keys, "rounds": rounds, "classes": list(classes),
+            "us_per_request": round(elapsed / rounds * 1e6, 2), "target_us": 20}
+
+
+def priority_classes(limit: int = 8) -> dict:
+    """One slot, counted in starts: how many starts an interactive request waits behind a flood of
+    batch requests, and the batch class's share of the starts, and its longest wait, while
+    interactive requests keep the slot busy (the bound: limit + 1 starts passed over)."""
+    effects = Recorder()
+    fairness = FairnessSettings(per_key_queue_limit=10_000, executor_queue_limit=20_000,
+                                priority_starvation_limit=limit)
+    scheduler = Scheduler(fairness, effects)
+    scheduler.open(1, 1)
+    rng = random.Random(3)
+    for index in range(3000):
+        scheduler.on_request(Ticket(f"b{index}", f"job{index % 10}", cost_estimate=rng.randint(10, 500),
+                                    priority="batch"))
+    waits = []
+    for index in range(200):
+        for _ in range(rng.randint(0, 3)):
+            scheduler.on_done(effects.started[-1], rng.randint(10, 900))
+        scheduler.on_request(Ticket(f"i{index}", f"user{index % 5}", cost_estimate=20, priority="interactive"))
+        before = len(effects.started)
+        while effects.started[-1].request_id != f"i{index}":
+            scheduler.on_done(effects.started[-1], rng.randint(10, 900))
+        waits.append(len(effects.started) - before - 1)  # other starts before it
+    for index in range(2000):
+        scheduler.on_request(Ticket(f"s{index}", f"user{index % 5}", cost_estimate=20, priority="interactive"))
+    begin = len(effects.started)
+    for _ in range(900):
+        scheduler.on_done(effects.started[-1], rng.randint(10, 900))
+    classes = [ticket.request_id[0] for ticket in effects.started[begin:]]
+    longest = max(len(run) for run in "".join(classes).split("b"))
+    return {
+        "priority_starvation_limit": limit,
+        "interactive_behind_batch_flood": {"requests": len(waits), "max_other_starts_before_it": max(waits),
+                                           "target": 0},
+        "interactive_saturation": {"starts": len(classes), "batch_share": round(classes.count("b") / len(classes), 4),
+                                   "target_share": round(1 / (limit + 1), 4),
+                                   "longest_batch_wait_starts": longest, "bound": limit + 1},
+    }
 
 
 def served_shares(requests_per_key: dict[str, int], weights: dict[str, float], slots: int = 4) -> dict:
@@ -83,7 +128,7 @@ def served_shares(requests_per_key: dict[str, int], weights: dict[str, float], s
             break
         running.sort(key=lambda item: item[0])
         clock, ticket = running.pop(0)
-        if any(not scheduler.keys[key].queue for key in requests_per_key):
+        if any(not scheduler.keys[key].pending for key in requests_per_key):
             break  # one key ran dry: the backlogged window is over
         served[ticket.fairness_key] += sizes[ticket.request_id]
         scheduler.on_done(ticket, sizes[ticket.request_id])
@@ -182,7 +227,8 @@ def main() -> None:
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument("--nodes", action="store_true", help="also measure fairness across two nodes (needs Redis)")
     args = parser.parse_args()
-    result = {"decision_cost": decision_cost(), "fairness": fairness()}
+    result = {"decision_cost": decision_cost(), "decision_cost_three_classes": decision_cost(classes=PRIORITY_CLASSES),
+              "fairness": fairness(), "priority_classes": priority_classes()}
     if args.nodes:
         result["fairness_across_two_nodes"] = across_nodes()
     if not args.skip_e2e:

@@ -26,6 +26,7 @@ urlpatterns = [
     path("v1/admin/activity", views.ActivityApi.as_view(), name="admin-activity"),
     path("v1/admin/keys", admin_keys.KeyListApi.as_view(), name="admin-keys"),
     path("v1/admin/keys/<str:key_id>", admin_keys.KeyDetailApi.as_view(), name="admin-key"),
+    path("v1/admin/keys/<str:key_id>/usage", admin_keys.KeyUsageApi.as_view(), name="admin-key-usage"),
     path("v1/admin/events", views.AdminEventStreamApi.as_view(), name="admin-events"),
     path("v1/models", views.OpenAIModelListApi.as_view(), name="models"),
     path("v1/models/<str:model_id>", views.OpenAIModelApi.as_view(), name="model"),

@@ -1,7 +1,8 @@
 """The fields of an inference key of the database: the schema every write is checked against
 (the keys API's bodies, ``manage.py create_api_key``), and the JSON a key is shown as.
 
-The limit fields are stored and shown only: nothing enforces them yet (docs/api.md).  Each is a
+The limit fields are enforced at the edge (``models_app.quotas``, docs/api.md), and
+``priority`` is the class the key's requests queue in (``models_app.api.keys``).  Each is a
 whole number of at least 1 or null (no limit); 0, a negative, a bool, a string or a number past its
 bound is refused, so a typo cannot store a limit that would refuse every request or none.
 """
@@ -12,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runtime.config import API_KEY_NAME, ApiKey
+from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
 
 # The prefix of every secret the keys API makes, so a leaked one is recognisable (secret scanners).
 SECRET_PREFIX = "sk-llmpool-"
@@ -35,7 +37,7 @@ class KeyFields(BaseModel):
     max_concurrent: int | None = Field(None, ge=1, le=100_000)
     token_budget: int | None = Field(None, ge=1, le=10**15)
     budget_period: Literal["day", "month"] | None = None
-    priority: Literal["interactive", "default", "batch"] = "default"
+    priority: Literal[PRIORITY_CLASSES] = DEFAULT_PRIORITY
     fairness_key: str | None = Field(None, min_length=1, max_length=256)
     weight: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
 

@@ -24,7 +24,8 @@ class InferenceKey(models.Model):
     settings.json are not rows: they are read from the file).  Only the sha256 of the secret is
     kept: the secret is random and 256 bits long, so a slow hash would add nothing.
 
-    The limit fields are stored and shown; they are not enforced yet (docs/api.md)."""
+    The limit fields are enforced at the edge (``models_app.quotas``, docs/api.md); ``priority``
+    is the class the key's requests queue in (docs/scheduling.md)."""
 
     name = models.CharField(max_length=128, unique=True)
     key_sha256 = models.CharField(max_length=64, unique=True)
@@ -54,3 +55,20 @@ class KeyRingVersion(models.Model):
     transaction: each API process compares it with the version its key ring holds."""
 
     version = models.BigIntegerField(default=0)
+
+
+class KeyUsage(models.Model):
+    """The tokens one database key used on one model in one UTC day, written in batches by the API
+    processes (``models_app.quotas.usage``); a deleted key's rows go with it."""
+
+    key = models.ForeignKey(InferenceKey, on_delete=models.CASCADE, related_name="usage")
+    model = models.CharField(max_length=128)
+    day = models.DateField()
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    requests = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["day", "model"]
+        constraints = [models.UniqueConstraint(fields=["key", "model", "day"], name="key_usage_per_model_day")]
+        indexes = [models.Index(fields=["day"], name="key_usage_day")]

@@ -1,12 +1,15 @@
 """Reads on the Django side: the catalog mirror and the runtime's live views."""
 from __future__ import annotations
 
+from datetime import date
 from typing import Any
 
 from django.db import close_old_connections
+from django.db.models import Sum
 
 from models_app import placement
-from models_app.models import CatalogModel, InferenceKey, KeyRingVersion
+from models_app.quotas.policy import LIMIT_NAMES
+from models_app.models import CatalogModel, InferenceKey, KeyRingVersion, KeyUsage
 from models_app.transport.messages import OP_ACTIVITY, OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
 
 MIB = 1024 * 1024
@@ -103,7 +106,7 @@ def key_ring_rows(known_version: int | None) -> tuple[int, list[dict] | None]:
     version = key_ring_version()
     if version == known_version:
         return version, None
-    fields = ("name", "key_sha256", "models", "fairness_key", "disabled")
+    fields = ("id", "name", "key_sha256", "models", "fairness_key", "disabled", "priority", *LIMIT_NAMES)
     return version, list(InferenceKey.objects.values(*fields))
 
 
@@ -113,3 +116,24 @@ def key_list() -> list[InferenceKey]:
 
 def key_get(pk: int) -> InferenceKey | None:
     return InferenceKey.objects.filter(pk=pk).first()
+
+
+def key_tokens_between(pk: int, first: date, last: date) -> int:
+    """The tokens (input and output) the key's usage rows count from ``first`` to ``last``, both included."""
+    close_old_connections()
+    totals = KeyUsage.objects.filter(key_id=pk, day__gte=first, day__lte=last).aggregate(
+        input=Sum("input_tokens"), output=Sum("output_tokens"))
+    return (totals["input"] or 0) + (totals["output"] or 0)
+
+
+def key_usage(pk: int, since: date) -> list[KeyUsage]:
+    """The key's usage rows from ``since`` on, by day then model."""
+    close_old_connections()
+    return list(KeyUsage.objects.filter(key_id=pk, day__gte=since))
+
+
+def key_token_totals() -> list[dict]:
+    """Every key's tokens per model over the rows kept: ``key__name``, ``model``, ``input``, ``output``."""
+    close_old_connections()
+    return list(KeyUsage.objects.values("key__name", "model").annotate(
+        input=Sum("input_tokens"), output=Sum("output_tokens")).order_by("key__name", "model"))

@@ -11,16 +11,17 @@ import asyncio
 import hashlib
 import logging
 import secrets
+from datetime import date
 
 from channels.layers import get_channel_layer
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import F
 from pydantic import ValidationError
 
 from models_app import placement
 from models_app.conf import service_settings
 from models_app.key_fields import SECRET_PREFIX, KeyFields, database_id
-from models_app.models import CatalogModel, InferenceKey, KeyRingVersion
+from models_app.models import CatalogModel, InferenceKey, KeyRingVersion, KeyUsage
 from models_app.transport.messages import (
     ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
     ADMIN_EVENTS_GROUP,
@@ -190,3 +191,30 @@ def _bump_key_version() -> None:
     """Raise the keys' version (in the caller's transaction): every API process reads the keys again."""
     if not KeyRingVersion.objects.filter(pk=1).update(version=F("version") + 1):
         KeyRingVersion.objects.create(pk=1, version=1)
+
+
+def key_usage_add(counts: dict[tuple[int, str, date], list[int]]) -> None:
+    """Add ``counts`` ((key, model, day) -> [input tokens, output tokens, requests]) to the usage
+    rows, in one transaction; the counts of a key deleted meanwhile are dropped."""
+    close_old_connections()
+    with transaction.atomic():
+        for (key, model, day), (input_tokens, output_tokens, requests) in sorted(counts.items()):
+            increments = {"input_tokens": F("input_tokens") + input_tokens,
+                          "output_tokens": F("output_tokens") + output_tokens, "requests": F("requests") + requests}
+            if KeyUsage.objects.filter(key_id=key, model=model, day=day).update(**increments):
+                continue
+            if not InferenceKey.objects.filter(pk=key).exists():
+                continue
+            try:
+                with transaction.atomic():
+                    KeyUsage.objects.create(key_id=key, model=model, day=day, input_tokens=input_tokens,
+                                            output_tokens=output_tokens, requests=requests)
+            except IntegrityError:  # another API process made the row first
+                KeyUsage.objects.filter(key_id=key, model=model, day=day).update(**increments)
+
+
+def key_usage_prune(*, before: date) -> int:
+    """Delete the usage rows of days before ``before``; how many."""
+    close_old_connections()
+    deleted, _ = KeyUsage.objects.filter(day__lt=before).delete()
+    return deleted

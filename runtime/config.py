@@ -101,6 +101,9 @@ class ServiceSettings(_Strict):
     # POST /v1/messages: with no API key's bucket and no fairness header, the body's metadata.user_id
     # is the fairness key (Claude Code sends one per device and conversation).
     fairness_key_from_metadata: bool = False
+    # The header a request may name its priority class in (interactive, default, batch), at most
+    # its API key's class; null: the class is the key's alone (docs/scheduling.md).
+    priority_header: str | None = Field(None, pattern=HEADER_NAME.pattern)
     # Ollama's API: a request's keep_alive sets how long its model stays loaded once idle (its TTL,
     # until the model unloads); off, keep_alive is ignored, so no client unloads or pins a model of
     # a shared pool (docs/api.md).
@@ -124,6 +127,9 @@ class ServiceSettings(_Strict):
     # An idle connection between requests is closed after this long; longer than the idle expiry
     # of the common clients (httpx and the openai SDK: 5 s), so none reuses one as it closes.
     http_keep_alive_timeout_seconds: float = Field(20.0, gt=0, le=3600)
+    # POST /v1/audio/transcriptions and translations: the uploaded file's size at most (413 past it).
+    # The file crosses the channel layer in one message (over Redis, one string: docs/settings.md).
+    audio_max_upload_bytes: int = Field(25 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     # Open connections at most (WebSockets included); the rest are answered 503 and closed.
     # null: half the process's file-descriptor limit, at most 1024.
     max_connections: int | None = Field(None, ge=1)
@@ -135,6 +141,9 @@ class FairnessSettings(_Strict):
     default_weight: float = Field(1.0, gt=0)
     weights: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     reported_keys: int = Field(20, ge=1, le=1000)
+    # A lower priority class passed over this many starts in a row while it waits gets the next
+    # one (runtime.queue_terms.ClassTurns): the bound on its starvation.
+    priority_starvation_limit: int = Field(8, ge=1, le=10_000)
 
 
 class KvStoreSettings(_Strict):
@@ -148,10 +157,21 @@ class KvStoreSettings(_Strict):
     min_tokens: int = Field(256, ge=1)  # a shorter sequence is not worth a file
 
 
+class RoutingSettings(_Strict):
+    """``engine.routing``: which replica of a model a request goes to (runtime.model.routing;
+    docs/scheduling.md).  ``prefix_affinity``: to the one whose cache holds the longest prefix of
+    its conversation, within ``load_factor`` times the replicas' average load; off, to the least
+    loaded."""
+
+    prefix_affinity: bool = True
+    load_factor: float = Field(1.25, ge=1.0, le=16.0)
+
+
 class EngineSettings(_Strict):
     decoding: DecodingSettings = Field(default_factory=DecodingSettings)
     fairness: FairnessSettings = Field(default_factory=FairnessSettings)
     kv_store: KvStoreSettings = Field(default_factory=KvStoreSettings)
+    routing: RoutingSettings = Field(default_factory=RoutingSettings)
 
 
 ModelDefinition = Annotated[

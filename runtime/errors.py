@@ -83,6 +83,10 @@ MultiTurnUnsupported = _error("MultiTurnUnsupported", "multi_turn_unsupported", 
 ToolsUnsupported = _error("ToolsUnsupported", "tools_unsupported", 400)
 # POST /v1/embeddings to a model whose definition does not say embeddings: true.
 EmbeddingsUnsupported = _error("EmbeddingsUnsupported", "embeddings_unsupported", 400)
+# POST /v1/audio/transcriptions (or translations) to a model without capabilities.audio_transcription.
+TranscriptionUnsupported = _error("TranscriptionUnsupported", "transcription_unsupported", 400)
+# POST /v1/rerank to a model whose definition does not say rerank: true.
+RerankUnsupported = _error("RerankUnsupported", "rerank_unsupported", 400)
 # A token count (POST /v1/messages/count_tokens, .../input_tokens) for a model whose engine has no tokenizer here.
 TokenCountUnsupported = _error("TokenCountUnsupported", "token_count_unsupported", 400)
 # A raw text prompt (POST /v1/completions) for a model whose engine runs chat messages only.
@@ -101,6 +105,19 @@ AdminTokenRequired = _error("AdminTokenRequired", "admin_token_required", 403)
 RemoteExecutionDisallowed = _error("RemoteExecutionDisallowed", "remote_execution_disallowed", 403)
 FairnessKeyQueueFull = _error("FairnessKeyQueueFull", "fairness_key_queue_full", 429, retry_after=1)
 ExecutorQueueFull = _error("ExecutorQueueFull", "executor_queue_full", 429, retry_after=1)
+# A queued request whose queue timeout (X-LLMPool-Queue-Timeout, or its model's queue_timeout_seconds)
+# ran out before a replica was free: dropped unstarted.
+QueueDeadlineExceeded = _error("QueueDeadlineExceeded", "queue_deadline_exceeded", 503, retry_after=1)
+# A queue timeout header that is not a number of seconds above 0 and within the bound.
+InvalidQueueTimeout = _error("InvalidQueueTimeout", "invalid_queue_timeout", 400)
+# A priority header (service.priority_header) naming no class, or a class above the API key's.
+InvalidPriority = _error("InvalidPriority", "invalid_priority", 400)
+PriorityNotAllowed = _error("PriorityNotAllowed", "priority_not_allowed", 403)
+# An inference key over one of its limits (models_app.quotas): Retry-After is set from the window.
+RateLimited = _error("RateLimited", "rate_limited", 429, retry_after=1)
+TokenRateLimited = _error("TokenRateLimited", "token_rate_limited", 429, retry_after=1)
+ConcurrencyLimited = _error("ConcurrencyLimited", "concurrency_limited", 429, retry_after=1)
+BudgetExhausted = _error("BudgetExhausted", "budget_exhausted", 429, retry_after=1)
 # A backend that broke while generating; the model moves to failed when the engine is dead.
 BackendError = _error("BackendError", "backend_error", 502)
 # The model's request_timeout_seconds ran out while the engine held the request (slot freed).

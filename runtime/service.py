@@ -14,9 +14,13 @@ from collections.abc import Awaitable, Callable
 from runtime.observe.activity import RequestObserver, activity_answer
 from runtime.observe.records import RequestRecord
 from runtime.inference.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
+from runtime.inference.prefix_marks import prefix_marks
 from runtime.inference.pipeline import Emit, Output, run_on_engine
 from runtime.config import parse_load_body
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
+from runtime.model.queueing import before_deadline, queue_ticket
+from runtime.model.tickets import Ticket
+from runtime.inference.rerank import RerankRequest, check_rerank_request, estimate_rerank_tokens, rerank_on_engine
 from runtime.errors import BackendError, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.observe.metrics import RuntimeMetrics
@@ -29,9 +33,9 @@ from runtime.inputs.request import (
     GENERATE_WAITING,
     GenerationRequest,
 )
-from runtime.model.scheduler import Ticket
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.inference.token_count import count_tokens
+from runtime.inference.transcription import run_transcription
 from runtime.supervisor import sweep_stale_processes
 
 logger = logging.getLogger("llmpool.runtime")
@@ -72,7 +76,8 @@ class RuntimeService:
             "reload_prepare": self.op_reload_prepare, "reload_commit": self.op_reload_commit,
             "reload_abort": self.op_reload_abort, "gpu_memory": self.op_gpu_memory, "catalog": self.op_catalog,
             "metrics": self.op_metrics, "activity": self.op_activity, "model_logs": self.op_model_logs,
-            "generate": self.op_generate, "embed": self.op_embed,
+            "generate": self.op_generate, "embed": self.op_embed, "transcribe": self.op_transcribe,
+            "rerank": self.op_rerank,
             "count_tokens": lambda payload, emit: count_tokens(self.pool, payload),
         }
 
@@ -253,7 +258,8 @@ class RuntimeService:
         check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
         if request.keep_alive_seconds is not None:  # the edge passes one only where the operator allows it
             controller.set_keep_alive(request.keep_alive_seconds)
-        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_prompt_tokens(request))
+        ticket = queue_ticket(request, controller.entry.definition, estimate_prompt_tokens(request), record.started,
+                              prefix=prefix_marks(request))
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
         forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)
         output = Output(request, emit, open_on_first_chunk=request.stream and forwarded, record=record)
@@ -262,12 +268,12 @@ class RuntimeService:
             if request.stream:
                 await emit({"event": GENERATE_WAITING, "model": controller.name})
 
-        dispatched = await controller.admit(ticket, record.waited_for_load(waiting))
+        dispatched = await before_deadline(ticket, controller.admit(ticket, record.waited_for_load(waiting)))
         record.admitted()
         try:
             if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
                 await emit({"event": GENERATE_ADMITTED})  # this get their status
-            lease = await dispatched
+            lease = await before_deadline(ticket, dispatched)
             record.leased(lease.replica)
             lease.check()
             await run_on_engine(controller, lease, output)
@@ -278,17 +284,26 @@ class RuntimeService:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
         return {**output.result(), "timings": record.timings()}  # the phases Ollama's answers report
 
-    # ---- embeddings ------------------------------------------------------------------
+    # ---- embeddings and rerank -------------------------------------------------------------
     async def op_embed(self, payload, emit) -> dict:
         """One POST /v1/embeddings request: ``{"vectors": [[float]], "usage": {"prompt_tokens"}}``.
 
         The same path as generate (runtime.inference.embedding): lookup, checks, admission, the
         scheduler's fair share, a replica's lease, the request timeout; cancellable the same way.
         """
+        return await self._observed(payload, lambda record: self._embed(payload, record))
+
+    async def op_rerank(self, payload, emit) -> dict:
+        """One POST /v1/rerank request: ``{"scores": [float], "usage": {"prompt_tokens"}}``, a
+        score per document in the request's order; the path of an embedding (runtime.inference.rerank)."""
+        return await self._observed(payload, lambda record: self._rerank(payload, record))
+
+    async def _observed(self, payload: dict, work: Callable[[RequestRecord], Awaitable[dict]]) -> dict:
+        """``work`` as one observed request, cancellable by its request id."""
         request_id = payload["request_id"]
         self._requests[request_id] = asyncio.current_task()
         try:
-            return await self.observer.run(payload, lambda record: self._embed(payload, record))
+            return await self.observer.run(payload, work)
         finally:
             self._requests.pop(request_id, None)
 
@@ -297,14 +312,41 @@ class RuntimeService:
         record.model = controller.name
         request = EmbeddingRequest.from_wire(payload)
         check_embedding_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
-        ticket = Ticket(request.request_id, request.fairness_key, cost_estimate=estimate_input_tokens(request))
-        dispatched = await controller.admit(ticket)
+        ticket = queue_ticket(request, controller.entry.definition, estimate_input_tokens(request), record.started)
+        vectors, used = await self._on_lease(controller, ticket, lambda lease: embed_on_engine(controller, lease, request))
+        return {"vectors": vectors, "usage": {"prompt_tokens": used}}
+
+    async def _rerank(self, payload: dict, record: RequestRecord) -> dict:
+        controller = self.pool.lookup(payload["model"])
+        record.model = controller.name
+        request = RerankRequest.from_wire(payload)
+        check_rerank_request(controller.entry, self.pool.startup_service["allow_remote_execution"])
+        estimate = estimate_rerank_tokens(request.query, request.documents)
+        ticket = queue_ticket(request, controller.entry.definition, estimate, record.started)
+        scores, used = await self._on_lease(controller, ticket, lambda lease: rerank_on_engine(controller, lease, request))
+        return {"scores": scores, "usage": {"prompt_tokens": used}}
+
+    @staticmethod
+    async def _on_lease(controller, ticket: Ticket, run) -> tuple[list, int]:
+        """``run(lease)`` on the replica ``ticket`` is admitted to, once it is dispatched before its
+        queue deadline: ``(answer, tokens used)``, the scheduler charged those tokens (the estimate
+        when the engine did not answer)."""
+        dispatched = await before_deadline(ticket, controller.admit(ticket))
         used = None
         try:
-            lease = await dispatched
+            lease = await before_deadline(ticket, dispatched)
             lease.check()
-            vectors, used = await embed_on_engine(controller, lease, request)
+            answer, used = await run(lease)
             lease.check()
         finally:
             controller.finish(ticket, used)
-        return {"vectors": vectors, "usage": {"prompt_tokens": used}}
+        return answer, used
+
+    # ---- speech to text --------------------------------------------------------------
+    async def op_transcribe(self, payload, emit) -> dict:
+        """One POST /v1/audio/transcriptions (or translations) request (runtime.inference.transcription):
+        the same lookup, admission, scheduler, lease and timeout as generate; cancellable the same way."""
+        allow_remote = self.pool.startup_service["allow_remote_execution"]
+        return await self._observed(
+            payload, lambda record: run_transcription(self.pool, payload, emit, record, allow_remote)
+        )

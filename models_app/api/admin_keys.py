@@ -8,6 +8,9 @@ A write calls ``keys.forget`` so this process uses it at once; the others read i
 ``keys.CHECK_SECONDS`` (``keys.key_ring``)."""
 from __future__ import annotations
 
+import time
+from datetime import datetime, timedelta, timezone
+
 from asgiref.sync import sync_to_async
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
@@ -20,10 +23,13 @@ from models_app.api.auth import AdminTokenConfigured, AdminTokenPermission
 from models_app.api.openapi import request_schema
 from models_app.api.views import ERROR, AdminApi
 from models_app.conf import service_settings
+from models_app.quotas.policy import BudgetPeriod
+from models_app.quotas.usage import KEEP_DAYS
 from models_app.key_fields import (
     DATABASE_ID_PREFIX,
     SETTINGS_ID_PREFIX,
     KeyFields,
+    database_id,
     row_json,
     settings_key_json,
 )
@@ -31,6 +37,10 @@ from runtime.config import MODEL_NAME
 from runtime.errors import ApiKeyReadOnly, InvalidRequest, UnknownApiKey
 
 KEY_ID = OpenApiParameter("key_id", str, OpenApiParameter.PATH, description="key_<n>, or settings:<name>")
+USAGE_DAYS = OpenApiParameter(
+    "days", {"type": "integer", "minimum": 1, "maximum": KEEP_DAYS}, OpenApiParameter.QUERY,
+    description=f"how many UTC days back, today included (1 to {KEEP_DAYS}; default 30)",
+)
 FIELDS = ", ".join(KeyFields.model_fields)
 
 
@@ -102,8 +112,9 @@ class KeyListApi(KeysAdminApi):
     @extend_schema(
         summary="Create an inference key",
         description=f"Body: {FIELDS} (all but name optional; a limit is an integer of at least 1, or null for none; "
-        "they are stored, not enforced yet). 201 with the key's fields, its id and its secret `key`, shown this "
-        "once. 400 invalid_request (nothing stored), 409 api_key_name_taken.",
+        "enforced on the inference paths that run a model, docs/api.md \"Limits per key\"; priority is the class the key's requests queue in). 201 with the key's "
+        "fields, its id and its secret `key`, shown this once. 400 invalid_request (nothing stored), 409 "
+        "api_key_name_taken.",
         request={"application/json": body_schema(create=True)},
         responses={201: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 409: ERROR},
     )
@@ -164,3 +175,48 @@ def _read_only(key_id: str) -> ApiKeyReadOnly:
         f"the key {key_id!r} comes from settings.json: change it there and reload the settings, or make a key "
         "through this API instead", param="key_id",
     )
+
+
+class KeyUsageApi(KeysAdminApi):
+    @extend_schema(
+        summary="An inference key's usage: tokens in and out per model per UTC day",
+        description="The key's usage rows of the last `days` days (written by the API processes every few seconds), "
+        "their totals, and its budget's period so far. 404 unknown_api_key; 409 api_key_read_only for a key of "
+        "settings.json (usage is kept for keys of the database); 400 invalid_request for a bad `days`.",
+        parameters=[KEY_ID, USAGE_DAYS],
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
+    )
+    async def get(self, request, key_id: str):
+        if key_id.startswith(SETTINGS_ID_PREFIX):
+            _settings_key(key_id)
+            raise ApiKeyReadOnly(f"the key {key_id!r} comes from settings.json: usage is kept for keys of the database "
+                                 "(made through this API or manage.py create_api_key)", param="key_id")
+        days = _usage_days(request.query_params.get("days", "30"))
+        row = await sync_to_async(selectors.key_get)(_database_pk(key_id))
+        if row is None:
+            raise UnknownApiKey(f"no API key has the id {key_id!r}")
+        since = datetime.now(timezone.utc).date() - timedelta(days=days - 1)
+        rows = await sync_to_async(selectors.key_usage)(row.pk, since)
+        return Response(await usage_json(row, rows, since))
+
+
+def _usage_days(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw[:6]) <= KEEP_DAYS:
+        raise InvalidRequest(f"days must be a whole number from 1 to {KEEP_DAYS}", param="days")
+    return int(raw)
+
+
+async def usage_json(row, rows, since) -> dict:
+    """A key's usage as the usage API and the key's workbench page show it."""
+    listed = [{"day": use.day.isoformat(), "model": use.model, "input_tokens": use.input_tokens,
+               "output_tokens": use.output_tokens, "requests": use.requests} for use in rows]
+    total = {name: sum(day[name] for day in listed) for name in ("input_tokens", "output_tokens", "requests")}
+    budget = None
+    if row.token_budget is not None:
+        period = BudgetPeriod.at(row.budget_period, time.time())
+        used = await sync_to_async(selectors.key_tokens_between)(row.pk, period.first_day, period.last_day)
+        budget = {"token_budget": row.token_budget, "budget_period": row.budget_period,
+                  "period_start": period.first_day.isoformat(), "used": used,
+                  "remaining": max(0, row.token_budget - used)}
+    return {"id": database_id(row.pk), "name": row.name, "since": since.isoformat(), "days": listed,
+            "total": total, "budget": budget}

@@ -23,6 +23,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from models_app import placement
@@ -31,7 +32,8 @@ from models_app.api.errors import Envelope, error_answer, internal_error, openai
 from models_app.api.keys import Caller, key_ring
 from models_app.api.limits import parse_json
 from models_app.conf import service_settings
-from models_app.transport.messages import OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
+from models_app.quotas import admission
+from models_app.transport.messages import OP_EMBED, OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
@@ -51,8 +53,26 @@ STREAM_HEADERS = [
 # and it keeps idle proxies and client read timeouts from closing the stream).
 LOADING_NOTICE_SECONDS = 3.0
 
-# A protocol's entry point: (the parsed JSON body, its caller) -> an answer object or SSE bytes.
-Create = Callable[[Any, Caller], Awaitable["dict | AsyncIterator[bytes]"]]
+
+
+@dataclass(frozen=True)
+class PlainAnswer:
+    """An answer that is not JSON (a transcript as text, SubRip or WebVTT), sent whole."""
+
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+
+# A protocol's entry point: (the parsed body, its caller) -> an answer object, a plain answer or SSE bytes.
+Create = Callable[[Any, Caller], Awaitable["dict | PlainAnswer | AsyncIterator[bytes]"]]
+# A protocol's body parser: (the body, the request's headers by lower-case name) -> what its entry
+# point takes; it raises the request's error (400) for a body it refuses.
+ParseBody = Callable[[bytes, dict[str, str]], Any]
+
+
+def json_body(body: bytes, headers: dict[str, str]) -> Any:
+    """The body as JSON whatever its content type (an empty body: ``{}``)."""
+    return parse_json(body) if body else {}
 
 
 class _EarlyStream:
@@ -78,6 +98,9 @@ _EARLY: ContextVar[_EarlyStream | None] = ContextVar("llmpool_early_stream", def
 # The inference path being served: the runtime's metrics and activity label requests by it.
 ENDPOINT: ContextVar[str | None] = ContextVar("llmpool_endpoint", default=None)
 
+# The caller of the request being served: the runtime queues the request on its terms.
+_CALLER: ContextVar[Caller | None] = ContextVar("llmpool_caller", default=None)
+
 # Whether the request being served has a large body (``OFF_LOOP_BODY_BYTES``): its protocol parses
 # it off the loop (``parsed``).
 _LARGE_BODY: ContextVar[bool] = ContextVar("llmpool_large_body", default=False)
@@ -90,10 +113,15 @@ async def parsed(parse: Callable[..., Any], *args):
     return parse(*args)
 
 
-def with_endpoint(wire: dict) -> dict:
-    """A generate / embed payload with the path it came in on (``endpoint``), when known."""
-    endpoint = ENDPOINT.get()
-    return wire if endpoint is None else {**wire, "endpoint": endpoint}
+def runtime_wire(wire: dict) -> dict:
+    """A generate / embed / count payload with what the edge decided outside the body, when known:
+    the path it came in on (``endpoint``), and the class and queue timeout its caller's key and
+    headers give it (``Caller.queue_terms``)."""
+    endpoint, caller = ENDPOINT.get(), _CALLER.get()
+    extra = caller.queue_terms() if caller is not None else {}
+    if endpoint is not None:
+        extra["endpoint"] = endpoint
+    return {**wire, **extra} if extra else wire
 
 
 async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterator[dict]:
@@ -108,10 +136,19 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
     non-streamed request gets one reply, its result or its error.  Errors after that are raised
     by the stream's iterator; closing it early cancels the request in the runtime.
     """
-    wire = with_endpoint({**request.to_wire(), "model": model})
+    wire = runtime_wire({**request.to_wire(), "model": model})
     if not request.stream:
-        return await placement.call(OP_GENERATE, wire)
-    exchange = placement.exchange(OP_GENERATE, wire)
+        result = await placement.call(OP_GENERATE, wire)
+        admission.count(model, result["usage"])
+        return result
+    return await runtime_stream(OP_GENERATE, wire, model)
+
+
+async def runtime_stream(op: str, wire: dict, model: str) -> AsyncIterator[dict]:
+    """A streamed request ``op`` (generate, transcribe) with its payload ``wire``, for ``model``:
+    returned, as ``generate`` says, once the runtime admitted it (or it waits for its model's load
+    under the ASGI front); an iterator of the runtime's chunk messages, then its result."""
+    exchange = placement.exchange(op, wire)
     early = _EARLY.get()
     try:
         waiting_for = await _until_admitted(exchange, stop_when_waiting=early is not None)
@@ -119,10 +156,10 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
         await exchange.aclose()
         raise
     if waiting_for is None:
-        return _stream(exchange)
+        return _stream(exchange, model)
     early.model, early.exchange = waiting_for, exchange
     early.admission = asyncio.ensure_future(_until_admitted(exchange, stop_when_waiting=False))
-    return _stream(exchange, early.admission)
+    return _stream(exchange, model, early.admission)
 
 
 async def _until_admitted(exchange, *, stop_when_waiting: bool) -> str | None:
@@ -139,18 +176,28 @@ async def _until_admitted(exchange, *, stop_when_waiting: bool) -> str | None:
     return None
 
 
-async def _stream(exchange, admission: asyncio.Task | None = None) -> AsyncIterator[dict]:
+async def _stream(exchange, model: str, load_wait: asyncio.Task | None = None) -> AsyncIterator[dict]:
     try:
-        if admission is not None:
-            await admission  # the end of the wait for the load: its error raises here
+        if load_wait is not None:
+            await load_wait  # the end of the wait for the load: its error raises here
         async for message in exchange:
+            if message["kind"] == REPLY_RESULT:
+                admission.count(model, message["data"].get("usage") or {})
             if message["kind"] in (REPLY_CHUNK, REPLY_RESULT):
                 yield message
     finally:
-        if admission is not None and not admission.done():
-            admission.cancel()
-            await asyncio.gather(admission, return_exceptions=True)
+        if load_wait is not None and not load_wait.done():
+            load_wait.cancel()
+            await asyncio.gather(load_wait, return_exceptions=True)
         await exchange.aclose()
+
+
+async def embed(embedding, model: str) -> dict:
+    """Run ``embedding`` (a typed embeddings request) in the runtime on ``model``: ``vectors`` and
+    ``usage`` (``prompt_tokens``, charged to the caller's key)."""
+    result = await placement.call(OP_EMBED, runtime_wire({**embedding.to_wire(), "model": model}))
+    admission.count(model, result["usage"])
+    return result
 
 
 def json_bytes(data) -> bytes:
@@ -184,16 +231,22 @@ def loading_comment(model: str) -> bytes:
 
 def inference_app(create: Create, path: str, *, envelope: Envelope = openai_envelope,
                   waiting_notice: Callable[[str], bytes] = loading_comment, method: str = "POST",
-                  stream_type: bytes = b"text/event-stream"):
+                  stream_type: bytes = b"text/event-stream", parse_body: ParseBody = json_body,
+                  max_body_bytes: Callable[[], int] = lambda: MAX_BODY_BYTES, limited: bool = True):
     """The ASGI application that serves ``create`` at ``path`` (``method`` only: a GET's
     ``create`` is given ``{}``); a stream it answers is of the media type ``stream_type``.
 
-    It reads the body (at most 64 MiB), parses it as JSON whatever its content type, and
-    answers JSON or an event stream.  A client that disconnects cancels its request: the
+    It reads the body (at most ``max_body_bytes()``, 64 MiB by default, else 413), parses it with
+    ``parse_body`` (by default as JSON whatever its content type), and answers JSON, a
+    ``PlainAnswer`` or an event stream.  A client that disconnects cancels its request: the
     exchange closes, which tells the runtime to cancel the generation and free its slot.
     An error before the answer starts goes through the one error writer (``api.errors``), its
     body ``envelope(exc)`` (the protocol's own error shape); ``waiting_notice(model)`` is what a
-    stream sends while it waits for its model (``_send_loading_notices``).
+    stream sends while it waits for its model (``_send_loading_notices``).  A ``limited`` path
+    (one that runs a model) admits a database key's request against the key's limits first
+    (``quotas.admission``): over one, it answers the 429; else every answer carries the key's
+    ``x-ratelimit-*`` headers, and the request holds its concurrency slot until it is answered
+    (``grant.finish``, which also charges the answer's tokens).
     """
 
     async def app(scope, receive, send) -> None:
@@ -201,29 +254,47 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
             await send_error(send, MethodNotAllowed(f'Method "{scope["method"]}" not allowed.'), {"Allow": method},
                              envelope=envelope)
             return
+        grant, limit_headers = None, {}
         try:
-            # The key first: a caller without one is refused before its body is read.
-            caller = (await key_ring()).caller(_headers(scope).get)
-            body = await _read_body(receive)
-        except _Disconnected:
-            return
-        except LLMPoolError as exc:
-            await send_error(send, exc, envelope=envelope)
-            return
-        task = asyncio.current_task()
-        watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
-        ENDPOINT.set(path)  # this request's own task: nothing else reads it
-        try:
-            await _serve(create, path, caller, body, send, envelope, waiting_notice,
-                         [(b"content-type", stream_type), *STREAM_HEADERS[1:]])
-        except asyncio.CancelledError:
-            if not watcher.done():
-                raise
-            task.uncancel()
+            try:
+                # The key first: a caller without one is refused before its body is read.
+                headers = _headers(scope)
+                caller = (await key_ring()).caller(headers.get)
+                if limited:
+                    grant = await admission.admit(caller.key_pk, caller.limits)
+                    limit_headers = grant.headers if grant is not None else {}
+                    if grant is not None and grant.refusal is not None:
+                        raise grant.refusal
+                body = await _read_body(receive, max_body_bytes())
+            except _Disconnected:
+                return
+            except LLMPoolError as exc:
+                await send_error(send, exc, limit_headers, envelope=envelope)
+                return
+            task = asyncio.current_task()
+            watcher = asyncio.create_task(_watch_disconnect(receive, task))  # it ends only on a disconnect
+            ENDPOINT.set(path)  # this request's own task: nothing else reads it
+            _CALLER.set(caller)
+            admission.CURRENT.set(grant)
+            try:
+                await _serve(create, path, caller, (body, headers, parse_body), send, envelope, waiting_notice,
+                             [(b"content-type", stream_type), *STREAM_HEADERS[1:], *_encoded(limit_headers)],
+                             limit_headers)
+            except asyncio.CancelledError:
+                if not watcher.done():
+                    raise
+                task.uncancel()
+            finally:
+                watcher.cancel()
         finally:
-            watcher.cancel()
+            if grant is not None:
+                await grant.finish()
 
     return app
+
+
+def _encoded(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
 
 
 def _headers(scope) -> dict[str, str]:
@@ -231,25 +302,34 @@ def _headers(scope) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
 
 
-async def _serve(create: Create, path: str, caller: Caller, body: bytes, send, envelope: Envelope,
-                 waiting_notice: Callable[[str], bytes], stream_headers: list[tuple[bytes, bytes]]) -> None:
+async def _serve(create: Create, path: str, caller: Caller, request: tuple[bytes, dict[str, str], ParseBody],
+                 send, envelope: Envelope, waiting_notice: Callable[[str], bytes],
+                 stream_headers: list[tuple[bytes, bytes]], limit_headers: dict[str, str]) -> None:
+    body, headers, parse_body = request
     early = _EarlyStream()
     token = _EARLY.set(early)
     large = len(body) >= OFF_LOOP_BODY_BYTES
     _LARGE_BODY.set(large)  # this request's own task: nothing else reads it
     try:
-        data = (await asyncio.to_thread(parse_json, body) if large else parse_json(body)) if body else {}
+        data = await asyncio.to_thread(parse_body, body, headers) if large else parse_body(body, headers)
         answer = await create(data, caller)
     except LLMPoolError as exc:
-        await send_error(send, exc, envelope=envelope)
+        await send_error(send, exc, limit_headers, envelope=envelope)
         return
     except Exception:
-        await send_error(send, internal_error(f"POST {path}"), envelope=envelope)
+        await send_error(send, internal_error(f"POST {path}"), limit_headers, envelope=envelope)
         return
     finally:
         _EARLY.reset(token)
     if isinstance(answer, dict):
-        await send_json(send, 200, json_bytes(answer))
+        await send_json(send, 200, json_bytes(answer), limit_headers)
+        return
+    if isinstance(answer, PlainAnswer):
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", answer.content_type.encode("latin-1")), (b"content-length", str(len(answer.body)).encode()),
+            *_encoded(limit_headers),
+        ]})
+        await send({"type": "http.response.body", "body": answer.body})
         return
     try:
         await send({"type": "http.response.start", "status": 200, "headers": stream_headers})
@@ -279,7 +359,7 @@ async def _send_loading_notices(send, early: _EarlyStream, notice: bytes) -> Non
             return
 
 
-async def _read_body(receive) -> bytes:
+async def _read_body(receive, limit: int) -> bytes:
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -287,8 +367,8 @@ async def _read_body(receive) -> bytes:
             raise _Disconnected
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise RequestTooLarge(f"the request body is larger than {MAX_BODY_BYTES // (1024 * 1024)} MiB")
+        if size > limit:
+            raise RequestTooLarge(f"the request body is larger than {limit / (1024 * 1024):g} MiB")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

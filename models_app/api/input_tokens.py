@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from models_app import placement
-from models_app.api.inference import Create, parsed, with_endpoint
+from models_app.api.inference import Create, parsed, runtime_wire
 from models_app.api.keys import Caller
 from models_app.transport.messages import OP_COUNT_TOKENS
 from runtime.inputs.request import GenerationRequest
@@ -27,7 +27,7 @@ def token_counter(parse: Callable[[Any, str | None], Any], typed: Callable[[Any]
         request = typed(await parsed(parse, data, caller.fairness_key))
         model = await caller.resolve(request.model)
         wire = dataclasses.replace(request, stream=False).to_wire()
-        result = await placement.call(OP_COUNT_TOKENS, with_endpoint({**wire, "model": model}))
+        result = await placement.call(OP_COUNT_TOKENS, runtime_wire({**wire, "model": model}))
         return shape(result["input_tokens"])
 
     return create

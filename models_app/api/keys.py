@@ -2,8 +2,8 @@
 request takes.
 
 Every inference endpoint (POST /v1/responses, /v1/chat/completions, /v1/completions, /v1/embeddings,
-/v1/messages, GET /v1/models and /v1/models/{id}) asks ``(await key_ring()).caller(header)`` once per
-request, before anything else:
+/v1/rerank, /v1/messages, GET /v1/models and /v1/models/{id}) asks ``(await key_ring()).caller(header)``
+once per request, before anything else:
 
 - no keys configured: anyone may call, every model; the fairness key is the first of
   ``service.fairness_key_headers`` the request carries, else None (the parser then takes the
@@ -13,6 +13,10 @@ request, before anything else:
   use only its models (403 ``model_not_allowed``), and its bucket (``fairness_key``, else its
   name) is the fairness key, whatever the ``user`` field or a fairness header say, so a caller
   cannot leave its share.
+
+Either way the caller's priority class is its key's (``default`` without keys, and for a key of
+settings.json), or what the header ``service.priority_header`` asks within it, and its queue
+timeout is the ``X-LLMPool-Queue-Timeout`` header's (``api.queue_headers``).
 
 A request's model is resolved once, here (``Caller.resolve``), by the one rule
 (``runtime.pool.catalog.canonical_model``) over the pool's names as the nodes announce them: the key
@@ -41,12 +45,15 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError
 
 from models_app import selectors
+from models_app.api import queue_headers
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
+from models_app.quotas.policy import KeyLimits
 from models_app.transport import nodes
 from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
 from runtime.errors import ApiKeysUnavailable, InvalidApiKey, ModelNotAllowed
+from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
 
 logger = logging.getLogger("llmpool.api")
 
@@ -63,6 +70,17 @@ class Caller:
     fairness_key: str | None
     # The models the caller may use, as its key lists them (names or aliases); None: every model.
     models: frozenset[str] | None = None
+    # The class its request queues in (runtime.queue_terms.PRIORITY_CLASSES).
+    priority: str = DEFAULT_PRIORITY
+    # The seconds its request may wait before it starts; None: its model's queue_timeout_seconds.
+    queue_timeout_seconds: float | None = None
+
+    def queue_terms(self) -> dict:
+        """What the runtime queues the request with: the typed request's fields of the same names."""
+        return {"priority": self.priority, "queue_timeout_seconds": self.queue_timeout_seconds}
+    # The database key's primary key (None: no key, or one of settings.json) and its limits.
+    key_pk: int | None = None
+    limits: KeyLimits | None = None
 
     def allows(self, model: str, names: Mapping[str, str]) -> bool:
         """Whether the key lists the model ``model`` (a name or an alias) means, every name on
@@ -100,6 +118,9 @@ class KeyRecord:
     models: list[str] | str  # "*": every model
     bucket: str  # the fairness key of its requests
     disabled: bool = False
+    priority: str = DEFAULT_PRIORITY
+    pk: int | None = None  # a database key's primary key
+    limits: KeyLimits | None = None
 
     @classmethod
     def from_settings(cls, key: ApiKey) -> KeyRecord:
@@ -108,11 +129,13 @@ class KeyRecord:
     @classmethod
     def from_row(cls, row: Mapping) -> KeyRecord:
         bucket = row["fairness_key"] if row["fairness_key"] is not None else row["name"]
-        return cls(name=row["name"], models=row["models"], bucket=bucket, disabled=row["disabled"])
+        return cls(name=row["name"], models=row["models"], bucket=bucket, disabled=row["disabled"],
+                   priority=row["priority"], pk=row["id"], limits=KeyLimits.from_row(row))
 
 
 class KeyRing:
-    """The keys of settings.json and of the database (only their hashes), and the fairness headers."""
+    """The keys of settings.json and of the database (only their hashes), the fairness headers and
+    the priority header."""
 
     def __init__(self, service: ServiceSettings, rows: list[Mapping] = ()):
         records = [(key.key_sha256, KeyRecord.from_settings(key)) for key in service.api_keys]
@@ -121,6 +144,7 @@ class KeyRing:
             bytes.fromhex(sha)[:_PREFIX]: (bytes.fromhex(sha), record) for sha, record in records
         }
         self._fairness_headers = [name.lower() for name in service.fairness_key_headers]
+        self._priority_header = service.priority_header.lower() if service.priority_header else None
 
     @property
     def needs_key(self) -> bool:
@@ -129,11 +153,23 @@ class KeyRing:
 
     def caller(self, header: HeaderLookup) -> Caller:
         """The request's caller; raises 401 invalid_api_key when keys are configured and the
-        request carries none of them, or a disabled one."""
-        if not self._keys:
-            return Caller(fairness_key=self._fairness_header(header))
-        key = self._match(header("authorization"), header("x-api-key"))
-        return Caller(fairness_key=key.bucket, models=None if key.models == "*" else frozenset(key.models))
+        request carries none of them, or a disabled one, then the queue headers' errors (400, 403)."""
+        key_pk = limits = None
+        if not self._keys:  # any class may be asked for
+            fairness_key, models = self._fairness_header(header), None
+            own, ceiling = DEFAULT_PRIORITY, PRIORITY_CLASSES[0]
+        else:
+            key = self._match(header("authorization"), header("x-api-key"))
+            models = None if key.models == "*" else frozenset(key.models)
+            fairness_key, own, ceiling = key.bucket, key.priority, key.priority
+            key_pk, limits = key.pk, key.limits
+        priority = own
+        if self._priority_header is not None:
+            priority = queue_headers.priority(header(self._priority_header), self._priority_header, own=own,
+                                              ceiling=ceiling)
+        return Caller(fairness_key=fairness_key, models=models, priority=priority,
+                      queue_timeout_seconds=queue_headers.queue_timeout(header(queue_headers.QUEUE_TIMEOUT_HEADER)),
+                      key_pk=key_pk, limits=limits)
 
     def _fairness_header(self, header: HeaderLookup) -> str | None:
         for name in self._fairness_headers:

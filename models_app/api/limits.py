@@ -37,6 +37,9 @@ MAX_MESSAGES = 10_000
 MAX_TOOLS = 256
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_LENGTH = 1_000  # characters
+# Documents of one rerank request (POST /v1/rerank): each is a pass of the model over the query and
+# the document, so the bound keeps one request's work within a request timeout (as Cohere's 1,000).
+MAX_RERANK_DOCUMENTS = 1_000
 
 # ``stop`` as chat completions and completions take it, bounds in its schema (and so in the OpenAPI
 # document); ``check_generation_bounds`` refuses a body past them first, with a message naming them.

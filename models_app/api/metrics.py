@@ -3,7 +3,9 @@
 The runtime's figures live in the runtime process (runtime.observe.metrics); this view asks for them
 over the channel layer (the ``metrics`` operation) at each scrape and hands the parsed families
 to a registry of its own (``RuntimeFigures``), next to this API process's own process figures
-(``llmpool_api_process_*``) and ``llmpool_runtime_up``.  Asking the runtime rather than giving
+(``llmpool_api_process_*``) and ``llmpool_runtime_up``.  ``llmpool_key_tokens_total`` is read from
+the usage rows (``models_app.quotas.usage``), so every API process answers the pool's totals; its
+label sets are bounded, as keys are made by the operator.  Asking the runtime rather than giving
 it an HTTP port of its own keeps one way in (the API's port, its tokens) and works the same in
 both shapes; every API process answers the same runtime figures.
 
@@ -14,13 +16,15 @@ from __future__ import annotations
 
 import hmac
 
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError
 from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from models_app import placement
+from models_app import placement, selectors
 from models_app.api.errors import error_json_response
 from models_app.conf import service_settings
 from models_app.transport.messages import OP_METRICS
@@ -43,6 +47,22 @@ class RuntimeFigures(Collector):
             yield from text_string_to_metric_families(self.text)
 
 
+class KeyTokens(Collector):
+    """The tokens per database key, model and direction (in: prompt, out: completion), from the usage rows."""
+
+    def __init__(self, totals: list[dict]):
+        self.totals = totals
+
+    def collect(self):
+        family = CounterMetricFamily("llmpool_key_tokens", "Tokens used per inference key, model and direction "
+                                     "(the usage rows kept: docs/api.md \"Usage per key\").",
+                                     labels=["key", "model", "direction"])
+        for total in self.totals:
+            family.add_metric([total["key__name"], total["model"], "in"], total["input"])
+            family.add_metric([total["key__name"], total["model"], "out"], total["output"])
+        yield family
+
+
 def _authorized(request) -> bool:
     service = service_settings()
     tokens = [token for token in (service.admin_token, service.metrics_token) if token is not None]
@@ -62,7 +82,12 @@ async def metrics_view(request) -> HttpResponse:
         text = (await placement.call(OP_METRICS))["text"]
     except RuntimeUnavailable:
         text = None
+    try:
+        totals = await sync_to_async(selectors.key_token_totals)()
+    except DatabaseError:
+        totals = []
     registry = CollectorRegistry()
     registry.register(_API_PROCESS)
     registry.register(RuntimeFigures(text))
+    registry.register(KeyTokens(totals))
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

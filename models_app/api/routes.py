@@ -13,16 +13,20 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from models_app.api.audio.endpoint import transcriptions_app, translations_app
 from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens_app
 from models_app.api.chat.protocol import ChatBody
 from models_app.api.completions.endpoint import completions_app
 from models_app.api.completions.protocol import CompletionBody
 from models_app.api.embeddings.endpoint import embeddings_app
 from models_app.api.embeddings.protocol import EmbeddingBody
+from models_app.api.limits import MAX_RERANK_DOCUMENTS
 from models_app.api.messages.endpoint import count_tokens_app, messages_app
 from models_app.api.messages.protocol import CountTokensBody, MessagesBody
 from models_app.api.ollama.endpoint import OLLAMA_ROUTES
 from models_app.api.openapi import with_inference_operations
+from models_app.api.rerank.endpoint import RERANK_ROUTES
+from models_app.api.rerank.protocol import RerankBody
 from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
 from models_app.api.responses.protocol import ResponsesBody
 
@@ -31,6 +35,9 @@ INFERENCE_ROUTES = {
     "/v1/chat/completions": chat_completions_app,
     "/v1/completions": completions_app,
     "/v1/embeddings": embeddings_app,
+    "/v1/audio/transcriptions": transcriptions_app,  # multipart/form-data, not JSON
+    "/v1/audio/translations": translations_app,
+    **RERANK_ROUTES,  # /v1/rerank and the paths other servers give it (/rerank, /v1/reranking)
     "/v1/messages": messages_app,
     "/v1/messages/count_tokens": count_tokens_app,
     "/v1/chat/completions/input_tokens": chat_input_tokens_app,
@@ -55,13 +62,18 @@ KEYS_NOTE = (
     "key may use (403 model_not_allowed), and the key decides the fairness key. Else the fairness key is the "
     "first of service.fairness_key_headers present (default X-LLMPool-Fairness-Key), else the user field."
 )
+# The paths that run a model: a key's limits admit their requests (models_app.quotas).
+LIMITED_NOTE = KEYS_NOTE + (
+    " A key of the database may carry limits: over one, 429 rate_limited, token_rate_limited, concurrency_limited "
+    "or budget_exhausted with Retry-After, and its answers carry the x-ratelimit-* headers (docs/api.md)."
+)
 
 INFERENCE_OPERATIONS = [
     InferenceOperation(
         "/v1/responses", ResponsesBody, "Create a response (OpenAI Responses API)",
         "Runs one request on a loaded model. stream=true answers with server-sent events "
         "(response.created … response.output_text.delta … response.completed; a failure mid-stream is a "
-        "final error event). " + KEYS_NOTE,
+        "final error event). " + LIMITED_NOTE,
         streams=True,
     ),
     InferenceOperation(
@@ -71,7 +83,7 @@ INFERENCE_OPERATIONS = [
         "`data: [DONE]`; stream_options.include_usage adds a last chunk with the usage. n must be 1. tools "
         "(functions), tool_choice and parallel_tool_calls need a model with capabilities.tools (else 400 "
         "tools_unsupported, unless tool_choice is \"none\"); calls come back as message.tool_calls "
-        "(delta.tool_calls when streamed) with finish_reason tool_calls. " + KEYS_NOTE,
+        "(delta.tool_calls when streamed) with finish_reason tool_calls. " + LIMITED_NOTE,
         streams=True,
     ),
     InferenceOperation(
@@ -82,7 +94,7 @@ INFERENCE_OPERATIONS = [
         "best_of > 1, echo, suffix, logit_bias and the fields chat completions refuses are 400 naming the "
         "field, except on a model that forwards the body to its upstream. stream=true answers with "
         "`data: <text_completion>` server-sent events and `data: [DONE]`; stream_options.include_usage adds "
-        "a last chunk with the usage. " + KEYS_NOTE,
+        "a last chunk with the usage. " + LIMITED_NOTE,
         streams=True,
     ),
     InferenceOperation(
@@ -92,6 +104,16 @@ INFERENCE_OPERATIONS = [
         "embeddings_unsupported), through the same model lookup, lifecycle rejections, admission and scheduler "
         "as /v1/responses. encoding_format float (default) or base64 (little-endian float32, as OpenAI); "
         "dimensions only where the upstream judges it (vllm_serve, openai_remote), else 400 naming the field. "
+        + LIMITED_NOTE,
+        streams=False,
+    ),
+    InferenceOperation(
+        "/v1/rerank", RerankBody, "Rerank documents by their relevance to a query (Jina / Cohere rerank API)",
+        f"One relevance score per document (a string or an object with text; at most {MAX_RERANK_DOCUMENTS}, the "
+        "query a non-empty string) from a model whose capabilities.rerank is true (else 400 rerank_unsupported), through the same "
+        "model lookup, lifecycle rejections, admission and scheduler as /v1/embeddings. results are sorted by "
+        "relevance_score, highest first, cut to top_n; each carries index (the document's place in the request) "
+        "and, unless return_documents is false, document.text. Also served at /rerank and /v1/reranking. "
         + KEYS_NOTE,
         streams=False,
     ),
@@ -102,7 +124,7 @@ INFERENCE_OPERATIONS = [
         "tool_choice, thinking, stop_sequences. stream=true answers with Anthropic's server-sent events "
         "(message_start ... message_stop, ping while the model loads or the request waits). Errors come in "
         "Anthropic's envelope (type error) with llm-pool's code kept. x-api-key is accepted as the API key. "
-        + KEYS_NOTE,
+        + LIMITED_NOTE,
         streams=True,
     ),
     InferenceOperation(

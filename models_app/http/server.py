@@ -50,14 +50,23 @@ def serve(application, options: dict, service: ServiceSettings, announce: Callab
 
     async def started() -> None:
         from models_app.api.keys import warm_key_ring  # the API's keys, once Django is set up
+        from models_app.quotas import usage
 
         warming = asyncio.ensure_future(warm_key_ring())  # beside on_start (the runtime worker runs on)
+        usage.start_periodic()  # ended with the rest of the tasks at the stop
         if on_start is not None:
             await on_start()
         await warming
 
+    async def stopped() -> None:
+        from models_app.quotas import usage
+
+        await usage.flush()  # the requests in flight are answered by now: their usage is written
+        if on_stop is not None:
+            await on_stop()
+
     run(application, host, port, limits=ConnectionLimits.from_service(service), server=options["server"],
-        on_start=started, on_stop=on_stop, graceful_seconds=options["graceful_timeout"],
+        on_start=started, on_stop=stopped, graceful_seconds=options["graceful_timeout"],
         ready=lambda: announce(f"http://{host}:{port}/"))
 
 

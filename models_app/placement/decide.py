@@ -26,7 +26,9 @@ from models_app.transport.messages import (
     OP_METRICS,
     OP_RECONFIGURE,
     OP_RELOAD_SETTINGS,
+    OP_RERANK,
     OP_SLEEP,
+    OP_TRANSCRIBE,
     OP_UNLOAD,
     OP_WAKE,
 )
@@ -36,7 +38,7 @@ from runtime.errors import RuntimeUnavailable
 POOL_OPS = frozenset({OP_LIST_MODELS, OP_GPU_MEMORY, OP_CATALOG, OP_METRICS, OP_RELOAD_SETTINGS, OP_ACTIVITY})
 SPREAD_OPS = frozenset({OP_LOAD, OP_UNLOAD, OP_RECONFIGURE, OP_SLEEP, OP_WAKE})
 # The ops whose requests in flight routing counts (its least-loaded pick).
-TRACKED_OPS = frozenset({OP_GENERATE, OP_EMBED})
+TRACKED_OPS = frozenset({OP_GENERATE, OP_EMBED, OP_TRANSCRIBE, OP_RERANK})
 
 
 @dataclass(slots=True)

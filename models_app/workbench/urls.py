@@ -2,7 +2,7 @@
 from django.shortcuts import redirect
 from django.urls import path
 
-from models_app.workbench import playground, views
+from models_app.workbench import keys, playground, views
 from models_app.workbench.consumers import AdminEventsConsumer
 
 app_name = "llmpool_admin"
@@ -20,6 +20,9 @@ urlpatterns = [
     path("gpu/", views.gpu_page, name="gpu"),
     path("activity/", views.activity_page, name="activity"),
     path("settings/", views.settings_page, name="settings"),
+    path("keys/", keys.keys_page, name="keys"),
+    path("keys/<str:key_id>/", keys.key_page, name="key"),
+    path("keys/<str:key_id>/action", keys.key_action, name="key-action"),
 ]
 
 # Served by llmpool.asgi behind the session login and the same-origin check.

@@ -13,6 +13,7 @@ from runtime.backends.stub.spec import StubSpec
 from runtime.backends.trtllm_serve.spec import TrtllmServeSpec
 from runtime.backends.vllm.spec import VllmSpec
 from runtime.backends.vllm_serve.spec import VllmServeSpec
+from runtime.backends.whisper.spec import WhisperSpec
 
 BACKENDS: dict[str, BackendSpec] = {
     spec.name: spec
@@ -25,6 +26,7 @@ BACKENDS: dict[str, BackendSpec] = {
         TrtllmServeSpec(),
         SglangServeSpec(),
         Ct2Spec(),
+        WhisperSpec(),
         OpenaiRemoteSpec(),
         StubSpec(),
     )

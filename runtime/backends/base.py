@@ -19,6 +19,7 @@ from runtime.backends.shared.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
 from runtime.pool.devices import check_device_field
 from runtime.inputs.request import GenerationRequest
+from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS
 from runtime.pool.model_files import locate_model_file
 
 Modality = Literal["text", "image", "audio"]
@@ -70,6 +71,10 @@ class CommonDefinition(BaseModel):
     # model while it is unloaded starts its load and waits for it, at most load_wait_timeout_seconds.
     load_on_request: bool = False
     load_wait_timeout_seconds: float = Field(600.0, gt=0, le=86400)
+    # How long a request may wait for this model (its load and its queue) before it starts: past it,
+    # 503 queue_deadline_exceeded, unstarted.  A request's X-LLMPool-Queue-Timeout header replaces
+    # it.  null: no limit.
+    queue_timeout_seconds: float | None = Field(None, gt=0, le=MAX_QUEUE_TIMEOUT_SECONDS)
     # Unload (gracefully) after this many seconds with nothing active or queued; null: never.
     ttl_seconds: int | None = Field(None, ge=1, le=31_536_000)
     # Never unloaded by its TTL or a swap group; only by an admin unload.
@@ -146,6 +151,10 @@ class Engine(Protocol):
 
     # An engine of an embedding model (BackendSpec.embeddings) also has
     # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.inference.embedding.
+    # An engine of a speech-to-text model (BackendSpec.audio_transcription) has ``transcribe(request)``,
+    # an async iterator of TranscriptSegment then Transcribed: see runtime.inference.transcription.
+    # One of a reranking model (BackendSpec.rerank) has
+    # ``async rerank(query, documents) -> (scores, prompt_tokens)``: see runtime.inference.rerank.
 
 
 # ---- spec ----------------------------------------------------------------------------
@@ -227,10 +236,26 @@ class BackendSpec:
         which only the backends that can embed declare (false everywhere else)."""
         return bool(getattr(definition, "embeddings", False))
 
+    def generates(self, definition: CommonDefinition) -> bool:
+        """Whether the model generates text (chat, responses, completions, messages); a
+        speech-to-text model does not, and a generation asked of it is 400 before it is queued."""
+        return True
+
+    def audio_transcription(self, definition: CommonDefinition) -> bool:
+        """Whether the model answers POST /v1/audio/transcriptions and /v1/audio/translations: a
+        speech-to-text backend (whisper), or a managed server whose definition says its server
+        serves the route (``audio_transcription``: the request is passed through)."""
+        return bool(getattr(definition, "audio_transcription", False))
+
     def embedding_dimensions(self, definition: CommonDefinition) -> bool:
         """Whether an embedding request may ask for ``dimensions``: only where the upstream is
         sent it and judges it (a local engine answers vectors of the model's own size)."""
         return False
+
+    def rerank(self, definition: CommonDefinition) -> bool:
+        """Whether the model answers POST /v1/rerank: its definition's ``rerank`` field, which
+        only the backends that can score (query, document) pairs declare (false everywhere else)."""
+        return bool(getattr(definition, "rerank", False))
 
     def raw_prompt(self, definition: CommonDefinition) -> bool:
         """Whether the model takes a raw text prompt (``GenerationRequest.prompt``, POST
@@ -279,12 +304,20 @@ class BackendSpec:
             ],
             "thinking_token_budget": None,
             "embeddings": self.embeddings(definition),
+            "audio_transcription": self.audio_transcription(definition),
+            "rerank": self.rerank(definition),
             "tools": self.tools(definition),
             "tool_choice": self.tool_choices(definition),
         }
 
     def effective_target_inflight(self, configured: int) -> int:
         return configured if self.concurrent else 1
+
+    def prefix_cache_sequences(self, target_inflight: int) -> int:
+        """How many conversations one replica's cache is taken to keep with ``target_inflight``
+        slots (runtime.model.routing sends a conversation back to the replica that holds it); 0,
+        the default: no prefix cache is known, requests go to the least loaded replica."""
+        return 0
 
     # -- load overrides ----------------------------------------------------------------
     def validate_overrides(self, definition: CommonDefinition, overrides: dict[str, Any]) -> dict[str, Any]:

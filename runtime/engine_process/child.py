@@ -5,7 +5,7 @@ the Unix socket it inherited as fd N (see ``protocol``); with ``--warm`` (a spar
 first imports that backend's engine library (``spec.warm_up``).  It builds the engine
 with ``BACKENDS[backend].create_engine(...)``, exactly as the runtime would in its own
 process, and runs it on this process's event loop: ``load`` once, any number of
-``generate`` and ``embed`` at a time (each cancellable), ``unload`` (then it exits 0).  It
+``generate``, ``embed``, ``transcribe`` and ``rerank`` at a time (each cancellable), ``unload`` (then it exits 0).  It
 exits as soon as the socket closes: the runtime is gone.  Django is never imported.
 
 A native fault kills this process, not the runtime; ``faulthandler`` writes the
@@ -30,6 +30,7 @@ from runtime.engine_process import protocol as p
 from runtime.errors import TokenCountUnsupported
 from runtime.gpu import process_gpu_memory_bytes
 from runtime.inputs.request import GenerationRequest
+from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 
 logger = logging.getLogger("llmpool.engine_process")
 
@@ -52,7 +53,7 @@ class EngineHost:
         self._tasks: set[asyncio.Task] = set()
         self._handlers = {
             p.LOAD: self._on_load, p.GENERATE: self._on_generate, p.EMBED: self._on_embed,
-            p.COUNT: self._on_count,
+            p.COUNT: self._on_count, p.TRANSCRIBE: self._on_transcribe, p.RERANK: self._on_rerank,
             p.CANCEL: self._on_cancel, p.STATS: self._on_stats, p.RECONFIGURE: self._on_reconfigure,
             p.SLEEP: self._on_sleep, p.WAKE: self._on_wake, p.UNLOAD: self._on_unload,
         }
@@ -140,6 +141,26 @@ class EngineHost:
         with self._running(embed_id):
             vectors, prompt_tokens = await self.engine.embed(message["inputs"], dimensions=message.get("dimensions"))
             self.outbox.send({"op": p.EMBEDDED, "id": embed_id, "vectors": vectors, "prompt_tokens": prompt_tokens})
+
+    async def _on_transcribe(self, message: dict[str, Any]) -> None:
+        """The engine's ``transcribe`` (runtime.inference.transcription), cancellable like a generation."""
+        transcription_id = message["id"]
+        with self._running(transcription_id):
+            request = TranscriptionRequest.from_wire(message["request"])
+            async with aclosing(self.engine.transcribe(request)) as events:
+                async for event in events:
+                    if isinstance(event, TranscriptSegment):
+                        self.outbox.send({"op": p.SEGMENT, "id": transcription_id, "segment": event.to_wire()})
+                    elif isinstance(event, Transcribed):
+                        self.outbox.send({"op": p.TRANSCRIBED, "id": transcription_id,
+                                          "language": event.language, "duration": event.duration})
+
+    async def _on_rerank(self, message: dict[str, Any]) -> None:
+        """The engine's ``rerank``, cancellable like a generation."""
+        rerank_id = message["id"]
+        with self._running(rerank_id):
+            scores, prompt_tokens = await self.engine.rerank(message["query"], message["documents"])
+            self.outbox.send({"op": p.RERANKED, "id": rerank_id, "scores": scores, "prompt_tokens": prompt_tokens})
 
     async def _on_count(self, message: dict[str, Any]) -> None:
         """The engine's ``count_tokens`` (runtime.inference.token_count), cancellable like a generation."""

@@ -6,7 +6,8 @@ process group, PR_SET_PDEATHSIG, a pidfile for the start-up sweep, its output in
 ring and ``<state_dir>/logs/<model>.r<replica>.log``) and sends ``load``.
 ``generate`` sends ``generate`` and yields the deltas (coalesced when the consumer
 lags: their text joined, their tokens and logprobs entries added up) and the final
-usage; ``embed`` sends ``embed`` and returns its vectors; an ``error`` frame is raised as
+usage; ``embed`` (``rerank``) sends ``embed`` (``rerank``) and returns its vectors (scores);
+``transcribe`` sends ``transcribe`` and yields its segments and its end; an ``error`` frame is raised as
 the LLMPoolError its code names.
 
 When the process dies (an exit, a signal, or its socket closing), every waiting
@@ -37,6 +38,7 @@ from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.engine_process import protocol as p
 from runtime.engine_process.launch import launch_engine_process
 from runtime.engine_process.spares import SPARES
+from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.pool.devices import cuda_visible_devices
 from runtime.errors import BackendError, LLMPoolError
 from runtime.model.load_progress import STAGE_ENGINE_PROCESS_STARTED
@@ -96,15 +98,19 @@ class _Stream:
             return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"], item.get("cached_tokens"))
         raise p.error_from_message(item)
 
-    async def next_reply(self, op: str = p.EMBEDDED) -> dict[str, Any]:
-        """The one answer of an embed or a count: its ``op`` frame (an error frame or a failure raise)."""
+    async def next_reply(self, op: str) -> dict[str, Any]:
+        """The one answer of an embed, a rerank or a count: its ``op`` frame (an error frame or a failure raise)."""
+        return await self.next_frame((op,))
+
+    async def next_frame(self, ops: tuple[str, ...]) -> dict[str, Any]:
+        """The next frame, one of ``ops`` (an error frame or a failure raise)."""
         while not self.items:
             self.ready.clear()
             await self.ready.wait()
         item = self.items.popleft()
         if isinstance(item, LLMPoolError):
             raise item
-        if item["op"] != op:
+        if item["op"] not in ops:
             raise p.error_from_message(item)
         return item
 
@@ -267,33 +273,52 @@ class ProcessEngine:
 
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """Send ``embed`` and await its vectors; a cancelled call cancels it in the child too."""
-        embed_id, stream = self._open_stream()
-        answered = False
+        reply = await self._one_reply({"op": p.EMBED, "inputs": inputs, "dimensions": dimensions}, p.EMBEDDED)
+        return reply["vectors"], reply["prompt_tokens"]
+
+    async def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        """Send ``rerank`` and await its scores; a cancelled call cancels it in the child too."""
+        reply = await self._one_reply({"op": p.RERANK, "query": query, "documents": documents}, p.RERANKED)
+        return reply["scores"], reply["prompt_tokens"]
+
+    async def transcribe(self, request: TranscriptionRequest) -> AsyncIterator[TranscriptSegment | Transcribed]:
+        """Send ``transcribe`` and yield its segments, then its end; closing early cancels it in the child."""
+        transcription_id, stream = self._open_stream()
+        ended = False
         try:
-            await self._send({"op": p.EMBED, "id": embed_id, "inputs": inputs, "dimensions": dimensions})
-            reply = await stream.next_reply()
-            answered = True
-            return reply["vectors"], reply["prompt_tokens"]
+            await self._send({"op": p.TRANSCRIBE, "id": transcription_id, "request": request.to_wire()})
+            while True:
+                frame = await stream.next_frame((p.SEGMENT, p.TRANSCRIBED))
+                if frame["op"] == p.TRANSCRIBED:
+                    ended = True
+                    yield Transcribed(frame["language"], frame["duration"])
+                    return
+                yield TranscriptSegment.from_wire(frame["segment"])
         except LLMPoolError:
-            answered = True  # the child ended it (or died)
+            ended = True  # the child ended it (or died)
             raise
         finally:
-            await self._close_stream(embed_id, stream, ended=answered)
+            await self._close_stream(transcription_id, stream, ended=ended)
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """Send ``count`` and await the child's engine's count of ``request``'s prompt tokens."""
-        count_id, stream = self._open_stream()
+        reply = await self._one_reply({"op": p.COUNT, "request": request.to_wire()}, p.COUNTED)
+        return reply["input_tokens"]
+
+    async def _one_reply(self, message: dict[str, Any], answer: str) -> dict[str, Any]:
+        """Send ``message`` under a new id and await its one ``answer`` frame."""
+        request_id, stream = self._open_stream()
         answered = False
         try:
-            await self._send({"op": p.COUNT, "id": count_id, "request": request.to_wire()})
-            reply = await stream.next_reply(p.COUNTED)
+            await self._send({**message, "id": request_id})
+            reply = await stream.next_reply(answer)
             answered = True
-            return reply["input_tokens"]
+            return reply
         except LLMPoolError:
             answered = True  # the child ended it (or died)
             raise
         finally:
-            await self._close_stream(count_id, stream, ended=answered)
+            await self._close_stream(request_id, stream, ended=answered)
 
     async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
         """Tell the child to stop ``generation_id`` and wait (briefly) until it has; unanswered, the
@@ -362,7 +387,8 @@ class ProcessEngine:
 
     def _receive(self, message: dict[str, Any]) -> None:
         op = message["op"]
-        if op in (p.DELTA, p.FINISHED, p.EMBEDDED, p.COUNTED, p.CANCELLED) or (op == p.ERROR and message.get("id") is not None):
+        answers = (p.DELTA, p.FINISHED, p.EMBEDDED, p.RERANKED, p.COUNTED, p.SEGMENT, p.TRANSCRIBED, p.CANCELLED)
+        if op in answers or (op == p.ERROR and message.get("id") is not None):
             if op == p.CANCELLED:
                 self._unanswered.discard(message.get("id"))  # a late answer: it was not stuck after all
             stream = self._streams.get(message.get("id"))

@@ -8,9 +8,13 @@ runtime -> engine process
         {tool_call_formats} (the engine's, see runtime.inference.tool_calls.format_for; null: none) or ``error``
     ``generate`` {id, request}   answered by ``delta``* then ``finished`` or ``error``
     ``embed`` {id, inputs, dimensions}   answered by ``embedded`` or ``error``
+    ``transcribe`` {id, request} answered by ``segment``* then ``transcribed`` or ``error`` (the
+        engine's ``transcribe``, runtime.inference.transcription; the request's audio as bytes)
+    ``rerank`` {id, query, documents}    answered by ``reranked`` or ``error``
     ``count`` {id, request}      answered by ``counted`` {id, input_tokens} (the engine's
         ``count_tokens``, runtime.inference.token_count) or ``error``
-    ``cancel`` {id}              answered by ``cancelled`` once that generate (or embed) has stopped
+    ``cancel`` {id}              answered by ``cancelled`` once that generate (embed, transcribe,
+        rerank) has stopped
     ``stats``                    answered by ``stats`` {rss_bytes, gpu_memory_bytes}
     ``unload``                   answered by ``unloaded``; the process then exits 0
     ``reconfigure`` {config, overlap?} answered by ``reconfigured`` once the engine's inference state (a
@@ -24,6 +28,9 @@ engine process -> runtime
     ``finished`` {id, input_tokens, output_tokens, finish_reason, cached_tokens}: ``cached_tokens``
         the prompt tokens reused from the engine's KV cache (null where the engine does not say)
     ``embedded`` {id, vectors, prompt_tokens}: the vectors of embed ``id``, one per input
+    ``segment`` {id, segment}: one TranscriptSegment of transcription ``id``, as its wire dict
+    ``transcribed`` {id, language, duration}: the end of transcription ``id``
+    ``reranked`` {id, scores, prompt_tokens}: the scores of rerank ``id``, one per document
     ``error`` {id, reply_to, code, message}: ``id`` is the generation (or embed) or null, ``reply_to``
         the op that failed; ``code`` is the LLMPoolError code (``internal_error`` otherwise)
     ``failed`` {message}: the engine reported itself dead (``context["on_engine_failure"]``)
@@ -51,6 +58,8 @@ MAX_FRAME_BYTES = 256 * 1024 * 1024
 # Requests (runtime -> engine process).
 LOAD, GENERATE, EMBED, CANCEL, STATS, UNLOAD = "load", "generate", "embed", "cancel", "stats", "unload"
 COUNT, COUNTED = "count", "counted"  # runtime.inference.token_count
+TRANSCRIBE, SEGMENT, TRANSCRIBED = "transcribe", "segment", "transcribed"  # runtime.inference.transcription
+RERANK, RERANKED = "rerank", "reranked"  # runtime.inference.rerank
 RECONFIGURE, SLEEP, WAKE = "reconfigure", "sleep", "wake"  # runtime.model.residency
 RECONFIGURED, SLEPT, WOKEN = "reconfigured", "slept", "woken"
 # Replies and events (engine process -> runtime); STATS answers with its own name.

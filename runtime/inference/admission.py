@@ -19,7 +19,6 @@ from runtime.errors import (
     ModalityUnsupported,
     MultiTurnUnsupported,
     RawPromptUnsupported,
-    RemoteExecutionDisallowed,
     ResponseFormatUnsupported,
     ThinkingUnsupported,
     ToolsUnsupported,
@@ -44,9 +43,11 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
 def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote: bool) -> None:
     """Reject what the model cannot take (400/403) before it is queued."""
     spec, definition = entry.spec, entry.definition
-    if spec.is_remote(definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
+    entry.refuse_remote(allow_remote)
+    if not spec.generates(definition):
+        raise InvalidRequest(
+            f"model {entry.name} does not generate text (backend {definition.backend}); it answers "
+            "POST /v1/audio/transcriptions and /v1/audio/translations", param="model",
         )
     capabilities = spec.capabilities(definition)
     raw_prompt = request.prompt is not None

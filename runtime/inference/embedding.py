@@ -15,18 +15,13 @@ answer L2-normalized vectors (unit length, as OpenAI's and llama-server's); an u
 """
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from runtime.errors import (
-    BackendError,
-    EmbeddingsUnsupported,
-    InvalidRequest,
-    RemoteExecutionDisallowed,
-    RequestTimeout,
-)
+from runtime.errors import BackendError, EmbeddingsUnsupported, InvalidRequest
+from runtime.inference.deadline import request_deadline
+from runtime.inputs.wire import Wire
+from runtime.queue_terms import DEFAULT_PRIORITY
 
 if TYPE_CHECKING:  # runtime.pool.catalog imports the backends, which import this module
     from runtime.pool.catalog import CatalogEntry
@@ -36,27 +31,22 @@ Inputs = list[str] | list[list[int]]
 
 
 @dataclass
-class EmbeddingRequest:
+class EmbeddingRequest(Wire):
     """``inputs`` as parsed (never empty; no input empty); ``dimensions`` the vector size asked
-    for, or None (the model's own); ``fairness_key`` as for ``GenerationRequest``."""
+    for, or None (the model's own); ``fairness_key``, ``priority`` and ``queue_timeout_seconds`` as for
+    ``GenerationRequest``."""
 
     request_id: str
     model: str
     inputs: Inputs
     dimensions: int | None = None
     fairness_key: str | None = None
+    priority: str = DEFAULT_PRIORITY
+    queue_timeout_seconds: float | None = None
 
     @property
     def token_arrays(self) -> bool:
         return bool(self.inputs) and not isinstance(self.inputs[0], str)
-
-    def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> EmbeddingRequest:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 def estimate_input_tokens(request: EmbeddingRequest) -> int:
@@ -70,10 +60,7 @@ def estimate_input_tokens(request: EmbeddingRequest) -> int:
 def check_embedding_request(entry: CatalogEntry, request: EmbeddingRequest, allow_remote: bool) -> None:
     """Refuse (400/403) what the model cannot take, before it is queued."""
     spec, definition = entry.spec, entry.definition
-    if spec.is_remote(definition) and not allow_remote:
-        raise RemoteExecutionDisallowed(
-            f"model {entry.name} runs on a remote service and service.allow_remote_execution is false"
-        )
+    entry.refuse_remote(allow_remote)
     if not spec.embeddings(definition):
         raise EmbeddingsUnsupported(
             f"model {entry.name} does not compute embeddings (its definition does not set embeddings: true)",
@@ -91,18 +78,8 @@ async def embed_on_engine(controller, lease, request: EmbeddingRequest) -> tuple
     """The embed of ``lease``'s engine within the model's request_timeout_seconds (504 past it, and
     an engine that does not stop is killed: ``timed_out``); checks that the engine answered one
     vector per input."""
-    limit = controller.entry.definition.request_timeout_seconds
-    deadline = asyncio.timeout(limit)
-    try:
-        async with deadline:
-            vectors, prompt_tokens = await lease.engine.embed(request.inputs, dimensions=request.dimensions)
-    except TimeoutError:
-        if not deadline.expired():
-            raise
-        controller.timed_out(lease, limit)
-        raise RequestTimeout(
-            f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
-        ) from None
+    async with request_deadline(controller, lease):
+        vectors, prompt_tokens = await lease.engine.embed(request.inputs, dimensions=request.dimensions)
     if len(vectors) != len(request.inputs):
         raise BackendError(f"the engine of model {controller.name} answered {len(vectors)} vectors "
                            f"for {len(request.inputs)} inputs")

@@ -18,13 +18,12 @@ that cancel is killed (``timed_out``).
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from runtime.backends.base import Finished, TextDelta
 from runtime.backends.shared.forwarding import UpstreamAnswer, UpstreamChunk
-from runtime.errors import RequestTimeout
+from runtime.inference.deadline import request_deadline
 from runtime.inference.admission import estimate_prompt_tokens
 from runtime.inference.reasoning import ReasoningDelta, split_reasoning
 from runtime.inference.stop_sequences import StopWatch
@@ -37,7 +36,7 @@ from runtime.inputs.request import (
     GENERATE_UPSTREAM,
     GenerationRequest,
 )
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.observe.records import RequestRecord
 
 Emit = Callable[[dict], Awaitable[None]]
@@ -170,28 +169,19 @@ class Output:
 async def run_on_engine(controller, lease, output: Output) -> None:
     """Stream the engine's events through the pipeline into ``output`` (the module docstring)."""
     request = output.request
-    limit = controller.entry.definition.request_timeout_seconds
-    deadline = asyncio.timeout(limit)
     entry = controller.entry
     # A raw prompt's continuation is all text: its reasoning tags, if any, are the client's to read.
     tags = None if request.prompt is not None else entry.spec.reasoning_tags(entry.definition, entry.base_dir)
     events = split_reasoning(lease.engine.generate(request), tags)
     filters = AnswerFilters(tool_parser(lease.engine, request), StopWatch(request.stop))
     try:
-        async with deadline:
+        async with request_deadline(controller, lease):
             async for event in events:
                 lease.check()
                 if output.record is not None and not isinstance(event, Finished):
                     output.record.saw_output()
                 if await _take(event, output, filters):
                     break
-    except TimeoutError:
-        if not deadline.expired():
-            raise  # the engine's own timeout, not the model's limit
-        controller.timed_out(lease, limit)  # an engine that did not stop is killed
-        raise RequestTimeout(
-            f"model {controller.name} did not finish the request within request_timeout_seconds={limit:g}"
-        ) from None
     finally:
         close = getattr(events, "aclose", None)
         if close is not None:

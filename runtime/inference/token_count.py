@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from runtime.errors import TokenCountUnsupported
 from runtime.inference.admission import check_request, with_reasoning_effort
 from runtime.inputs.request import GenerationRequest
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 
 if TYPE_CHECKING:
     from runtime.model.writer import ModelController

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.inputs.chat_messages import typed_chat_messages
+from runtime.queue_terms import DEFAULT_PRIORITY
 
 # What a generate operation emits while it runs (its result ends it).
 GENERATE_ADMITTED = "admitted"  # queued: the API may answer a stream's headers now
@@ -104,6 +105,11 @@ class GenerationRequest:
     # service.ollama_keep_alive lets clients say it): seconds, a negative value for no TTL; None: as
     # its definition says.
     keep_alive_seconds: float | None = None
+    # How the request queues for its model, as the edge decided it from the caller's key and headers
+    # (models_app.api.keys): its priority class, and the seconds it may wait before it starts (None:
+    # its model's queue_timeout_seconds).
+    priority: str = DEFAULT_PRIORITY
+    queue_timeout_seconds: float | None = None
     passthrough: dict | None = None
     refused: list[dict] = field(default_factory=list)
 

@@ -21,7 +21,8 @@ from runtime.model import commands as cmd
 from runtime.model.leases import Lease, Leases
 from runtime.model.on_demand import IdleClock, Waiters, Waiting
 from runtime.model.phases import PAUSED_PHASES, Phase, PhaseMachine
-from runtime.model.scheduler import Scheduler, Ticket
+from runtime.model.scheduler import Scheduler
+from runtime.model.tickets import Ticket
 from runtime.model.state import REASON_ADMIN, REASON_STARTUP, RuntimeState, StateMachine, TransitionEvent
 from runtime.model.writer import ModelWriter
 from runtime.pool.catalog import CatalogEntry

@@ -12,7 +12,8 @@ from runtime.backends.base import Engine
 from runtime.errors import LLMPoolError
 from runtime.model.on_demand import not_serving
 from runtime.model.phases import Mark
-from runtime.model.scheduler import Scheduler, Ticket
+from runtime.model.scheduler import Scheduler
+from runtime.model.tickets import Ticket
 from runtime.model.state import RuntimeState
 
 S = RuntimeState

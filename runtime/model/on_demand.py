@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.errors import LLMPoolError, ModelFailed, ModelLoading, ModelNotLoaded, ModelUnloading
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.model.state import RuntimeState
 
 S = RuntimeState

@@ -18,7 +18,8 @@ from runtime.pool.catalog import CatalogEntry
 
 # Changing only these definition fields never conflicts with an active model.
 RELOAD_SAFE_FIELDS = frozenset(
-    {"enabled", "load_on_request", "load_wait_timeout_seconds", "ttl_seconds", "pinned", "keep_warm", "aliases"}
+    {"enabled", "load_on_request", "load_wait_timeout_seconds", "queue_timeout_seconds", "ttl_seconds", "pinned",
+     "keep_warm", "aliases"}
 )
 
 

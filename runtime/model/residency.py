@@ -170,7 +170,7 @@ class Residency:
         """A new context below a queued request's estimated size is refused (it would fail it)."""
         if n_ctx is None:
             return
-        sizes = [ticket.cost_estimate for state in self.owner.scheduler.keys.values() for ticket in state.queue]
+        sizes = [ticket.cost_estimate for ticket in self.owner.scheduler.queued()]
         if sizes and max(sizes) >= n_ctx:
             raise InvalidLoadRequest(
                 f"a context of {n_ctx} tokens is too small for a request queued for model {self.name} "

@@ -233,7 +233,9 @@ class ModelWriter:
             m.failed_replicas = {}
             m.vram.observe(observed_mib, len(engines))
             self.claim.loaded(measured_mib, len(m.serving_engines))
-            m.scheduler.open(len(engines), m.effective_target_inflight)
+            target, routing = m.effective_target_inflight, m.entry.routing
+            cached = m.entry.spec.prefix_cache_sequences(target) if routing.prefix_affinity else 0
+            m.scheduler.open(len(engines), target, cached, routing.load_factor)
             m.machine.transition(S.LOADING, S.LOADED, m.reason)
             m.phases.move(P.STARTING, P.SERVING)
             m.waiters.release(self.requests.queue)  # they waited for this turn, even if the group ended it

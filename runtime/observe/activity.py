@@ -13,6 +13,7 @@ import math
 import time
 from collections import deque
 
+from runtime.queue_terms import DEFAULT_PRIORITY, RANKS
 from runtime.observe.metrics import endpoint_label
 from runtime.observe.params import count_param
 from runtime.observe.records import RequestRecord
@@ -23,8 +24,10 @@ STATS_WINDOW_SECONDS = 300.0  # the admin entry's rolling figures
 
 
 def capture_of(payload: dict, result: dict | None) -> dict:
-    """The request's messages / input and the answer's text, each cut to CAPTURE_LIMIT_CHARS."""
-    asked = {key: payload[key] for key in ("prompt", "instructions", "inputs") if payload.get(key)}
+    """The request's messages / input (a rerank's query and documents) and the answer's text, each
+    cut to CAPTURE_LIMIT_CHARS."""
+    shown = ("prompt", "instructions", "inputs", "query", "documents")
+    asked = {key: payload[key] for key in shown if payload.get(key)}
     messages = wire_messages(payload)
     if messages:
         asked = {"messages": messages, **asked}
@@ -95,7 +98,9 @@ class RequestObserver:
 
     async def run(self, payload: dict, work) -> dict:
         """``await work(record)``: its result, its error; the record is kept either way."""
-        record = RequestRecord(endpoint_label(payload.get("endpoint")), payload.get("fairness_key"))
+        priority = payload.get("priority")
+        record = RequestRecord(endpoint_label(payload.get("endpoint")), payload.get("fairness_key"),
+                               priority if priority in RANKS else DEFAULT_PRIORITY)
         result = None
         try:
             result = await work(record)

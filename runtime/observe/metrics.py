@@ -8,8 +8,9 @@ API process reports the one runtime's figures (docs/observability.md).
 
 Every label value is bounded: model names come from the catalog (a request for an unknown
 model counts under ``model=""``), endpoints from ``ENDPOINTS``, codes from runtime.errors,
-reasons from runtime.model.state, and fairness keys are cut to the busiest ``reported_keys`` plus
-``other`` (``KeyTally``).  No request text is ever a label.
+reasons from runtime.model.state, priority classes from runtime.queue_terms, and fairness
+keys are cut to the busiest ``reported_keys`` plus ``other`` (``KeyTally``).  No request text is
+ever a label.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, QueueDeadlineExceeded
+from runtime.queue_terms import PRIORITY_CLASSES
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.observe.records import RequestRecord
 
@@ -35,12 +38,19 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+    "/rerank": "rerank",
+    "/v1/reranking": "rerank",
     "/v1/messages": "messages",
+    "/v1/audio/transcriptions": "audio_transcriptions",
+    "/v1/audio/translations": "audio_translations",
     "/api/chat": "ollama_chat",
     "/api/generate": "ollama_generate",
     "/api/embed": "ollama_embed",
     "/api/embeddings": "ollama_embeddings",
 }
+# The codes of a request the queue refused or dropped unstarted: the reasons of llmpool_queue_drops.
+QUEUE_DROP_CODES = frozenset({ExecutorQueueFull.code, FairnessKeyQueueFull.code, QueueDeadlineExceeded.code})
 OTHER_KEY = "other"  # the fairness keys outside the busiest N
 NO_KEY = ""  # a request without a fairness key
 ENGINE_STATS_TIMEOUT_SECONDS = 1.0  # an engine process that does not answer in time is left out
@@ -115,6 +125,9 @@ class RuntimeMetrics:
         self.output_tokens = Counter("llmpool_output_tokens", "Output tokens of finished requests.", labels, registry=r)
         self.rejections = Counter("llmpool_rejections", "Requests refused or failed, by error code.",
                                   ["model", "code"], registry=r)
+        self.queue_drops = Counter("llmpool_queue_drops", "Requests the model's queue refused (full) or dropped "
+                                   "unstarted (past their deadline), by priority class and reason (the code).",
+                                   ["model", "priority", "reason"], registry=r)
         self.loads = Counter("llmpool_model_loads", "Loads that ended, by result and reason.",
                              ["model", "result", "reason"], registry=r)
         self.unloads = Counter("llmpool_model_unloads", "Unloads that ended, by result and reason.",
@@ -158,6 +171,8 @@ class RuntimeMetrics:
         if record.code is not None:
             self.requests.labels(model, endpoint, str(record.status)).inc()
             self.rejections.labels(model, record.code).inc()
+            if record.code in QUEUE_DROP_CODES:
+                self.queue_drops.labels(model, record.priority, record.code).inc()
             if record.status == 429:
                 self.keys.add(record.fairness_key, rejections=1)
             return
@@ -251,6 +266,8 @@ class _PoolCollector(Collector):
                 ("resident_seconds", "Seconds since the model became loaded (0 when not loaded)."),
             )
         }
+        queued = GaugeMetricFamily("llmpool_model_queued_requests",
+                                   "Requests queued in the scheduler by priority class.", labels=["model", "priority"])
         now = time.time()
         for controller in controllers:
             name = controller.name
@@ -258,6 +275,8 @@ class _PoolCollector(Collector):
                 state.add_metric([name, each.value], 1.0 if controller.state is each else 0.0)
             scheduler = controller.scheduler
             gauges["queue_depth"].add_metric([name], scheduler.queue_depth)
+            for priority, depth in zip(PRIORITY_CLASSES, scheduler.turns.depth):
+                queued.add_metric([name, priority], depth)
             gauges["inflight"].add_metric([name], scheduler.inflight)
             gauges["loaded_replicas"].add_metric([name], len(controller.serving_engines))
             gauges["waiting_requests"].add_metric([name], len(controller.waiters))
@@ -265,6 +284,7 @@ class _PoolCollector(Collector):
             gauges["resident_seconds"].add_metric([name], max(0.0, now - since) if since is not None else 0.0)
         yield state
         yield from gauges.values()
+        yield queued
         yield from self._processes(controllers)
         yield from self._fairness(pool)
         yield from self._memory(pool)

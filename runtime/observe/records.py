@@ -1,5 +1,6 @@
 """One request's figures as the runtime observed it (``RequestRecord``): time, model, endpoint,
-fairness key, status, tokens, timings, replica; the metrics and the activity ring read it."""
+fairness key, priority class, status, tokens, timings, replica; the metrics and the activity ring
+read it."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.errors import LLMPoolError, error_codes
+from runtime.queue_terms import DEFAULT_PRIORITY
 from runtime.observe.read_models import iso_time
 
 CANCELLED_STATUS = 499  # the caller went away (nginx's convention); counted with code "cancelled"
@@ -18,6 +20,7 @@ _ids = itertools.count(1)
 class RequestRecord:
     endpoint: str
     fairness_key: str | None
+    priority: str = DEFAULT_PRIORITY  # a class of PRIORITY_CLASSES (a metric label: nothing else)
     started: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
     model: str | None = None  # the catalog name, once the lookup found it

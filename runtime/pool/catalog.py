@@ -17,7 +17,8 @@ from fnmatch import fnmatchcase
 
 from runtime.backends import BACKENDS, BackendSpec
 from runtime.backends.base import CommonDefinition
-from runtime.config import LoadedSettings
+from runtime.config import LoadedSettings, RoutingSettings
+from runtime.errors import RemoteExecutionDisallowed
 from runtime.redaction import redacted_dump
 
 
@@ -29,10 +30,19 @@ class CatalogEntry:
     base_dir: str
     # engine.kv_store of the settings, as its engines are handed it (runtime.model.replicas).
     kv_store: dict = field(default_factory=dict)
+    # engine.routing of the settings, as its scheduler opens with it (runtime.model.routing).
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
 
     @property
     def spec(self) -> BackendSpec:
         return BACKENDS[self.definition.backend]
+
+    def refuse_remote(self, allow_remote: bool) -> None:
+        """403 for a model that runs on a remote service while service.allow_remote_execution is false."""
+        if self.spec.is_remote(self.definition) and not allow_remote:
+            raise RemoteExecutionDisallowed(
+                f"model {self.name} runs on a remote service and service.allow_remote_execution is false"
+            )
 
     def definition_dict(self) -> dict:
         """Common fields plus only the resolved backend's fields, secrets redacted: what every
@@ -54,6 +64,7 @@ def build_catalog(loaded: LoadedSettings) -> dict[str, CatalogEntry]:
             sources=tuple(loaded.sources.get(name, ())),
             base_dir=loaded.base_dir,
             kv_store=loaded.settings.engine.kv_store.model_dump(),
+            routing=loaded.settings.engine.routing,
         )
         for name, definition in loaded.settings.models.items()
     }

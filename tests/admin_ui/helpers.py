@@ -5,6 +5,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 
@@ -107,3 +109,20 @@ class EventStream:
     def __exit__(self, *exc):
         self._context.__exit__(None, None, None)
         self.client.close()
+
+
+@contextmanager
+def logged_in_page(browser, service: LiveService, path: str, height: int = 1100) -> Iterator:
+    """A page of a new browser context, logged in through the admin login form on its way to
+    ``path``; closed afterwards, and failing the test if a script error happened on it."""
+    context = browser.new_context(viewport={"width": 1300, "height": height})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(service.url + path)
+    page.fill("#id_username", service.staff["username"])
+    page.fill("#id_password", service.staff["password"])
+    page.click("input[type=submit]")
+    yield page
+    context.close()
+    assert not errors, errors

@@ -9,24 +9,15 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.admin_ui.helpers import AUTH
+from tests.admin_ui.helpers import AUTH, logged_in_page
 
 LIVE = 10_000  # ms
 
 
 @pytest.fixture
 def page(browser, embedded_workbench):
-    context = browser.new_context(viewport={"width": 1300, "height": 1100})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(embedded_workbench.url + "/admin/llm-pool/activity/")
-    page.fill("#id_username", embedded_workbench.staff["username"])
-    page.fill("#id_password", embedded_workbench.staff["password"])
-    page.click("input[type=submit]")
-    yield page
-    context.close()
-    assert not errors, errors
+    with logged_in_page(browser, embedded_workbench, "/admin/llm-pool/activity/") as page:
+        yield page
 
 
 def test_the_activity_page_shows_requests_charts_and_a_load_in_progress(page, embedded_workbench, screenshot_dir):

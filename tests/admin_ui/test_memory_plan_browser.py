@@ -9,7 +9,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.admin_ui.helpers import AUTH, TOKEN, create_superuser
+from tests.admin_ui.helpers import AUTH, TOKEN, create_superuser, logged_in_page
 from tests.conftest import LiveService, write_settings
 
 LIVE = 10_000  # ms
@@ -39,17 +39,8 @@ def service(tmp_path_factory):
 
 @pytest.fixture
 def page(browser, service):
-    context = browser.new_context(viewport={"width": 1300, "height": 1100})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(service.url + "/admin/llm-pool/gpu/")
-    page.fill("#id_username", service.staff["username"])
-    page.fill("#id_password", service.staff["password"])
-    page.click("input[type=submit]")
-    yield page
-    context.close()
-    assert not errors, errors
+    with logged_in_page(browser, service, "/admin/llm-pool/gpu/") as page:
+        yield page
 
 
 def state_of(http: httpx.Client, name: str) -> str:

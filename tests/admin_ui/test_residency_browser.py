@@ -14,7 +14,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from tests.admin_ui.helpers import AUTH, TOKEN, create_superuser
+from tests.admin_ui.helpers import AUTH, TOKEN, create_superuser, logged_in_page
 from tests.conftest import LiveService, write_settings
 from tests.llama_cpp.llama_helpers import SMOLLM2_MODEL
 
@@ -51,17 +51,8 @@ def http(service):
 
 @pytest.fixture
 def page(browser, service):
-    context = browser.new_context(viewport={"width": 1300, "height": 1400})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(service.url + "/admin/llm-pool/models/")
-    page.fill("#id_username", service.staff["username"])
-    page.fill("#id_password", service.staff["password"])
-    page.click("input[type=submit]")
-    yield page
-    context.close()
-    assert not errors, errors
+    with logged_in_page(browser, service, "/admin/llm-pool/models/", height=1400) as page:
+        yield page
 
 
 def entry_of(http: httpx.Client, name: str) -> dict:

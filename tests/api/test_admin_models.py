@@ -54,7 +54,8 @@ VRAM_SOURCES = {"observed_load_delta", "model_artifact_size", "unavailable"}
 COMMON_FIELDS = {
     "model_path", "backend", "device", "prompt_format", "enable_thinking", "enabled", "replicas", "replica_max",
     "target_inflight", "modalities", "request_timeout_seconds", "isolation",
-    "load_on_request", "load_wait_timeout_seconds", "ttl_seconds", "pinned", "keep_warm", "aliases",
+    "load_on_request", "load_wait_timeout_seconds", "queue_timeout_seconds", "ttl_seconds", "pinned", "keep_warm",
+    "aliases",
     "reasoning_tags",
 }
 

@@ -153,6 +153,20 @@ def test_the_fields_are_stored_and_shown_never_the_secret(service, admin):
     admin.delete(f"/v1/admin/keys/{made['id']}")
 
 
+# Limits an operator's typo could make: none may be stored (one would refuse every request, or none).
+LIMIT_HOSTILE = [
+    {"name": "h", "max_concurrent": 0},
+    {"name": "h", "token_budget": 0, "budget_period": "month"},
+    {"name": "h", "token_budget": -1, "budget_period": "day"},
+    {"name": "h", "tokens_per_minute": 10**11},
+    {"name": "h", "token_budget": 10**16, "budget_period": "day"},
+    {"name": "h", "requests_per_minute": 10**400},
+    {"name": "h", "requests_per_minute": "60"},
+    {"name": "h", "max_concurrent": [1]},
+    {"name": "h", "tokens_per_minute": {"per": 1}},
+    {"name": "h", "requests_per_minute": 1e3},
+]
+
 HOSTILE = [
     {"name": "h", "requests_per_minute": 0},
     {"name": "h", "tokens_per_minute": -5},
@@ -175,6 +189,7 @@ HOSTILE = [
     [],
     None,
     "name",
+    *LIMIT_HOSTILE,
 ]
 
 
@@ -191,6 +206,7 @@ PATCH_HOSTILE = [
     *({name: value for name, value in body.items() if name != "name"} for body in HOSTILE[:14]),
     {"name": "bad name"}, {"name": None}, {"models": None}, {"disabled": None}, {"priority": None},
     {"id": "key_1"}, {"key": "sk-llmpool-mine"}, [], None, "name",
+    *({name: value for name, value in body.items() if name != "name"} for body in LIMIT_HOSTILE),
 ]
 
 

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from runtime.errors import BackendError, ModelFailed
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from tests.conftest import write_settings
 from tests.engine_process.conftest import engine_processes
 from tests.engines.runtime_driver import generate, load, unload, wait_for_state

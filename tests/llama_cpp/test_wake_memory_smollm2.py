@@ -14,7 +14,7 @@ from runtime.errors import InsufficientMemory
 from runtime.pool.devices import MemorySettings
 from runtime.pool.model_pool import ModelPool
 from runtime.model.residency import ModelEvent
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 
 FILLER_MIB = 40
 MODELS = {"smol": {**SMOLLM2_MODEL, "gguf_n_ctx": 4096, "isolation": "process"},

@@ -16,6 +16,19 @@ ASSISTANT = "google/gemma-4-26B-A4B-it-assistant"
 FAKE_PROGRAMS = {"vllm": "fake_vllm", "sglang": "fake_sglang", "trtllm-serve": "fake_trtllm_serve"}
 
 
+def vllm_model(fake_bin: Path, folder: Path, **fields) -> dict:
+    """A vllm_serve definition on the fake vllm, its start recorded in ``folder/vllm.jsonl`` and its
+    requests in ``folder/requests.jsonl``."""
+    return {
+        "backend": "vllm_serve",
+        "vllm_serve_model": TARGET,
+        "vllm_serve_binary": str(fake_bin / "vllm"),
+        "vllm_serve_env": {"FAKE_RECORD": str(folder / "vllm.jsonl"), "FAKE_REQUEST_LOG": str(folder / "requests.jsonl")},
+        "vllm_serve_startup_timeout_seconds": 30.0,
+        **fields,
+    }
+
+
 def process_state(pid: int) -> str | None:
     """The /proc state letter of ``pid`` (R, S, Z...), or None when it is gone."""
     try:

@@ -123,6 +123,17 @@ async def test_a_stream_with_usage_asked_keeps_every_chunk_as_written():
     assert events == [*(UpstreamChunk(c) for c in written), Finished(7, 2, "length")]
 
 
+async def test_the_cached_prompt_tokens_come_from_the_usage_or_llama_servers_timings():
+    written = [chunk("a", usage=None), {**chunk(finish="stop"), "timings": {"cache_n": 5, "prompt_n": 2}},
+               {"id": "c", "choices": [], "usage": USAGE}]
+    events, _ = await run({**CHAT, "stream": True}, httpx.Response(200, stream=Body(sse(*written, "[DONE]"))))
+    assert events[-1] == Finished(7, 2, "stop", cached_tokens=5)
+    answer = {"choices": [{"index": 0, "message": {"content": "a b"}, "finish_reason": "stop"}],
+              "usage": {**USAGE, "prompt_tokens_details": {"cached_tokens": 6}}}
+    events, _ = await run(CHAT, httpx.Response(200, json=answer))
+    assert events[-1] == Finished(7, 2, "stop", cached_tokens=6)
+
+
 async def test_a_stream_without_any_usage_counts_a_token_per_chunk_with_text():
     events, _ = await run({**CHAT, "stream": True}, httpx.Response(200, stream=Body(sse(
         chunk(""), chunk("a"), chunk("b"), chunk(finish="stop"), "[DONE]"

@@ -186,6 +186,10 @@ def test_openai_remote_against_llama_server(live_service, llama_model, tmp_path,
         direct = respond(http, "smol", "Name a color.").json()
         forwarded = respond(http, "remote", "Name a color.").json()
         assert output_text(forwarded) == output_text(direct)  # greedy: the same server, the same answer
+        # The same prompt again: llama-server reuses it from its slot, and says so through both.
+        cached = forwarded["usage"].pop("input_tokens_details")["cached_tokens"]
+        assert cached >= direct["usage"]["input_tokens"] - 2 and direct["usage"]["input_tokens_details"]["cached_tokens"] == 0
+        direct["usage"].pop("input_tokens_details")
         assert forwarded["usage"] == direct["usage"]
     assert service.stop() == 0
 

@@ -15,23 +15,12 @@ import openai
 import pytest
 
 from tests.conftest import free_port
-from tests.managed.helpers import TARGET, pidfiles, records, wait_until
+from tests.managed.helpers import TARGET, pidfiles, records, vllm_model, wait_until
 
 
 @pytest.fixture
 def service_env(tmp_path) -> dict:
     return {"LLMPOOL_STATE_DIR": str(tmp_path / "state")}
-
-
-def vllm_model(fake_bin, folder, **fields) -> dict:
-    return {
-        "backend": "vllm_serve",
-        "vllm_serve_model": TARGET,
-        "vllm_serve_binary": str(fake_bin / "vllm"),
-        "vllm_serve_env": {"FAKE_RECORD": str(folder / "vllm.jsonl"), "FAKE_REQUEST_LOG": str(folder / "requests.jsonl")},
-        "vllm_serve_startup_timeout_seconds": 30.0,
-        **fields,
-    }
 
 
 def logged(folder) -> list[dict]:

@@ -38,6 +38,20 @@ async def test_one_answer_is_one_delta_and_the_upstream_usage():
     assert events == [TextDelta("Hello there."), Finished(input_tokens=7, output_tokens=3, finish_reason="length")]
 
 
+@pytest.mark.parametrize("extra, cached", [
+    ({"usage": {"prompt_tokens_details": {"cached_tokens": 5}}, "timings": {"cache_n": 4}}, 5),
+    ({"timings": {"cache_n": 4, "prompt_n": 3}}, 4),  # llama-server builds without prompt_tokens_details
+    ({"usage": {"prompt_tokens_details": {"cached_tokens": "5"}}}, None),
+    ({}, None),
+])
+async def test_the_prompt_tokens_the_upstream_reused_are_read_from_its_usage_or_timings(extra, cached):
+    answer = completion("Hi.", usage={"prompt_tokens": 9, "completion_tokens": 1})
+    body = {**json.loads(answer.content), **extra}
+    body["usage"] = {**json.loads(answer.content)["usage"], **extra.get("usage", {})}
+    events, _ = await run(httpx.Response(200, json=body))
+    assert events[-1] == Finished(input_tokens=9, output_tokens=1, finish_reason="stop", cached_tokens=cached)
+
+
 async def test_without_usage_the_output_is_estimated_from_its_length():
     events, _ = await run(completion("twelve chars"))
     assert events == [TextDelta("twelve chars"), Finished(input_tokens=0, output_tokens=3, finish_reason="stop")]

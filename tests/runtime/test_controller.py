@@ -15,7 +15,7 @@ from runtime.errors import (
     ModelStateConflict,
     ModelUnloading,
 )
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.model.state import TRANSITIONS, RuntimeState
 from tests.runtime.helpers import LOAD_CYCLE, UNLOAD_CYCLE, moves, start_pool
 

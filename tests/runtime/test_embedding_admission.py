@@ -7,6 +7,7 @@ import pytest
 from runtime.backends import BACKENDS
 from runtime.config import load_settings
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, estimate_input_tokens
+from runtime.pool.catalog import CatalogEntry
 from runtime.errors import EmbeddingsUnsupported, InvalidRequest, InvalidSettings, RemoteExecutionDisallowed
 from tests.conftest import write_settings
 
@@ -19,13 +20,10 @@ EMBEDDING_BACKENDS = {
 }
 
 
-class Entry:
-    """What check_embedding_request reads of a catalog entry."""
-
-    def __init__(self, backend: str, **fields):
-        self.name = "m"
-        self.spec = BACKENDS[backend]
-        self.definition = self.spec.definition_model.model_validate({"backend": backend, **fields})
+def Entry(backend: str, **fields) -> CatalogEntry:
+    """A catalog entry of model ``m`` on ``backend`` with the definition ``fields``."""
+    definition = BACKENDS[backend].definition_model.model_validate({"backend": backend, **fields})
+    return CatalogEntry(name="m", definition=definition, sources=(), base_dir="")
 
 
 @pytest.mark.parametrize("backend", sorted(EMBEDDING_BACKENDS))

@@ -11,7 +11,7 @@ import pytest
 
 from runtime.errors import InsufficientMemory
 from runtime.pool.model_pool import ModelPool
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.model.state import RuntimeState
 from tests.engines.test_gpu import FakeNvml, install_nvml
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from runtime.errors import InsufficientMemory, ModelLoading
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.model.state import RuntimeState
 from tests.engines.test_gpu import FakeNvml, install_nvml
 from tests.runtime.test_memory_placement import moves, start

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from runtime.model.phases import PHASE_MOVES, IllegalPhase, Mark, Phase, PhaseMachine
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.model.state import RuntimeState
 from runtime.pool.model_pool import ModelPool
 from tests.conftest import write_settings

@@ -3,18 +3,9 @@ import pytest
 
 from runtime.config import FairnessSettings
 from runtime.errors import ExecutorQueueFull, FairnessKeyQueueFull, ModelUnloading
-from runtime.model.scheduler import Scheduler, Ticket
-
-
-class FakeEffects:
-    def __init__(self):
-        self.log = []
-
-    def start(self, ticket, replica):
-        self.log.append(("start", ticket.request_id, replica))
-
-    def reject(self, ticket, error):
-        self.log.append(("reject", ticket.request_id, error.code))
+from runtime.model.scheduler import Scheduler
+from runtime.model.tickets import Ticket
+from tests.runtime.scheduler_fakes import FakeEffects
 
 
 def make(replicas=1, target=1, **fairness):

@@ -2,7 +2,8 @@
 import tracemalloc
 
 from runtime.config import FairnessSettings
-from runtime.model.scheduler import IDLE_KEYS_RETAINED, Scheduler, Ticket
+from runtime.model.scheduler import IDLE_KEYS_RETAINED, Scheduler
+from runtime.model.tickets import Ticket
 
 
 class Started:
@@ -48,7 +49,7 @@ def test_an_idle_heavy_key_keeps_its_counter_so_a_light_key_goes_first():
     heavy = Ticket("h0", "heavy", cost_estimate=10)
     scheduler.on_request(heavy)
     scheduler.on_done(heavy, 500)  # heavy is idle now, its counter 500 remembered
-    assert scheduler.keys["heavy"].counter == 500 and not scheduler.keys["heavy"].queue
+    assert scheduler.keys["heavy"].counter == 500 and not scheduler.keys["heavy"].pending
     blocker = Ticket("block", "other", cost_estimate=0)
     scheduler.on_request(blocker)
     for ticket in (Ticket("l1", "light", cost_estimate=10), Ticket("l2", "light", cost_estimate=10),

@@ -5,7 +5,7 @@ import pytest
 
 from runtime.backends.stub.spec import StubEngine
 from runtime.errors import BackendError, RequestTimeout
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from runtime.service import RuntimeService
 from runtime.model.state import RuntimeState
 from tests.engines.runtime_driver import user_input

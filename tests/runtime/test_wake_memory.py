@@ -13,7 +13,7 @@ import pytest
 from runtime.errors import InsufficientMemory, ModelUnloading
 from runtime.pool.model_pool import ModelPool
 from runtime.model.residency import ModelEvent
-from runtime.model.scheduler import Ticket
+from runtime.model.tickets import Ticket
 from tests.engines.test_gpu import FakeNvml, install_nvml
 
 

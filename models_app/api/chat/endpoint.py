@@ -23,4 +23,5 @@ chat_input_tokens_app = inference_app(
     token_counter(parse_chat_body, lambda request: request.generation,
                   lambda tokens: {"object": "chat.completion.input_tokens", "input_tokens": tokens}),
     CHAT_COMPLETIONS_PATH + "/input_tokens",
+    limited=False,  # counting takes no engine time: no key's limits apply
 )

@@ -14,18 +14,16 @@ from __future__ import annotations
 import base64
 import struct
 
-from models_app import placement
 from models_app.api.embeddings.protocol import EMBEDDINGS_PATH, parse_embedding_body
-from models_app.api.inference import inference_app, parsed, with_endpoint
+from models_app.api.inference import embed, inference_app, parsed
 from models_app.api.keys import Caller
-from models_app.transport.messages import OP_EMBED
 
 
 async def create_embedding(data, caller: Caller) -> dict:
     """Run one embeddings request; raises its error (LLMPoolError)."""
     call = await parsed(parse_embedding_body, data, caller.fairness_key)
     model = await caller.resolve(call.embedding.model)
-    result = await placement.call(OP_EMBED, with_endpoint({**call.embedding.to_wire(), "model": model}))
+    result = await embed(call.embedding, model)
     encode = _base64 if call.encoding_format == "base64" else list
     tokens = result["usage"]["prompt_tokens"]
     return {

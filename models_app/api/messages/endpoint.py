@@ -70,4 +70,5 @@ count_tokens_app = inference_app(
     token_counter(parse_count_tokens_body, lambda request: request.generation, lambda tokens: {"input_tokens": tokens}),
     MESSAGES_PATH + "/count_tokens",
     envelope=error_envelope,
+    limited=False,  # counting takes no engine time: no key's limits apply
 )

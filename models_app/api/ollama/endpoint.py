@@ -13,18 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 
-from models_app import placement
 from models_app import selectors
 from models_app.api.errors import error_answer
 from models_app.api.answer_stream import shaped_stream
-from models_app.api.inference import generate, inference_app, parsed, with_endpoint
+from models_app.api.inference import embed, generate, inference_app, parsed
 from models_app.api.keys import Caller
 from models_app.api.ollama import models
 from models_app.api.ollama.protocol import (
     OllamaCall, parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model,
 )
 from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line, waiting_notice
-from models_app.transport.messages import OP_EMBED
 from runtime.errors import ModelManagementUnsupported
 
 
@@ -63,7 +61,7 @@ async def _embedded(parse: Callable, data, caller: Caller) -> tuple[str, dict, f
     started = time.monotonic()
     request = await parsed(parse, data, caller.fairness_key)
     model = await caller.resolve(request.model)
-    result = await placement.call(OP_EMBED, with_endpoint({**request.to_wire(), "model": model}))
+    result = await embed(request, model)
     return request.model, result, started
 
 
@@ -105,9 +103,10 @@ async def refuse_management(data, caller: Caller) -> dict:
     )
 
 
-def _app(create, path: str, method: str = "POST", *, chat: bool = True):
+def _app(create, path: str, method: str = "POST", *, chat: bool = True, limited: bool = False):
+    """``limited``: the path runs a model, so a key's limits admit its requests."""
     return inference_app(create, path, envelope=error_body, waiting_notice=waiting_notice(chat), method=method,
-                         stream_type=NDJSON)
+                         stream_type=NDJSON, limited=limited)
 
 
 OLLAMA_ROUTES = {
@@ -115,10 +114,10 @@ OLLAMA_ROUTES = {
     "/api/tags": _app(list_tags, "/api/tags", "GET"),
     "/api/ps": _app(list_running, "/api/ps", "GET"),
     "/api/show": _app(create_show, "/api/show"),
-    "/api/chat": _app(_generating(parse_chat, chat=True), "/api/chat"),
-    "/api/generate": _app(_generating(parse_generate, chat=False), "/api/generate", chat=False),
-    "/api/embed": _app(create_embed, "/api/embed"),
-    "/api/embeddings": _app(create_embeddings, "/api/embeddings"),
+    "/api/chat": _app(_generating(parse_chat, chat=True), "/api/chat", limited=True),
+    "/api/generate": _app(_generating(parse_generate, chat=False), "/api/generate", chat=False, limited=True),
+    "/api/embed": _app(create_embed, "/api/embed", limited=True),
+    "/api/embeddings": _app(create_embeddings, "/api/embeddings", limited=True),
     **{path: _app(refuse_management, path) for path in ("/api/pull", "/api/push", "/api/create", "/api/copy")},
     "/api/delete": _app(refuse_management, "/api/delete", "DELETE"),
 }

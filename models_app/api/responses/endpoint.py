@@ -56,4 +56,5 @@ responses_input_tokens_app = inference_app(
     token_counter(parse_responses_body, lambda request: request,
                   lambda tokens: {"object": "response.input_tokens", "input_tokens": tokens}),
     "/v1/responses/input_tokens",
+    limited=False,  # counting takes no engine time: no key's limits apply
 )

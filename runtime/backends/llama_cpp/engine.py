@@ -37,6 +37,7 @@ from runtime.backends.llama_cpp.native import (
     llama_version,
     release_heap,
 )
+from runtime.backends.llama_cpp.rerank import PairLayout, context_pooling, score_pairs
 from runtime.backends.llama_cpp.sampling import grammar_of_schema
 from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
 from runtime.backends.shared.vectors import normalized
@@ -85,6 +86,7 @@ class LlamaCppEngine:
         self.context: GgufContext | None = None
         self.gguf_template: GgufChatTemplate | None = None
         self.kv_store: KvStore | None = None  # saved KV caches (engine.kv_store), set at load
+        self.pair_layout: PairLayout | None = None  # a reranker's (query, document) layout, set at load
         self._tool_call_formats: dict[str, str] = {}  # set at load (tool_call_formats)
         self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
@@ -124,25 +126,27 @@ class LlamaCppEngine:
             raise EngineLoadError(str(exc)) from None
         except OSError as exc:
             raise EngineLoadError(f"model file cannot be read: {exc}") from None
-        if self.prompt_format == GGUF_TEMPLATE:
+        pooling = context_pooling(self.config, info, path)
+        chats = pooling != "rank"  # a reranker scores pairs: no chat template, no tool calls
+        if chats and self.prompt_format == GGUF_TEMPLATE:
             if info.chat_template is None:
                 raise EngineLoadError(
                     f"{path} carries no chat template (tokenizer.chat_template); set prompt_format to one of "
                     "generic, mistral_template, qwen3_template, gemma4_template, translategemma_template"
                 )
             _probe_template(info.chat_template, path)  # before any weights are read
-        pooling = info.embedding_pooling if self.config.get("embeddings") else None
         settings = dataclasses.replace(ContextSettings.from_config(self.config), pooling=pooling)
         self.weights = GgufWeights(path, self.config["gguf_n_gpu_layers"], on_progress=self._progress,
                                    main_gpu=main_gpu(self.config.get("placement")))
         if self._progress is not None:
             self._progress.stage_now(STAGE_CREATING_CONTEXT)
         self.context = GgufContext(self.weights, settings)
+        self.pair_layout = PairLayout.of(self.weights, info) if pooling == "rank" else None
         self._open_kv_store()
-        if self.prompt_format == GGUF_TEMPLATE:
+        if chats and self.prompt_format == GGUF_TEMPLATE:
             bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
             self.gguf_template = GgufChatTemplate(info.chat_template, bos, eos)
-        self._tool_call_formats = self._resolve_tool_call_formats()
+        self._tool_call_formats = self._resolve_tool_call_formats() if chats else {}
         logger.info(
             "model %s replica %d loaded from %s (%s, threads=%d)",
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
@@ -271,6 +275,9 @@ class LlamaCppEngine:
         A raw prompt (``request.prompt``) is tokenized as llama-cpp-python's ``create_completion``
         tokenizes one: as it is, special tokens parsed, BOS first when the vocabulary wants it.
         """
+        if self.pair_layout is not None:
+            raise InvalidRequest(f"model {self.model_name} is a reranker (rerank: true): it answers POST /v1/rerank "
+                                 "only", param="model")
         if request.prompt is not None:
             return RenderedPrompt(((request.prompt, True),))
         messages = conversation_turns(request.instructions, request.messages)
@@ -320,21 +327,48 @@ class LlamaCppEngine:
         finally:
             cancelled.set()
 
-    # -- embeddings (runtime.inference.embedding) ----------------------------------------------------
+    # -- embeddings (runtime.inference.embedding) and rerank (runtime.inference.rerank) -------------
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """The L2-normalized pooled vector of each input (``embeddings: true``), on the worker
         thread between generations; ``dimensions`` is refused before it gets here."""
+        return await self._pooled("embedding", self._embed, inputs)
+
+    async def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        """Each document's score against ``query`` (``rerank: true``, runtime.backends.llama_cpp.rerank),
+        on the worker thread between generations."""
+        return await self._pooled("rerank", self._rerank, query, documents)
+
+    async def _pooled(self, what: str, work, *args):
+        """``work(*args, cancelled)`` on the worker thread; a caller gone stops it before its next input."""
         if self.context is None or self._closing.is_set():
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
         cancelled = threading.Event()
         try:
-            work = asyncio.get_running_loop().run_in_executor(self._worker, self._embed, inputs, cancelled)
+            running = asyncio.get_running_loop().run_in_executor(self._worker, self._guarded, what, work, *args,
+                                                                 cancelled)
         except RuntimeError:  # unloaded between the check above and now
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded") from None
         try:
-            return await work
+            return await running
         finally:
-            cancelled.set()  # a caller gone: the worker stops before the next input
+            cancelled.set()
+
+    def _guarded(self, what: str, work, *args):
+        """``work(*args)``; a native failure ends this request (BackendError), not the worker."""
+        try:
+            return work(*args)
+        except LLMPoolError:
+            raise
+        except Exception as exc:
+            logger.exception("model %s: %s failed", self.model_name, what)
+            raise BackendError(f"llama.cpp {what} failed: {exc}") from None
+
+    def _rerank(self, query: str, documents: list[str], cancelled: threading.Event) -> tuple[list[float], int]:
+        context = self.context
+        if context is None or self.pair_layout is None:
+            raise BackendError(f"model {self.model_name} was unloaded before the request ran")
+        return score_pairs(self.weights, context, self.pair_layout, query, documents,
+                           lambda: cancelled.is_set() or self._closing.is_set(), self.model_name)
 
     def _embed(self, inputs, cancelled: threading.Event) -> tuple[list[list[float]], int]:
         weights, context = self.weights, self.context
@@ -353,13 +387,7 @@ class LlamaCppEngine:
                     f"{context.n_ubatch} tokens per input (gguf_n_batch, within gguf_n_ctx)",
                     param="input",
                 )
-            try:
-                vectors.append(normalized(context.embed(tokens)))
-            except LLMPoolError:
-                raise
-            except Exception as exc:  # a native failure ends this request, not the worker
-                logger.exception("model %s: embedding failed", self.model_name)
-                raise BackendError(f"llama.cpp embedding failed: {exc}") from None
+            vectors.append(normalized(context.embed(tokens)))
             total += len(tokens)
         return vectors, total
 

@@ -31,11 +31,14 @@ from pathlib import Path
 import orjson
 
 from runtime.backends.llama_cpp.native import common_prefix
+from runtime.backends.shared.kv_files import SUFFIX, identity_folder, keep_budgets
+from runtime.backends.shared.kv_files import mtime as _mtime
+from runtime.backends.shared.kv_files import remove as _remove
+from runtime.backends.shared.kv_files import touch as _touch
 
 logger = logging.getLogger("llmpool.llama_cpp")
 
 MAGIC = b"LLMPKV1\n"
-SUFFIX = ".kv"
 _HEAD = struct.Struct("<I")  # the header's length, after MAGIC
 _STALE_TEMP_SECONDS = 3600  # a temporary file this old was left by a writer that died
 
@@ -60,8 +63,7 @@ class KvStore:
     def __init__(self, root: Path, identity: dict, *, max_bytes: int, max_model_bytes: int, min_tokens: int):
         self.root = root
         self.identity = identity
-        key = hashlib.sha256(orjson.dumps(identity, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
-        self.folder = root / key
+        self.folder = identity_folder(root, identity)
         self.max_bytes = max_bytes
         self.max_model_bytes = max_model_bytes
         self.min_tokens = min_tokens
@@ -203,51 +205,11 @@ class KvStore:
         return path
 
     def keep_budgets(self) -> None:
-        """Delete the least recently used files until this identity's folder holds at most
-        ``max_model_bytes`` and the whole store at most ``max_bytes``."""
-        self._trim(sorted(self.folder.glob("*" + SUFFIX), key=_mtime), self.max_model_bytes)
-        self._trim(sorted(self.root.glob("*/*" + SUFFIX), key=_mtime), self.max_bytes)
-
-    def _trim(self, files: list[Path], budget: int) -> None:
-        total = sum(_size(path) for path in files)
-        for path in files:
-            if total <= budget:
-                return
-            total -= _size(path)
-            _remove(path)
+        """Hold ``engine.kv_store``'s budgets (``kv_files.keep_budgets``) and forget what went."""
+        for path in keep_budgets(self.folder, self.root, self.max_model_bytes, self.max_bytes):
             self._index.pop(path, None)
 
     def _drop(self, path: Path, reason: Exception) -> None:
         logger.warning("dropped the saved KV cache %s: %s", path, reason)
         _remove(path)
         self._index.pop(path, None)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _touch(path: Path) -> None:
-    try:
-        os.utime(path)
-    except OSError:
-        pass
-
-
-def _remove(path: Path) -> None:
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        logger.warning("could not delete %s: %s", path, exc)

@@ -273,7 +273,7 @@ class ContextSettings:
     type_k: str | None  # GGML type name; None: llama.cpp's default (f16)
     type_v: str | None
     # Embedding mode (runtime.inference.embedding): how a sequence's token embeddings pool into its vector
-    # ("mean", "cls", "last"); None: a context that only generates.
+    # ("mean", "cls", "last"; "rank": a reranker's score, runtime.inference.rerank); None: a context that only generates.
     pooling: str | None = None
     # The sequences (slots) the context serves at once (target_inflight), each with a KV cache
     # of its own of ``n_ctx`` cells: llama.cpp's non-unified cache, llama-server's ``-np N`` with
@@ -414,7 +414,8 @@ class GgufContext:
 
     def embed(self, tokens: list[int]) -> list[float]:
         """The pooled embedding of ``tokens`` (at most ``n_ubatch``), as llama.cpp computes it:
-        the cache cleared, the sequence decoded with embeddings on, every token an output."""
+        the cache cleared, the sequence decoded with embeddings on, every token an output.  With
+        rank pooling it is the classification head's output: one value per class (``n_cls_out``)."""
         self.clear()
         self._lib.llama_set_embeddings(self.ctx, True)
         try:
@@ -422,7 +423,8 @@ class GgufContext:
             pointer = self._lib.llama_get_embeddings_seq(self.ctx, 0)
             if not pointer:
                 raise BackendError("llama.cpp computed no sequence embedding (the context pools nothing)")
-            return pointer[: self.weights.n_embd_out]
+            ranked = self.settings.pooling == "rank"
+            return pointer[: self._lib.llama_model_n_cls_out(self.weights.model) if ranked else self.weights.n_embd_out]
         finally:
             self._lib.llama_set_embeddings(self.ctx, False)
             self.clear()

@@ -21,6 +21,7 @@ from runtime.backends.base import (
 )
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
+from runtime.backends.shared.common_fields import refuse_embeddings_with_rerank
 from runtime.backends.shared.overrides import LoadOverride, integer_override
 from runtime.pool.gguf_info import GgufError, GgufInfo, read_gguf_info
 from runtime.pool.model_files import locate_model_file
@@ -53,6 +54,9 @@ class LlamaCppDefinition(CommonDefinition):
     # POST /v1/embeddings too (runtime.inference.embedding): the context is built in llama.cpp's embedding
     # mode, pooled as the GGUF declares (mean when it declares none); the model still generates.
     embeddings: bool = False
+    # POST /v1/rerank (runtime.inference.rerank): a reranker GGUF (pooling_type rank, a classification
+    # head), its context built with llama.cpp's rank pooling; each pair is laid out as llama-server does.
+    rerank: bool = False
     # The format the model writes tool calls in (runtime.inference.tool_calls): "auto" reads it from the
     # chat template (prompt_formats.tool_call_format: the template's own, else hermes, as the
     # tools are then described in the hermes format); "none": no tool calling (capabilities.tools false).
@@ -62,6 +66,11 @@ class LlamaCppDefinition(CommonDefinition):
     def _context_floor(self):
         if self.gguf_n_ctx_min is not None and self.gguf_n_ctx_min > self.gguf_n_ctx:
             raise ValueError(f"gguf_n_ctx_min ({self.gguf_n_ctx_min}) must not exceed gguf_n_ctx ({self.gguf_n_ctx})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_pooling(self):
+        refuse_embeddings_with_rerank(self)
         return self
 
     @model_validator(mode="after")
@@ -169,6 +178,10 @@ class LlamaCppSpec(BackendSpec):
     def context_length(self, config):
         return config.get("gguf_n_ctx")
 
+    def prefix_cache_sequences(self, target_inflight):
+        """One sequence per slot: a replica keeps the conversation each of its slots served last."""
+        return target_inflight
+
     def sleeping_mib(self, definition, config, base_dir, awake_mib):
         """Asleep, the weights stay mapped (and the process): the estimate's weights and overhead."""
         parts = self.estimate_parts(definition, config, base_dir)
@@ -191,7 +204,8 @@ class LlamaCppSpec(BackendSpec):
         }
 
     def multi_turn(self, definition):
-        return (definition.prompt_format or "gguf_template") in MULTI_TURN_FORMATS
+        """Not for a reranker (``rerank: true``), which answers POST /v1/rerank only."""
+        return not definition.rerank and (definition.prompt_format or "gguf_template") in MULTI_TURN_FORMATS
 
     def tools(self, definition) -> bool:
         """Tools are rendered through the chat template (or described as hermes text) and the
@@ -201,7 +215,7 @@ class LlamaCppSpec(BackendSpec):
 
     def raw_prompt(self, definition) -> bool:
         """A raw prompt is tokenized as it is (special tokens parsed), without the chat template."""
-        return True
+        return not definition.rerank
 
     def thinking_modes(self, definition):
         return list(THINKING_ALL) if definition.prompt_format == "gemma4_template" else ["default"]

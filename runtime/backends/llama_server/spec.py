@@ -7,7 +7,8 @@ Every other definition field and load override maps to one llama-server flag
 ``llama_server_mmproj`` and ``llama_server_draft_model`` take the forms of
 ``runtime.pool.model_files`` (absolute, relative to the settings file, ``package:``).
 ``embeddings: true`` adds ``--embeddings`` (and ``--pooling`` where the GGUF declares none);
-such a server still serves chat completions (llama-server switches per batch).
+such a server still serves chat completions (llama-server switches per batch).  ``rerank: true``
+adds ``--reranking`` (rank pooling; not with ``embeddings``).
 ``llama_server_tools`` (default true) passes ``--jinja``: llama-server renders the tools
 through the GGUF's Jinja chat template and parses the model's calls itself (its generic JSON
 format, grammar-constrained, for a template that names no tools).  llama-server reads a named
@@ -26,12 +27,14 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+import httpx
+from pydantic import Field, model_validator
 
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
-from runtime.backends.shared.common_fields import FamilyDefinition
+from runtime.backends.shared.common_fields import FamilyDefinition, refuse_embeddings_with_rerank
 from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
+from runtime.backends.llama_server.slots import SLOT_CALL_SECONDS, SlotStore
 from runtime.backends.shared.overrides import LoadOverride, PositiveInt, integer_override
 from runtime.errors import BackendError, InvalidLoadRequest
 from runtime.pool.gguf_info import GgufError, read_gguf_info
@@ -69,6 +72,12 @@ class LlamaServerDefinition(
     llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
     # POST /v1/embeddings too: started with --embeddings (see llama_server_command for --pooling).
     embeddings: bool = False
+    # POST /v1/audio/transcriptions and translations: the server serves them (an audio model) and
+    # the request is passed through to it (runtime.backends.shared.openai_audio).
+    audio_transcription: bool = False
+    # POST /v1/rerank: started with --reranking (a reranker GGUF, rank pooling); the request goes to
+    # llama-server's /v1/rerank.
+    rerank: bool = False
     # Tool calling: started with --jinja (the default of recent builds, explicit for older ones);
     # false: capabilities.tools is false (the server is not asked for calls).
     llama_server_tools: bool = True
@@ -78,9 +87,16 @@ class LlamaServerDefinition(
     # same (LLAMA_SERVER.stream_always).  0: every call is streamed.
     llama_server_unstreamed_max_tokens: int = Field(16, ge=0)
 
+    @model_validator(mode="after")
+    def _one_pooling(self):
+        refuse_embeddings_with_rerank(self)
+        return self
 
-def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str) -> list[str]:
-    """The exact llama-server argv for one replica of ``config`` (the effective definition)."""
+
+def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str,
+                         slot_save_path: str | None = None) -> list[str]:
+    """The exact llama-server argv for one replica of ``config`` (the effective definition), with
+    ``--slot-save-path`` where its slots are saved (``runtime.backends.llama_server.slots``)."""
 
     def local(field: str) -> str | None:
         return locate_model_file(config[field], base_dir)
@@ -103,8 +119,10 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
             ("--spec-draft-n-max", config["llama_server_spec_draft_n_max"]),
             ("--spec-draft-p-min", config["llama_server_spec_draft_p_min"]),
             ("--api-key", config["llama_server_api_key"]),
+            ("--slot-save-path", slot_save_path),
         ),
         *(_embedding_args(local("model_path")) if config["embeddings"] else []),
+        *(["--reranking"] if config["rerank"] else []),
     ]
     return server_spec.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
 
@@ -132,7 +150,7 @@ def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerL
                 resolve_model_file(config[field], site.base_dir)
             except ModelFileError as exc:
                 raise ModelFileError(f"{field}: {exc}") from None
-    return managed.ServerLaunch(llama_server_command(config, site.host, site.port, site.base_dir))
+    return managed.ServerLaunch(llama_server_command(config, site.host, site.port, site.base_dir, site.slot_save_path))
 
 
 LLAMA_SERVER = managed.ServerProfile(
@@ -151,12 +169,46 @@ LLAMA_SERVER = managed.ServerProfile(
 )
 
 
+# The conversations routing takes a llama-server replica's prompt cache to keep besides its slots'.
+PROMPT_CACHE_SEQUENCES = 16
+
 # The constraint keys of a field POST .../reconfigure changes by restarting the server.
 RESTART = {"reconfigurable": True, "reconfigure_mode": "restart"}
 
 
 class LlamaServerEngine(managed.ManagedServerEngine):
-    """A llama-server replica that can be reconfigured by a restart with new arguments."""
+    """A llama-server replica that can be reconfigured by a restart with new arguments, and whose
+    slots are saved before its server stops and restored when it starts again (``SlotStore``)."""
+
+    def __init__(self, profile, model_name, config, replica_index, context):
+        super().__init__(profile, model_name, config, replica_index, context)
+        self._save_slots_of(config)
+
+    async def load(self) -> None:
+        await super().load()
+        if self.slots is not None:
+            async with self._slot_client() as client:
+                await self.slots.restore(client, self.config["target_inflight"])
+
+    async def unload(self) -> None:
+        """Save the slots while the server still runs (not after it failed), then stop it."""
+        running = self.process is not None and self.process.running
+        if self.slots is not None and running and self._loaded and self._failure is None and not self._stopping:
+            async with self._slot_client() as client:
+                await self.slots.save(client)
+        await super().unload()
+
+    async def restart(self, config: dict[str, Any]) -> None:
+        """``ManagedServerEngine.restart``, the slots saved under ``config``'s identity from now on."""
+        self._save_slots_of(config)
+        await super().restart(config)
+
+    def _save_slots_of(self, config: dict[str, Any]) -> None:
+        self.slots = SlotStore.for_replica(config, self.context)
+        self.slot_save_path = self.slots.save_path() if self.slots is not None else None
+
+    def _slot_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.base_url, headers=self._auth, timeout=SLOT_CALL_SECONDS)
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
         """Restart the server with ``config``; when it does not come up, start it again with the
@@ -210,6 +262,12 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
              "examples": ["auto", "on", "off"], **RESTART},
         ),
     )
+
+    def prefix_cache_sequences(self, target_inflight):
+        """Its slots' conversations, and the prompts its host-memory prompt cache (``--cache-ram``,
+        8 GiB by default) keeps of conversations that left a slot: taken as
+        ``PROMPT_CACHE_SEQUENCES`` more."""
+        return target_inflight + PROMPT_CACHE_SEQUENCES
 
     def context_length(self, config):
         """What one request gets: the slots share ``-c``."""

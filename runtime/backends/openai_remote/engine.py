@@ -32,6 +32,7 @@ from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.backends.shared.forwarding import forward
 from runtime.backends.shared.openai_chat import chat_completion, chat_request, upstream_error
 from runtime.backends.shared.openai_embeddings import create_embeddings
+from runtime.backends.shared.upstream_rerank import create_rerank
 from runtime.backends.shared.prompts import template_variables
 from runtime.errors import InvalidRequest, UpstreamError
 
@@ -100,12 +101,22 @@ class OpenaiRemoteEngine:
 
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """POST ``<remote_base_url>/embeddings`` with ``remote_model`` (``embeddings: true``)."""
+        return await self._posted(lambda: create_embeddings(
+            self._client, "embeddings", self.config["remote_model"], inputs, dimensions, self.label, UpstreamError
+        ))
+
+    async def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        """POST ``<remote_base_url>/rerank`` with ``remote_model`` (``rerank: true``: a remote that
+        serves the Jina / Cohere rerank endpoint there)."""
+        return await self._posted(lambda: create_rerank(
+            self._client, "rerank", self.config["remote_model"], query, documents, self.label, UpstreamError
+        ))
+
+    async def _posted(self, call):
         if self._client is None:
             raise UpstreamError(f"model {self.model_name} is not loaded")
         try:
-            return await create_embeddings(
-                self._client, "embeddings", self.config["remote_model"], inputs, dimensions, self.label, UpstreamError
-            )
+            return await call()
         except httpx.TransportError as exc:  # timeouts included
             raise self._upstream_error(exc) from None
 

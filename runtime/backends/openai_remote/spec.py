@@ -35,6 +35,8 @@ class OpenaiRemoteDefinition(FamilyDefinition):
     remote_thinking: bool = False
     # Whether the remote model computes embeddings (POST /v1/embeddings goes to <remote_base_url>/embeddings).
     embeddings: bool = False
+    # Whether the remote reranks (POST /v1/rerank goes to <remote_base_url>/rerank, the Jina / Cohere shape).
+    rerank: bool = False
 
     @field_validator("remote_base_url")
     @classmethod

@@ -74,6 +74,16 @@ def refuse_engine_process(definition: CommonDefinition, where_it_runs: str) -> N
         )
 
 
+def refuse_embeddings_with_rerank(definition: CommonDefinition) -> None:
+    """Raise ValueError for ``embeddings`` and ``rerank`` both true on a llama.cpp model: one
+    context pools one way, and a reranker's rank pooling yields a score, not a vector."""
+    if getattr(definition, "embeddings", False) and getattr(definition, "rerank", False):
+        raise ValueError(
+            "embeddings and rerank must not both be true: llama.cpp pools a context one way "
+            "(rank pooling answers a relevance score, not a vector); declare two models of the file"
+        )
+
+
 def thinking_for_families(definition: CommonDefinition, families: tuple[str, ...]) -> list[str]:
     """All thinking modes for the listed prompt-format families, only ``default`` otherwise."""
     return list(THINKING_ALL) if definition.prompt_format in families else list(THINKING_DEFAULT_ONLY)

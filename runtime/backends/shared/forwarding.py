@@ -23,7 +23,8 @@ the request's tokens for the fair-share scheduler.
   engine leaves it off for an answer held to a few tokens (``answer_bound``,
   ``ServerProfile.streams_upstream``): unstreamed, such a call costs about 1 ms less.
 
-``Finished`` carries the upstream's usage (``prompt_tokens``, ``completion_tokens``); an upstream
+``Finished`` carries the upstream's usage (``prompt_tokens``, ``completion_tokens``, and the
+cached prompt tokens of ``openai_chat.upstream_finished``); an upstream
 that reports none is charged no prompt and one token per chunk (streamed) or about four
 characters a token of the answer's text.  Nothing here depends on the path: /v1/chat/completions
 and /v1/completions are forwarded alike.  An upstream's refusal (400, 413, 422) is our 400 with
@@ -39,7 +40,7 @@ from typing import Any
 import httpx
 
 from runtime.backends.base import Finished
-from runtime.backends.shared.openai_chat import error_text, upstream_error
+from runtime.backends.shared.openai_chat import error_text, upstream_error, upstream_finished
 from runtime.errors import LLMPoolError
 from runtime.json_codec import loads
 
@@ -134,7 +135,7 @@ async def forward(
     choices = [choice for choice in answer.get("choices") or () if isinstance(choice, dict)]
     text = "".join(_choice_text(choice) for choice in choices)
     reasons = {choice.get("finish_reason") for choice in choices}
-    yield _finished(answer.get("usage"), reasons, fallback_output=max(1, len(text) // 4) if text else 0)
+    yield _finished(answer.get("usage"), answer.get("timings"), reasons, max(1, len(text) // 4) if text else 0)
 
 
 async def _stream(
@@ -145,7 +146,7 @@ async def _stream(
     async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
             raise upstream_error(response.status_code, await response.aread(), upstream, failure)
-        usage, reasons, pieces, done = None, set(), 0, False
+        usage, timings, reasons, pieces, done = None, None, set(), 0, False
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
                 continue  # blank separators, comments (": ping"), event names
@@ -155,6 +156,7 @@ async def _stream(
                 break
             chunk = _json_object(data, upstream, failure)
             usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
             for choice in chunk.get("choices") or ():
                 if isinstance(choice, dict):
                     reasons.add(choice.get("finish_reason"))
@@ -166,7 +168,7 @@ async def _stream(
             yield UpstreamChunk(chunk)
         if not done:
             raise failure(f"{upstream} ended the stream without [DONE]")
-    yield _finished(usage, reasons, fallback_output=pieces)
+    yield _finished(usage, timings, reasons, pieces)
 
 
 def assemble(chunks: list[dict]) -> dict:
@@ -257,14 +259,9 @@ def _chat_choice(choice: dict[str, Any]) -> dict[str, Any]:
     return choice
 
 
-def _finished(usage: Any, reasons: set, fallback_output: int) -> Finished:
-    """The end of a forwarded request: the upstream's usage, else ``fallback_output`` tokens out."""
-    usage = usage if isinstance(usage, dict) else {}
-    return Finished(
-        input_tokens=usage.get("prompt_tokens") or 0,
-        output_tokens=usage.get("completion_tokens") or fallback_output,
-        finish_reason="length" if "length" in reasons else "stop",
-    )
+def _finished(usage: Any, timings: Any, reasons: set, fallback_output: int) -> Finished:
+    """The end of a forwarded request: the upstream's usage and cached tokens (``upstream_finished``)."""
+    return upstream_finished(usage, timings, "length" if "length" in reasons else "stop", fallback_output)
 
 
 def _choice_text(choice: Any) -> str:

@@ -36,10 +36,13 @@ import httpx
 from runtime.backends.base import Finished, GenerationRequest, TextDelta, resolve_model_path
 from runtime.backends.shared.forwarding import answer_bound, forward
 from runtime.backends.shared.openai_chat import chat_completion, chat_request, required_for_named
+from runtime.backends.shared.openai_audio import create_transcription
 from runtime.backends.shared.openai_embeddings import create_embeddings
+from runtime.backends.shared.upstream_rerank import create_rerank
 from runtime.backends.shared.prompts import template_variables
 from runtime.backends.shared.upstream import UpstreamClient
 from runtime.errors import BackendError
+from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.model.load_progress import report as report_progress
 from runtime.pool.devices import cuda_visible_devices
@@ -65,6 +68,7 @@ class LaunchSite:
     base_dir: str
     scratch_dir: Path
     stem: str  # "<runtime pid>-<model>.r<replica>": prefix of the load's temporary files
+    slot_save_path: str | None = None  # where the server saves its slots (llama_server), None: nowhere
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,7 @@ class ManagedServerEngine:
         self._report: asyncio.Task | None = None  # the death report, kept referenced until it ran
         self._loaded = False
         self._stopping = False
+        self.slot_save_path: str | None = None  # the LaunchSite's (a subclass that saves slots sets it)
 
     def _field(self, name: str) -> Any:
         return self.config[f"{self.profile.prefix}_{name}"]
@@ -204,6 +209,7 @@ class ManagedServerEngine:
             base_dir=self.context["base_dir"],
             scratch_dir=state_dir / "tmp",
             stem=f"{os.getpid()}-{self.model_name}.r{self.replica_index}",
+            slot_save_path=self.slot_save_path,
         )
         site.scratch_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -321,18 +327,47 @@ class ManagedServerEngine:
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """POST the server's /v1/embeddings (``embeddings: true``), the model name rewritten to
         the one it serves; once more on a fresh connection, as for generate."""
+        return await self._posted(lambda: create_embeddings(
+            self._client, "/v1/embeddings", self._served_model, inputs, dimensions, self.label, BackendError
+        ))
+
+    async def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        """POST the server's /v1/rerank (``rerank: true``: llama-server started with --reranking,
+        vLLM's pooling runner), the model name rewritten to the one it serves; once more on a
+        fresh connection, as for generate."""
+        return await self._posted(lambda: create_rerank(
+            self._client, "/v1/rerank", self._served_model, query, documents, self.label, BackendError
+        ))
+
+    async def _posted(self, call):
+        """``await call()`` against the loaded server, once more when the first connection failed."""
         if self._failure is not None:
             raise BackendError(self._failure)
         if self._client is None:
             raise BackendError(f"{self.label} is not loaded")
         for attempt in (1, 2):
             try:
-                return await create_embeddings(
-                    self._client, "/v1/embeddings", self._served_model, inputs, dimensions, self.label, BackendError
-                )
+                return await call()
             except httpx.TransportError as exc:
                 if attempt == 2 or not self.process.running:
                     raise await self._connection_lost(exc) from None
+
+    async def transcribe(self, request: TranscriptionRequest) -> AsyncIterator[TranscriptSegment | Transcribed]:
+        """POST the server's /v1/audio/transcriptions or /translations (``audio_transcription:
+        true``), the model name rewritten to the one it serves; its segments, then their end."""
+        if self._failure is not None:
+            raise BackendError(self._failure)
+        if self._client is None:
+            raise BackendError(f"{self.label} is not loaded")
+        try:
+            segments, done = await create_transcription(
+                self._client, self._served_model, request, self.label, BackendError
+            )
+        except httpx.TransportError as exc:
+            raise await self._connection_lost(exc) from None
+        for segment in segments:
+            yield segment
+        yield done
 
     async def _connection_lost(self, exc: httpx.TransportError) -> BackendError:
         """The request's error: how the server ended, not its output (last_error has that)."""

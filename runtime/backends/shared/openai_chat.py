@@ -177,12 +177,26 @@ async def chat_completion(
         calls.add({"index": index, **call} if isinstance(call, dict) else call)
     for call in calls.complete():
         yield call
-    usage = answer.get("usage") or {}
-    yield Finished(
+    reason = "length" if choices[0].get("finish_reason") == "length" else "stop"
+    # An upstream that reports no usage: about four characters a token, as the scheduler estimates.
+    yield upstream_finished(answer.get("usage"), answer.get("timings"), reason, max(1, len(text) // 4) if text else 0)
+
+
+def upstream_finished(usage: Any, timings: Any, finish_reason: str, fallback_output: int) -> Finished:
+    """The end of an upstream's answer: its ``usage``'s prompt and completion tokens (none reported:
+    ``fallback_output`` tokens out), and the prompt tokens it reused from its cache,
+    ``usage.prompt_tokens_details.cached_tokens`` (OpenAI's, vLLM's, llama-server's), else
+    llama-server's ``timings.cache_n``; None where it says neither."""
+    usage = usage if isinstance(usage, dict) else {}
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None and isinstance(timings, dict):
+        cached = timings.get("cache_n")
+    return Finished(
         input_tokens=usage.get("prompt_tokens") or 0,
-        # An upstream that reports no usage: about four characters a token, as the scheduler estimates.
-        output_tokens=usage.get("completion_tokens") or (max(1, len(text) // 4) if text else 0),
-        finish_reason="length" if choices[0].get("finish_reason") == "length" else "stop",
+        output_tokens=usage.get("completion_tokens") or fallback_output,
+        finish_reason=finish_reason,
+        cached_tokens=cached if type(cached) is int and cached >= 0 else None,
     )
 
 
@@ -195,7 +209,7 @@ async def stream_chat(
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             raise upstream_error(response.status_code, await response.aread(), upstream, failure)
-        finish, usage, pieces, done = None, None, 0, False
+        finish, usage, timings, pieces, done = None, None, None, 0, False
         calls = ToolCallFragments(upstream, failure)
         async for line in response.aiter_lines():
             if not line.startswith("data:"):
@@ -218,15 +232,12 @@ async def stream_chat(
                     calls.add(fragment)
                 finish = choice.get("finish_reason") or finish
             usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
         if finish is None and not done:
             raise failure(f"{upstream} ended the stream without a finish reason")
     for call in calls.complete():
         yield call
-    yield Finished(
-        input_tokens=(usage or {}).get("prompt_tokens") or 0,
-        output_tokens=(usage or {}).get("completion_tokens") or pieces,
-        finish_reason="length" if finish == "length" else "stop",
-    )
+    yield upstream_finished(usage, timings, "length" if finish == "length" else "stop", pieces)
 
 
 class ToolCallFragments:

@@ -110,6 +110,9 @@ class StubDefinition(CommonDefinition):
     # this size; stub_token_delay_ms is waited once per input.
     embeddings: bool = False
     stub_embedding_dimensions: int = Field(8, ge=1, le=65536)
+    # POST /v1/rerank (runtime.inference.rerank): each document's score is ``stub_relevance`` of it
+    # against the query; stub_token_delay_ms is waited once per document.
+    rerank: bool = False
     # Tool calling (capabilities.tools): null: true exactly when stub_tool_calls is set.
     tools: bool | None = None
     # The tool_choice kinds honoured (capabilities.tool_choice); null: all of them where tools.
@@ -233,6 +236,22 @@ class StubEngine:
             tokens += len(stub_tokens(item)) if isinstance(item, str) else len(item)
         return vectors, tokens
 
+    async def rerank(self, query: str, documents: list[str]) -> tuple[list[float], int]:
+        """``stub_relevance`` of each document; a pair's tokens are the words of both."""
+        if not self.loaded:
+            raise BackendError("the stub engine is not loaded")
+        spin_on = self.config["stub_spin_on"]
+        if spin_on is not None and any(spin_on in text for text in (query, *documents)):
+            _block_forever()
+        delay = self.config["stub_token_delay_ms"] / 1000.0
+        scores, tokens = [], 0
+        for document in documents:
+            if delay:
+                await asyncio.sleep(delay)
+            scores.append(stub_relevance(query, document))
+            tokens += len(stub_tokens(query)) + len(stub_tokens(document))
+        return scores, tokens
+
     async def unload(self) -> None:
         await asyncio.sleep(self.config["stub_unload_seconds"])
         if self.gpu_block is not None:
@@ -309,6 +328,13 @@ def stub_embedding(item: str | list[int], dimensions: int) -> list[float]:
     text = item if isinstance(item, str) else " ".join(str(token) for token in item)
     digest = hashlib.shake_256(text.encode("utf-8")).digest(dimensions)
     return normalized([(byte - 127.5) / 127.5 for byte in digest])
+
+
+def stub_relevance(query: str, document: str) -> float:
+    """The stub's score of one document, for exact tests: the share of the query's distinct words
+    (lower-cased, split on whitespace) that are words of the document, 0.0 for a query of none."""
+    wanted = set(query.lower().split())
+    return len(wanted & set(document.lower().split())) / len(wanted) if wanted else 0.0
 
 
 def _certain(token: str, alternatives: int) -> dict:

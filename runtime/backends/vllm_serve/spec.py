@@ -45,6 +45,12 @@ class VllmServeDefinition(
     # POST /v1/embeddings: ``--runner pooling`` (a generative architecture is converted to an
     # embedding model, vLLM's ``--convert auto``); the server then serves embeddings only.
     embeddings: bool = False
+    # POST /v1/audio/transcriptions and translations: the server serves them (an audio model) and
+    # the request is passed through to it (runtime.backends.shared.openai_audio).
+    audio_transcription: bool = False
+    # POST /v1/rerank (a cross-encoder, *ForSequenceClassification): ``--runner pooling`` too; the
+    # request goes to vLLM's own /v1/rerank.
+    rerank: bool = False
     # Tool calling: the vLLM tool parser of the model's call format (hermes, llama3_json,
     # mistral, pythonic, qwen3_coder, ...: whatever this vLLM registers; it checks at start).
     vllm_tool_call_parser: NonEmptyStr | None = None
@@ -75,7 +81,7 @@ def vllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: s
         ),
         *(["--enforce-eager"] if config["vllm_enforce_eager"] else []),
         *(["--trust-remote-code"] if config["vllm_trust_remote_code"] else []),
-        *(["--runner", "pooling"] if config["embeddings"] else []),
+        *(["--runner", "pooling"] if config["embeddings"] or config["rerank"] else []),
         *(["--enable-sleep-mode"] if config["vllm_enable_sleep_mode"] else []),
         *_tool_args(config["vllm_tool_call_parser"]),
     ]

@@ -3,7 +3,8 @@
 Each fake parses its command line like the real program (exactly the flags it
 knows; anything else exits 2 with a message), records what it was started with,
 then serves /health, /v1/models, /v1/chat/completions (streamed or not),
-/v1/embeddings and /v1/files (upload, list, delete) on the host and port it was given.
+/v1/embeddings, /v1/rerank, /v1/audio/transcriptions and /translations, and /v1/files (upload,
+list, delete) on the host and port it was given.
 
 Knobs, all from the environment (the model definition's ``*_env``):
 
@@ -310,6 +311,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._chat(json.loads(body))
         elif self.path == "/v1/embeddings":
             self._embeddings(json.loads(body))
+        elif self.path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+            self._transcription(body)
+        elif self.path == "/v1/rerank":
+            self._rerank(json.loads(body))
         else:
             self._error(404, f"no route {self.path}", "NotFoundError")
 
@@ -346,6 +351,35 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, {"object": "list", "data": data, "model": request["model"],
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
+    def _rerank(self, request: dict) -> None:
+        """vLLM's rerank answer: document ``i`` scores how many of its words are words of the query,
+        the results sorted (highest first) and cut to ``top_n``; the usage's tokens are the words of
+        the query with each document, reported as ``total_tokens`` only.  Only a server started with
+        ``--runner pooling`` serves it; ``__error_400__`` as the query gets a 400.  The request is
+        logged as an embeddings request is."""
+        log = os.environ.get("FAKE_REQUEST_LOG")
+        if log:
+            with open(log, "a", encoding="utf-8") as target:
+                target.write(json.dumps(request) + "\n")
+        if self.state["settings"].get("runner") != "pooling":
+            self._error(400, "The model does not support Rerank (Score) API")
+            return
+        if request.get("model") != self.state["settings"]["model"]:
+            self._error(404, f"The model `{request.get('model')}` does not exist.", "NotFoundError")
+            return
+        if request["query"] == "__error_400__":
+            self._error(400, "query refused (__error_400__)")
+            return
+        words = set(request["query"].split())
+        results = sorted(
+            ({"index": index, "document": {"text": text}, "relevance_score": float(len(words & set(text.split())))}
+             for index, text in enumerate(request["documents"])),
+            key=lambda item: -item["relevance_score"],
+        )[: request.get("top_n") or len(request["documents"])]
+        tokens = sum(len(request["query"].split()) + len(text.split()) for text in request["documents"])
+        self._json(200, {"id": "rerank-fake", "model": request["model"], "results": results,
+                         "usage": {"total_tokens": tokens}})
+
     def _upload(self, body: bytes) -> None:
         header = f"Content-Type: {self.headers['Content-Type']}\r\n\r\n".encode()
         message = email.parser.BytesParser().parsebytes(header + body)
@@ -355,6 +389,43 @@ class _Handler(BaseHTTPRequestHandler):
             file_id = f"file-{len(self.state['files']) + 1}"
             self.state["files"][file_id] = upload.get_payload(decode=True)
         self._json(200, {"id": file_id, "object": "file", "filename": upload.get_filename(), "purpose": "user_data"})
+
+    def _transcription(self, body: bytes) -> None:
+        """OpenAI's audio form: the fields logged (``FAKE_REQUEST_LOG``: path, fields, the file's name and
+        size); the answer (verbose_json only) is ``heard <size> bytes`` in two segments, with words
+        when ``timestamp_granularities[]`` asks for them; a file that is ``__error_400__`` gets a 400."""
+        header = f"Content-Type: {self.headers['Content-Type']}\r\n\r\n".encode()
+        message = email.parser.BytesParser().parsebytes(header + body)
+        fields: dict[str, list[str]] = {}
+        upload = None
+        for part in message.get_payload():
+            name = part.get_param("name", header="content-disposition")
+            if name == "file":
+                upload = part
+            else:
+                fields.setdefault(name, []).append(part.get_payload(decode=True).decode())
+        data = upload.get_payload(decode=True)
+        log = os.environ.get("FAKE_REQUEST_LOG")
+        if log:
+            with open(log, "a", encoding="utf-8") as target:
+                target.write(json.dumps({"path": self.path, "fields": fields, "filename": upload.get_filename(),
+                                         "size": len(data)}) + "\n")
+        if fields.get("model") != [self.state["settings"]["model"]]:
+            self._error(404, f"The model `{fields.get('model')}` does not exist.", "NotFoundError")
+            return
+        if data == b"__error_400__" or fields.get("response_format") != ["verbose_json"]:
+            self._error(400, "Invalid or unsupported audio file")
+            return
+        answer = {"task": "translate" if self.path.endswith("translations") else "transcribe", "language": "en",
+                  "duration": 2.5, "text": f"heard {len(data)} bytes",
+                  "segments": [{"id": 0, "seek": 0, "start": 0.0, "end": 1.0, "text": " heard", "tokens": [1, 2]},
+                               {"id": 1, "seek": 0, "start": 1.0, "end": 2.5, "text": f" {len(data)} bytes",
+                                "tokens": [3]}]}
+        if "word" in fields.get("timestamp_granularities[]", []):
+            answer["words"] = [{"word": "heard", "start": 0.0, "end": 1.0},
+                               {"word": str(len(data)), "start": 1.0, "end": 2.0},
+                               {"word": "bytes", "start": 2.0, "end": 2.5}]
+        self._json(200, answer)
 
     def _chat(self, request: dict) -> None:
         log = os.environ.get("FAKE_REQUEST_LOG")

@@ -1,0 +1,50 @@
+"""The prefix marks of a request's conversation: what the scheduler's routing matches against the
+prefixes each replica's cache holds (runtime.model.routing).
+
+A mark is ``(hash, characters)``: the hash of the conversation up to a boundary, chained from the
+previous mark, and the conversation's size up to there.  The first mark covers what every turn of
+a conversation starts with: its tools, its instructions and its leading system (or developer)
+messages, which conversations of one agent share; without any, its first message.  Each message
+after it adds one.  The next turn of a conversation repeats its earlier messages, so its marks
+start with all of the previous turn's: the replica that served that turn holds the longest prefix.
+A raw prompt (POST /v1/completions) has a mark every ``RAW_BLOCK_CHARS`` characters and one at
+its end, so a prompt that grows by appending matches the blocks it shares.
+
+Hashes are 64-bit BLAKE2b of the messages' canonical JSON (keys sorted): a collision only sends
+a request to a replica that lacks its prefix, which then prefills as any other.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import orjson
+
+from runtime.inputs.request import GenerationRequest
+
+Mark = tuple[int, int]  # (hash of the conversation up to a boundary, its characters up to there)
+
+RAW_BLOCK_CHARS = 512
+
+
+def prefix_marks(request: GenerationRequest) -> tuple[Mark, ...]:
+    """The marks of ``request``'s conversation, shortest prefix first (empty: nothing to match)."""
+    if request.prompt is not None:
+        text = request.prompt.encode()
+        pieces = [text[start:start + RAW_BLOCK_CHARS] for start in range(0, len(text), RAW_BLOCK_CHARS)]
+    elif request.messages:
+        messages = request.messages
+        lead = 0
+        while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
+            lead += 1
+        if not (request.tools or request.instructions or lead):
+            lead = 1  # a head shared by every conversation without a system part would match them all
+        head = orjson.dumps([request.tools, request.instructions, messages[:lead]], option=orjson.OPT_SORT_KEYS)
+        pieces = [head, *(orjson.dumps(message, option=orjson.OPT_SORT_KEYS) for message in messages[lead:])]
+    else:
+        return ()
+    marks, digest, size = [], b"", 0
+    for piece in pieces:
+        digest = hashlib.blake2b(digest + piece, digest_size=8).digest()
+        size += len(piece)
+        marks.append((int.from_bytes(digest, "little"), size))
+    return tuple(marks)

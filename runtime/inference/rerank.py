@@ -1,0 +1,69 @@
+"""One rerank request (POST /v1/rerank), from the edge to the engine, and what the runtime checks
+and runs of it.
+
+The edge parses the body into a ``RerankRequest`` (the query and every document's text, in the
+client's order); it crosses the channel layer as ``to_wire()``.  The runtime takes it through
+the same path as an embedding (``RuntimeService.op_rerank``): the model lookup,
+``check_rerank_request`` (400/403 before it is queued), the controller's admission and its
+fair-share scheduler (a ``Ticket`` charged by the pairs' estimated tokens, corrected to the
+engine's count), the lease of one replica and the model's ``request_timeout_seconds``.
+
+An engine of a reranking model has ``rerank(query, documents) -> (scores, prompt_tokens)``: one
+relevance score per document, in the documents' order (the edge sorts them and keeps the top
+ones), and the tokens it read.  llama_cpp scores each (query, document) pair with its rank
+pooling as llama-server does; the managed servers and openai_remote answer what their upstream's
+rerank endpoint computes; the stub a documented deterministic score.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runtime.errors import BackendError, RerankUnsupported
+from runtime.inference.deadline import request_deadline
+from runtime.inputs.wire import Wire
+from runtime.queue_terms import DEFAULT_PRIORITY
+
+if TYPE_CHECKING:  # runtime.pool.catalog imports the backends, which import this module
+    from runtime.pool.catalog import CatalogEntry
+
+
+@dataclass
+class RerankRequest(Wire):
+    """``documents`` as parsed (never empty); ``fairness_key``, ``priority`` and
+    ``queue_timeout_seconds`` as for ``GenerationRequest``."""
+
+    request_id: str
+    model: str
+    query: str
+    documents: list[str]
+    fairness_key: str | None = None
+    priority: str = DEFAULT_PRIORITY
+    queue_timeout_seconds: float | None = None
+
+
+def estimate_rerank_tokens(query: str, documents: list[str]) -> int:
+    """The fair-share charge before the engine counts: every (query, document) pair is read, at
+    about four characters a token (as ``runtime.inference.admission.estimate_prompt_tokens``)."""
+    return sum((len(query) + len(document)) // 4 + 1 for document in documents)
+
+
+def check_rerank_request(entry: CatalogEntry, allow_remote: bool) -> None:
+    """Refuse (400/403) what the model cannot take, before it is queued."""
+    entry.refuse_remote(allow_remote)
+    if not entry.spec.rerank(entry.definition):
+        raise RerankUnsupported(
+            f"model {entry.name} does not rerank (its definition does not set rerank: true)", param="model"
+        )
+
+
+async def rerank_on_engine(controller, lease, request: RerankRequest) -> tuple[list[float], int]:
+    """The rerank of ``lease``'s engine within the model's request_timeout_seconds (504 past it,
+    and an engine that does not stop is killed: ``timed_out``); checks that the engine answered
+    one score per document."""
+    async with request_deadline(controller, lease):
+        scores, prompt_tokens = await lease.engine.rerank(request.query, request.documents)
+    if len(scores) != len(request.documents):
+        raise BackendError(f"the engine of model {controller.name} answered {len(scores)} scores "
+                           f"for {len(request.documents)} documents")
+    return scores, prompt_tokens
