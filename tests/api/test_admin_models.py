@@ -251,8 +251,8 @@ def test_llama_cpp_constraints_and_recommendations_equal_the_spec_example(entrie
     assert {key for key, entry in constraints.items() if entry.get("reconfigurable") is True} == {
         "gguf_n_ctx", "gguf_type_k", "gguf_type_v", "gguf_flash_attn"
     }
-    contract = {key: {f: v for f, v in entry.items() if f != "reconfigurable"} for key, entry in constraints.items()}
-    assert contract == LOAD_CONSTRAINTS["llama_cpp"]
+    assert contract_view("llama_cpp", constraints) == LOAD_CONSTRAINTS["llama_cpp"]
+    assert constraints["target_inflight"] == {"kind": "integer", "minimum": 1, "step": 1}  # additive
     assert entries["gemma-gguf"]["load_recommendations"] == LLAMA_CPP_RECOMMENDATIONS
 
 

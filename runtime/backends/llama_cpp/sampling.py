@@ -72,10 +72,32 @@ class Sampler:
             seed = lib.LLAMA_DEFAULT_SEED if options.seed is None else options.seed % lib.LLAMA_DEFAULT_SEED
             lib.llama_sampler_chain_add(self.chain, lib.llama_sampler_init_dist(seed))
 
-    def sample(self, context) -> int:
-        return self._lib.llama_sampler_sample(self.chain, context.ctx, -1)
+    def sample(self, context, index: int = -1) -> int:
+        """The next token from the logits of batch entry ``index`` of the last decode (-1: its last)."""
+        return self._lib.llama_sampler_sample(self.chain, context.ctx, index)
 
     def close(self) -> None:
         if self.chain:
             self._lib.llama_sampler_free(self.chain)
             self.chain = None
+
+
+def token_logprobs(context, token: int, top: int, index: int = -1) -> dict:
+    """The chat completions logprobs entry of ``token``, just sampled from the logits of batch
+    entry ``index`` of the last decode: its log-probability under the model (llama-cpp-python's
+    ``logits_to_logprobs``, as its ``create_completion`` reports them) and the ``top`` most
+    likely tokens'."""
+    import numpy
+
+    lib, weights = context._lib, context.weights
+    logits = numpy.ctypeslib.as_array(lib.llama_get_logits_ith(context.ctx, index), shape=(weights.n_vocab,))
+    logprobs = lib.Llama.logits_to_logprobs(logits)
+    best = numpy.argpartition(-logprobs, top - 1)[:top] if top else ()
+    ranked = sorted(best, key=lambda candidate: -logprobs[candidate])
+    return {**_entry(weights, token, logprobs),
+            "top_logprobs": [_entry(weights, int(candidate), logprobs) for candidate in ranked]}
+
+
+def _entry(weights, token: int, logprobs) -> dict:
+    piece = weights.piece(token)
+    return {"token": piece.decode("utf-8", errors="replace"), "logprob": float(logprobs[token]), "bytes": list(piece)}
