@@ -39,7 +39,8 @@ both see the same load:
   zero-delay stub (both typed: what the Messages translation and its shapes add) and on the
   llama_server model (chat passed through, Messages typed): the added p50 of a 1-token
   non-streamed request (target: within 0.3 ms on the stub), and streamed tokens/s at 1 stream,
-  Messages / chat (target: at least 0.99).
+  Messages / chat (target: at least 0.99); beside them the CPU time llm-pool's serving process
+  spent per request and per streamed token of each path.
 
 llama-server decodes on ``--server-threads`` threads (default 1: on a two-core
 machine a server on both cores slows down whenever anything else runs, the
@@ -395,30 +396,51 @@ async def streamed_ratio(http: httpx.AsyncClient, direct: str, pool: str, stream
     }
 
 
+def cpu_seconds(process) -> float:
+    used = process.cpu_times()
+    return used.user + used.system
+
+
 async def messages_against_chat(http: httpx.AsyncClient, pool: str, requests: int, tokens: int, rounds: int) -> dict:
-    """/v1/messages against /v1/chat/completions on the same model, taking turns every request."""
+    """/v1/messages against /v1/chat/completions on the same model, taking turns every request;
+    beside each latency the CPU time llm-pool's serving process spent per request of that path (and
+    per streamed token), which the machine's other load moves less than the latencies."""
+    server = serving_process()
     figures = {}
     for model in ("stub", "smol"):
         paths = (("chat", retried_once(f"chat_{model}", pool_chat_call(model))),
                  ("messages", retried_once(f"messages_{model}", messages_call(model))))
         samples: dict[str, list[float]] = {name: [] for name, _ in paths}
+        cpu = {name: 0.0 for name, _ in paths}
         for _, call in paths:
             for _ in range(5):
                 await call(http, pool, LATENCY_PROMPT, 1, False)
         for _ in range(requests):
             for name, call in paths:
+                used = cpu_seconds(server)
                 began = time.perf_counter()
                 await call(http, pool, LATENCY_PROMPT, 1, False)
                 samples[name].append(time.perf_counter() - began)
+                cpu[name] += cpu_seconds(server) - used
         stats = {name: percentiles(values) for name, values in samples.items()}
-        figures[model] = {**stats, "added_p50_ms": round(stats["messages"]["p50_ms"] - stats["chat"]["p50_ms"], 3)}
+        cpu_ms = {name: round(seconds / requests * 1000, 3) for name, seconds in cpu.items()}
+        figures[model] = {**stats, "added_p50_ms": round(stats["messages"]["p50_ms"] - stats["chat"]["p50_ms"], 3),
+                          "llm_pool_cpu_ms_per_request": cpu_ms,
+                          "added_cpu_ms_per_request": round(cpu_ms["messages"] - cpu_ms["chat"], 3)}
     measured: dict[str, list[tuple[int, float]]] = {"chat": [], "messages": []}
+    streamed_cpu = {"chat": 0.0, "messages": 0.0}
     calls = {"chat": pool_chat_call("smol"), "messages": messages_call("smol")}
     await stream_rate(http, calls["chat"], pool, 1, tokens)  # warm up
-    for _ in range(rounds):
-        for name, call in calls.items():
+    for round_index in range(rounds):
+        # Each path goes first in every other round: a drift in the machine's load within a round
+        # (other processes, the server's own warm-up) is then charged to both alike.
+        order = list(calls.items()) if round_index % 2 == 0 else list(reversed(calls.items()))
+        for name, call in order:
+            used = cpu_seconds(server)
             measured[name].append(await stream_rate(http, retried_once(f"{name}_streamed", call), pool, 1, tokens))
+            streamed_cpu[name] += cpu_seconds(server) - used
     rates = {name: sum(u for u, _ in runs) / sum(e for _, e in runs) for name, runs in measured.items()}
+    per_token = {name: round(streamed_cpu[name] / sum(u for u, _ in measured[name]) * 1000, 4) for name in measured}
     return {
         "max_output_tokens": 1,
         "stub": figures["stub"],
@@ -428,6 +450,7 @@ async def messages_against_chat(http: httpx.AsyncClient, pool: str, requests: in
             "tokens_per_stream": tokens, "rounds": rounds,
             "chat_tokens_per_s": round(rates["chat"], 2), "messages_tokens_per_s": round(rates["messages"], 2),
             "ratio": round(rates["messages"] / rates["chat"], 4), "target_ratio": 0.99,
+            "llm_pool_cpu_ms_per_token": per_token,
         },
     }
 

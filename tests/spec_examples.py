@@ -194,7 +194,10 @@ LOAD_CONSTRAINTS = {
 # takes away so what is left compares with the contract: the reconfigure keys of an entry, and
 # the overrides llm-pool adds to a backend (llama_server's restart-mode reconfigurable flags).
 ADDITIVE_CONSTRAINT_KEYS = ("reconfigurable", "reconfigure_mode")
-ADDITIVE_OVERRIDES = {"llama_server": ("llama_server_type_k", "llama_server_type_v", "llama_server_flash_attn")}
+ADDITIVE_OVERRIDES = {
+    "llama_server": ("llama_server_type_k", "llama_server_type_v", "llama_server_flash_attn"),
+    "llama_cpp": ("target_inflight",),  # its replicas batch several sequences (runtime.backends.llama_cpp.batching)
+}
 
 
 def contract_view(backend: str, constraints: dict) -> dict:

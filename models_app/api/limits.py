@@ -49,6 +49,17 @@ StopSequences = Union[
     None,
 ]
 
+# llama.cpp's sampling knobs as the protocols that have them take them (chat, Anthropic's top_k,
+# Ollama's options): top_k 0 keeps every token and repeat_penalty 1 is none, so either is no option
+# (``sampling_knobs``); a repeat_penalty of 0 would divide by zero in llama.cpp.
+TopK = Annotated[int | None, Field(ge=0, le=MAX_FIELD_INTEGER)]
+RepeatPenalty = Annotated[float | None, Field(gt=0, le=10)]
+
+
+def sampling_knobs(top_k: int | None, repeat_penalty: float | None) -> dict[str, Any]:
+    """The typed request's ``top_k`` and ``repeat_penalty``: None where the value changes nothing."""
+    return {"top_k": top_k or None, "repeat_penalty": None if repeat_penalty in (None, 1.0) else repeat_penalty}
+
 
 class BodyRefused(InvalidRequest):
     """A body that is not JSON within the limits (400 invalid_request unless an endpoint says otherwise)."""

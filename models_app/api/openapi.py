@@ -15,48 +15,84 @@ operations with ``with_inference_operations``, each request body's schema from i
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 
-# The error envelope's component, which the admin views declare too (``api.views.ERROR``).
-ERROR_RESPONSE = {
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorEnvelope"}}},
-    "description": "",
-}
 # What an inference endpoint answers with the error envelope.
 INFERENCE_ERROR_STATUSES = (400, 401, 403, 404, 405, 409, 413, 429, 502, 503, 504)
 
 
-def with_inference_operations(result: dict, operations) -> dict:
-    """The document drf-spectacular generated with ``operations`` (``api.routes.InferenceOperation``)
-    added as POST operations (the paths kept in its order, by path)."""
+KEYS_NOTE = (
+    "With service.api_keys set, it needs Authorization: Bearer <API key> (401 invalid_api_key) and a model the "
+    "key may use (403 model_not_allowed), and the key decides the fairness key. Else the fairness key is the "
+    "first of service.fairness_key_headers present (default X-LLMPool-Fairness-Key), else the user field."
+)
+# The paths that run a model: a key's limits admit their requests (models_app.quotas).
+LIMITED_NOTE = KEYS_NOTE + (
+    " A key of the database may carry limits: over one, 429 rate_limited, token_rate_limited, concurrency_limited "
+    "or budget_exhausted with Retry-After, and its answers carry the x-ratelimit-* headers (docs/api.md)."
+)
+
+
+@dataclass(frozen=True)
+class InferenceOperation:
+    """One inference path's operation in the OpenAPI document."""
+
+    path: str
+    body: type[BaseModel] | None  # the model that validates the request body (its schema is the document's); None: no body
+    summary: str
+    description: str
+    streams: bool  # whether ``stream: true`` answers a stream (of ``stream_type``)
+    method: str = "post"
+    stream_type: str = "text/event-stream"
+    tag: str | None = None  # None: the path's first segment
+    # The error body's component, and its schema where the admin views do not declare it already.
+    error_component: str = "ErrorEnvelope"
+    error_schema: dict | None = None
+
+
+_OPERATION_VERBS = {"post": "create", "get": "retrieve", "delete": "destroy"}
+
+
+def with_inference_operations(result: dict, operations: list[InferenceOperation]) -> dict:
+    """The document drf-spectacular generated with ``operations`` added (the paths kept in its
+    order, by path), and the error components they name that it lacks."""
     paths = dict(result["paths"])
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
     for operation in operations:
-        paths[operation.path] = {"post": inference_operation(operation)}
+        paths[operation.path] = {**paths.get(operation.path, {}), operation.method: inference_operation(operation)}
+        if operation.error_schema is not None:
+            schemas.setdefault(operation.error_component, operation.error_schema)
     result["paths"] = dict(sorted(paths.items()))
     return result
 
 
-def inference_operation(operation) -> dict:
-    """One ``InferenceOperation`` (``api.routes``) as an OpenAPI operation."""
+def inference_operation(operation: InferenceOperation) -> dict:
+    """One ``InferenceOperation`` as an OpenAPI operation."""
     segments = operation.path.strip("/").split("/")
     answer = {"application/json": {"schema": {"type": "object", "additionalProperties": {}}}}
     if operation.streams:
-        answer["text/event-stream"] = {"schema": {"type": "string"}}
-    return {
-        "operationId": "_".join(segments) + "_create",
+        answer[operation.stream_type] = {"schema": {"type": "string"}}
+    error = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{operation.error_component}"}}},
+             "description": ""}
+    document = {
+        "operationId": "_".join(segments) + "_" + _OPERATION_VERBS[operation.method],
         "description": operation.description,
         "summary": operation.summary,
-        "tags": [segments[0]],
-        # Required: every inference body names its model.
-        "requestBody": {"content": {"application/json": {"schema": request_schema(operation.body)}}, "required": True},
+        "tags": [operation.tag or segments[0]],
         "responses": {
             "200": {"content": answer, "description": ""},
-            **{str(status): ERROR_RESPONSE for status in INFERENCE_ERROR_STATUSES},
+            **{str(status): error for status in INFERENCE_ERROR_STATUSES},
         },
     }
+    if operation.body is not None:
+        # Required: every inference body names its model.
+        document["requestBody"] = {"content": {"application/json": {"schema": request_schema(operation.body)}},
+                                   "required": True}
+    return document
 
 
 def request_schema(model: type[BaseModel]) -> dict:

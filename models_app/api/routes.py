@@ -9,10 +9,6 @@ the pydantic model that validates it (``add_inference_operations``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from pydantic import BaseModel
-
 from models_app.api.audio.endpoint import transcriptions_app, translations_app
 from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens_app
 from models_app.api.chat.protocol import ChatBody
@@ -23,8 +19,9 @@ from models_app.api.embeddings.protocol import EmbeddingBody
 from models_app.api.limits import MAX_RERANK_DOCUMENTS
 from models_app.api.messages.endpoint import count_tokens_app, messages_app
 from models_app.api.messages.protocol import CountTokensBody, MessagesBody
-from models_app.api.ollama.endpoint import OLLAMA_ROUTES
-from models_app.api.openapi import with_inference_operations
+from models_app.api.messages.shapes import ERROR_SCHEMA as ANTHROPIC_ERROR_SCHEMA
+from models_app.api.ollama.endpoint import OLLAMA_OPERATIONS, OLLAMA_ROUTES
+from models_app.api.openapi import KEYS_NOTE, LIMITED_NOTE, InferenceOperation, with_inference_operations
 from models_app.api.rerank.endpoint import RERANK_ROUTES
 from models_app.api.rerank.protocol import RerankBody
 from models_app.api.responses.endpoint import responses_app, responses_input_tokens_app
@@ -45,28 +42,6 @@ INFERENCE_ROUTES = {
     **OLLAMA_ROUTES,  # Ollama's API (/api/chat, /api/tags ...): GET paths too, each app checks its method
 }
 
-
-@dataclass(frozen=True)
-class InferenceOperation:
-    """One inference path's POST operation in the OpenAPI document."""
-
-    path: str
-    body: type[BaseModel]  # the model that validates the request body: its schema is the document's
-    summary: str
-    description: str
-    streams: bool  # whether ``stream: true`` answers text/event-stream
-
-
-KEYS_NOTE = (
-    "With service.api_keys set, it needs Authorization: Bearer <API key> (401 invalid_api_key) and a model the "
-    "key may use (403 model_not_allowed), and the key decides the fairness key. Else the fairness key is the "
-    "first of service.fairness_key_headers present (default X-LLMPool-Fairness-Key), else the user field."
-)
-# The paths that run a model: a key's limits admit their requests (models_app.quotas).
-LIMITED_NOTE = KEYS_NOTE + (
-    " A key of the database may carry limits: over one, 429 rate_limited, token_rate_limited, concurrency_limited "
-    "or budget_exhausted with Retry-After, and its answers carry the x-ratelimit-* headers (docs/api.md)."
-)
 
 INFERENCE_OPERATIONS = [
     InferenceOperation(
@@ -125,14 +100,29 @@ INFERENCE_OPERATIONS = [
         "(message_start ... message_stop, ping while the model loads or the request waits). Errors come in "
         "Anthropic's envelope (type error) with llm-pool's code kept. x-api-key is accepted as the API key. "
         + LIMITED_NOTE,
-        streams=True,
+        streams=True, error_component="AnthropicError", error_schema=ANTHROPIC_ERROR_SCHEMA,
     ),
     InferenceOperation(
         "/v1/messages/count_tokens", CountTokensBody, "Count a message's input tokens (Anthropic Messages API)",
         "The input_tokens the same body would take on its model, from the model's own tokenizer and chat "
         "template (400 token_count_unsupported for a model that forwards to an upstream server). " + KEYS_NOTE,
-        streams=False,
+        streams=False, error_component="AnthropicError", error_schema=ANTHROPIC_ERROR_SCHEMA,
     ),
+    *(
+        InferenceOperation(
+            f"{path}/input_tokens", body, f"Count a request's input tokens ({api})",
+            f"The input_tokens the same body would take on its model as a {path} request "
+            f"({{\"object\": \"{kind}.input_tokens\", \"input_tokens\": n}}), from the model's own tokenizer and "
+            "chat template, as POST /v1/messages/count_tokens counts (400 token_count_unsupported for a model that "
+            "forwards to an upstream server). " + KEYS_NOTE,
+            streams=False,
+        )
+        for path, body, api, kind in (
+            ("/v1/chat/completions", ChatBody, "OpenAI chat completions API", "chat.completion"),
+            ("/v1/responses", ResponsesBody, "OpenAI Responses API", "response"),
+        )
+    ),
+    *OLLAMA_OPERATIONS,
 ]
 
 

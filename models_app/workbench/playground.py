@@ -26,6 +26,8 @@ SAMPLING_FIELDS = {
     "seed": ("Seed", {"step": 1}),
     "presence_penalty": ("Presence penalty", {"min": -2, "max": 2, "step": 0.1}),
     "frequency_penalty": ("Frequency penalty", {"min": -2, "max": 2, "step": 0.1}),
+    "top_k": ("Top k", {"min": 0, "step": 1}),
+    "repeat_penalty": ("Repeat penalty", {"min": 0.05, "max": 10, "step": 0.05}),
 }
 
 

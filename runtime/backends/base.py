@@ -26,7 +26,7 @@ Modality = Literal["text", "image", "audio"]
 THINKING_ALL = ["default", "enabled", "disabled"]
 THINKING_DEFAULT_ONLY = ["default"]
 # The request fields an engine may honour beyond temperature and top_p (capabilities.sampling_options).
-SAMPLING_OPTIONS = ("seed", "presence_penalty", "frequency_penalty", "logprobs")
+SAMPLING_OPTIONS = ("seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k", "repeat_penalty")
 # OpenAI's reasoning efforts and the thinking mode each one means (runtime.inference.admission maps them).
 REASONING_EFFORT_THINKING = {
     "none": "disabled", "minimal": "disabled", "low": "enabled", "medium": "enabled", "high": "enabled",

@@ -163,7 +163,7 @@ def _check_sampling_options(entry: CatalogEntry, request: GenerationRequest, hon
         if getattr(request, option) is not None and option not in honoured:
             raise InvalidRequest(
                 f"model {entry.name} (backend {entry.definition.backend}) does not honour {option}; leave it out "
-                f"(it honours: {', '.join(honoured) or 'none of seed, penalties, logprobs'})",
+                f"(it honours: {', '.join(honoured) or 'none of ' + ', '.join(SAMPLING_OPTIONS)})",
                 param=option,
             )
 

@@ -72,7 +72,8 @@ class GenerationRequest:
     field means "the service's default".
     ``stop``, ``seed``, ``tools`` and ``tool_choice`` are carried for the protocols that
     have them; an engine that cannot honour one is refused before it is queued.  ``seed``,
-    the penalties and ``logprobs`` need the backend's ``capabilities.sampling_options``.
+    the penalties, ``top_k``, ``repeat_penalty`` and ``logprobs`` need the backend's
+    ``capabilities.sampling_options``.
     ``reasoning_effort`` (an OpenAI effort name) becomes ``thinking`` where the model has
     thinking modes; the parser leaves it None when the client chose ``thinking`` itself.
 
@@ -100,6 +101,8 @@ class GenerationRequest:
     parallel_tool_calls: bool | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    top_k: int | None = None  # sample among the k likeliest tokens only (1: greedy)
+    repeat_penalty: float | None = None  # llama.cpp's multiplicative penalty of repeated tokens (1: none)
     logprobs: int | None = None  # top alternatives per token wanted (0: the chosen token's only); None: none
     reasoning_effort: str | None = None  # mapped onto ``thinking`` by the runtime (runtime.inference.admission)
     prompt: str | None = None

@@ -47,7 +47,7 @@ def bound(form_entry: dict, data: dict) -> LoadForm:
 def test_llama_cpp_controls_follow_its_constraints():
     form = LoadForm(spec_entry("llama_cpp", {"model_path": "/m.gguf"}))
     html = {row.name: str(row.field) for row in form.rows}
-    assert list(html) == ["replicas", "gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v"]
+    assert list(html) == ["replicas", "target_inflight", "gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v"]
     assert 'type="number"' in html["gguf_n_ctx"] and 'min="1"' in html["gguf_n_ctx"] and 'step="1"' in html["gguf_n_ctx"]
     assert 'max="1"' in html["replicas"]  # replica_max
     assert "<select" in html["gguf_flash_attn"]
@@ -95,7 +95,8 @@ def test_float_boolean_and_target_inflight_controls():
     assert 'min="0.01"' in html and 'max="1"' in html and 'step="0.01"' in html
     body = bound(sgl, {"sglang_mem_fraction_static": "0.35", "target_inflight": "4"}).load_body()
     assert body == {"sglang_mem_fraction_static": 0.35, "target_inflight": 4}
-    assert "target_inflight" not in LoadForm(spec_entry("llama_cpp", {"model_path": "/m"})).fields
+    assert "target_inflight" in LoadForm(spec_entry("llama_cpp", {"model_path": "/m"})).fields
+    assert "target_inflight" not in LoadForm(spec_entry("exllamav3", {"model_path": "/m"})).fields
 
 
 def test_stub_form_offers_replicas_only():

@@ -182,7 +182,7 @@ def test_the_llama_cpp_form_follows_its_constraints_and_keeps_input_on_errors(ne
     datalist = form.locator("#gguf_type_k-values option")
     assert datalist.evaluate_all("o => o.map(x => x.value)") == entry["load_constraints"]["gguf_type_k"]["allowed_values"]
     expect(form.locator("#id_gguf_type_k__null")).to_be_visible()
-    expect(form.locator("#id_target_inflight")).to_have_count(0)  # llama_cpp has no target_inflight
+    expect(form.locator("#id_target_inflight")).to_have_count(1)  # llama_cpp batches target_inflight sequences
     # The presets come first, as one-click pairs.
     labels = form.locator("[data-preset]").all_inner_texts()
     assert labels == ["f16/f16", "q8_0/q8_0", "q4_0/q4_0"]

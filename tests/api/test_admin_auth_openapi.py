@@ -4,6 +4,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from models_app.api.routes import INFERENCE_ROUTES
 from runtime.config import LoadBody
 from tests.api.test_admin_models import ENTRY_KEYS
 from tests.conftest import LiveService, write_settings
@@ -159,6 +160,32 @@ def test_the_load_body_schema_lists_every_declared_override(schema):
     assert set(properties) == set(LoadBody.model_fields)
     assert properties["gguf_n_ctx"] == {"type": "integer", "minimum": 1, "maximum": 2**63 - 1, "nullable": True}
     assert properties["sglang_chunked_prefill_size"]["minimum"] == -1
+
+
+def test_every_inference_path_is_documented_in_its_protocols_shapes(schema):
+    """Every Ollama and Anthropic route and the token counts: GET paths without a body, NDJSON
+    streams and Ollama's {"error"} on /api/*, the sampling knobs in their bodies."""
+    paths = schema["paths"]
+    client_paths = {path for path in INFERENCE_ROUTES
+                    if path.startswith(("/api/", "/v1/messages")) or path.endswith("/input_tokens")}
+    assert len(client_paths) == 17 and client_paths <= set(paths)
+    assert set(paths["/api/tags"]) == {"get"} and "requestBody" not in paths["/api/tags"]["get"]
+    assert set(paths["/api/delete"]) == {"delete"}
+    chat = paths["/api/chat"]["post"]
+    assert set(chat["responses"]["200"]["content"]) == {"application/json", "application/x-ndjson"}
+    assert chat["responses"]["404"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/OllamaError"}
+    assert schema["components"]["schemas"]["OllamaError"]["required"] == ["error", "code"]
+    options = chat["requestBody"]["content"]["application/json"]["schema"]["properties"]["options"]["properties"]
+    assert {"num_predict", "top_k", "repeat_penalty", "seed"} <= set(options)
+    messages = paths["/v1/messages"]["post"]
+    assert set(messages["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert messages["responses"]["404"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/AnthropicError"}
+    assert "not_found_error" in schema["components"]["schemas"]["AnthropicError"]["properties"]["error"]["properties"][
+        "type"]["enum"]
+    top_k = messages["requestBody"]["content"]["application/json"]["schema"]["properties"]["top_k"]
+    assert top_k == {"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "nullable": True, "default": None}
+    assert "requestBody" in paths["/v1/chat/completions/input_tokens"]["post"]
 
 
 def test_every_operation_answers_its_own_schema_component(schema):

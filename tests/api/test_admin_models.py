@@ -119,6 +119,9 @@ STUB_CAPABILITY_FIELDS = {"thinking_modes", "response_formats", "multi_turn", "f
                           "tools", "tool_choice"}
 # The backends whose definition has the unprefixed ``embeddings`` field (POST /v1/embeddings).
 EMBEDDING_BACKENDS = {"stub", "llama_cpp", "llama_server", "vllm_serve", "openai_remote"}
+# The same for ``rerank`` (POST /v1/rerank) and ``audio_transcription`` (a managed server's audio routes).
+RERANK_BACKENDS = {"stub", "llama_cpp", "llama_server", "vllm_serve", "openai_remote"}
+AUDIO_BACKENDS = {"llama_server", "vllm_serve"}
 FOREIGN_PREFIXES = ("gguf_", "exllama_", "vllm_", "trtllm_", "sglang_", "llama_server_", "ct2_", "remote_", "stub_")
 
 
@@ -201,6 +204,8 @@ def test_definition_has_common_fields_and_only_its_backends_fields(entries, name
     own = OWN_PREFIXES[backend]
     extra = STUB_CAPABILITY_FIELDS if backend == "stub" else set()
     extra = extra | ({"embeddings"} if backend in EMBEDDING_BACKENDS else set())
+    extra = extra | ({"rerank"} if backend in RERANK_BACKENDS else set())
+    extra = extra | ({"audio_transcription"} if backend in AUDIO_BACKENDS else set())
     extra = extra | ({"tool_call_format"} if backend == "llama_cpp" else set())  # the tool-call parser's format
     for key in set(definition) - COMMON_FIELDS - extra:
         assert key.startswith(own), f"{name} ({backend}) shows foreign field {key}"
@@ -251,8 +256,8 @@ def test_llama_cpp_constraints_and_recommendations_equal_the_spec_example(entrie
     assert {key for key, entry in constraints.items() if entry.get("reconfigurable") is True} == {
         "gguf_n_ctx", "gguf_type_k", "gguf_type_v", "gguf_flash_attn"
     }
-    contract = {key: {f: v for f, v in entry.items() if f != "reconfigurable"} for key, entry in constraints.items()}
-    assert contract == LOAD_CONSTRAINTS["llama_cpp"]
+    assert contract_view("llama_cpp", constraints) == LOAD_CONSTRAINTS["llama_cpp"]
+    assert constraints["target_inflight"] == {"kind": "integer", "minimum": 1, "step": 1}  # additive
     assert entries["gemma-gguf"]["load_recommendations"] == LLAMA_CPP_RECOMMENDATIONS
 
 

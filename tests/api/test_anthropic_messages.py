@@ -31,6 +31,7 @@ CITY = {"city": "Paris"}
 WEATHER = {"name": "get_weather", "description": "The weather in a city.",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 THINKING_MODES = ["default", "enabled", "disabled"]
+SMALL_CONTEXT = 256  # llama.cpp's smallest context (it pads a smaller n_ctx up to 256)
 MODELS = {
     "fixed": {"backend": "stub", "stub_reply": REPLY},
     "echo": {"backend": "stub", "thinking_modes": THINKING_MODES},
@@ -44,6 +45,7 @@ MODELS = {
     "slow": {"backend": "stub", "stub_reply": "late", "stub_token_delay_ms": 3500},
     # In an engine process: count_tokens crosses it as generate does.
     "smol": {**SMOLLM2_MODEL, "isolation": "process"},
+    "smol_small": {**SMOLLM2_MODEL, "gguf_n_ctx": SMALL_CONTEXT},
 }
 EVENT_TYPES = {
     "message_start": RawMessageStartEvent,
@@ -130,7 +132,7 @@ def test_the_activity_and_metrics_label_messages(service, client):
     with service.client() as http:
         (newest,) = http.get("/v1/admin/activity", params={"model": "fixed", "limit": 1}).json()["requests"]
         metrics = http.get("/metrics").text
-    assert (newest["endpoint"], newest["input_tokens"]) == ("messages", 2)
+    assert (newest["endpoint"], newest["input_tokens"], newest["fairness_key"]) == ("messages", 2, "claude")
     assert 'endpoint="messages"' in metrics
 
 
@@ -245,6 +247,7 @@ def test_images_where_the_model_accepts_them(client):
     [
         pytest.param({"model": "no-such-model"}, anthropic.NotFoundError, "not_found_error", "unknown_model", id="unknown"),
         pytest.param({"model": "cold"}, anthropic.ConflictError, "invalid_request_error", "model_not_loaded", id="cold"),
+        # the stub's sampling_options lack top_k (as an engine without top-k sampling)
         pytest.param({"model": "fixed", "extra_body": {"top_k": 5}}, anthropic.BadRequestError, "invalid_request_error",
                      "invalid_request", id="top_k"),
         pytest.param({"model": "fixed", "max_tokens": 0}, anthropic.BadRequestError, "invalid_request_error",
@@ -327,3 +330,20 @@ def test_smollm2_for_real(client):
     counted = client.messages.count_tokens(model="smol", system="Answer briefly.",
                                            messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert counted.input_tokens == message.usage.input_tokens
+
+
+def test_an_output_limit_past_a_small_context_is_clamped(service, client):
+    """Claude Code's max_tokens 32000, and Ollama's num_predict (and num_ctx) past the context, on a
+    llama_cpp model of 256 tokens: not refused; the engine stops where its context is full (its last
+    token sampled from the full context)."""
+    # A long prompt leaves a short answer before the context is full.
+    counting = [{"role": "user", "content": "Go on counting: " + ", ".join(str(n) for n in range(1, 48))}]
+    message = client.messages.create(model="smol_small", max_tokens=32000, messages=counting)
+    assert message.stop_reason == "max_tokens" and message.content[0].text
+    assert message.usage.input_tokens + message.usage.output_tokens == SMALL_CONTEXT + 1
+    with service.client(headers={"x-api-key": KEY}, timeout=60) as http:
+        answer = http.post("/api/chat", json={"model": "smol_small", "messages": counting, "stream": False,
+                                              "options": {"num_predict": 32000, "num_ctx": 1_000_000}})
+    data = answer.json()
+    assert answer.status_code == 200 and data["done_reason"] == "length" and data["message"]["content"]
+    assert data["prompt_eval_count"] + data["eval_count"] == SMALL_CONTEXT + 1

@@ -35,6 +35,7 @@ ENDPOINTS = [
     ("POST", "/v1/chat/completions", {"model": "echo", "messages": [{"role": "user", "content": "x"}]}),
     ("GET", "/v1/models", None),
     ("GET", "/v1/models/echo", None),
+    ("POST", "/v1/messages", {"model": "echo", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]}),
 ]
 
 
@@ -212,6 +213,10 @@ def test_a_key_that_lists_none_of_a_models_names_is_refused_every_one(as_alice):
             "code": "model_not_allowed", "message": f"this API key may not use the model {name!r}", "param": "model",
         }}
         assert as_alice.get(f"/v1/models/{name}").status_code == 403
+        messages = as_alice.post("/v1/messages", json={"model": name, "max_tokens": 8,
+                                                       "messages": [{"role": "user", "content": "x"}]})
+        assert messages.status_code == 403 and messages.json()["error"]["type"] == "permission_error"
+        assert messages.json()["error"]["code"] == "model_not_allowed"
 
 
 def test_the_models_list_holds_only_the_keys_models(as_alice, as_bob):

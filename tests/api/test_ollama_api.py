@@ -33,7 +33,9 @@ MODELS = {
     "cold": {"backend": "stub", "load_on_request": True, "stub_load_seconds": 3.5, "stub_reply": "warm now"},
     "breaking": {"backend": "stub", "stub_reply": "one two three", "stub_fail_after_tokens": 1},
 }
-API_KEYS = [{"name": "all", "key_sha256": hashlib.sha256(KEY.encode()).hexdigest(), "models": "*"}]
+ECHO_ONLY_KEY = "key-ollama-echo-only-0123"
+API_KEYS = [{"name": "all", "key_sha256": hashlib.sha256(KEY.encode()).hexdigest(), "models": "*"},
+            {"name": "echo-only", "key_sha256": hashlib.sha256(ECHO_ONLY_KEY.encode()).hexdigest(), "models": ["echo"]}]
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +165,7 @@ def test_chat_streams_ndjson_validated_line_by_line(http):
 
 def test_chat_with_the_client_streaming_and_the_length_limit(client):
     pieces = list(client.chat(model="echo", messages=[{"role": "user", "content": "a b c d e"}], stream=True,
-                              think=False, options={"num_predict": 2, "num_ctx": 1_000_000, "top_k": 5}))
+                              think=False, options={"num_predict": 2, "num_ctx": 1_000_000, "mirostat": 0}))
     assert "".join(piece.message.content for piece in pieces) == "a b"
     assert pieces[-1].done_reason == "length"
 
@@ -307,7 +309,20 @@ def test_inference_keys_apply_to_every_ollama_path(service):
             assert answer.status_code == 401 and answer.json()["code"] == "invalid_api_key"
 
 
-def test_requests_are_counted_under_their_ollama_endpoint(http, client):
-    client.chat(model="echo", messages=[{"role": "user", "content": "count me"}], stream=False)
-    metrics = http.get("/metrics").text
-    assert 'endpoint="ollama_chat"' in metrics
+@pytest.mark.parametrize(("path", "body", "endpoint"), [
+    ("/api/chat", {"model": "agent", "messages": [{"role": "user", "content": "count me"}], "stream": False},
+     "ollama_chat"),
+    ("/api/generate", {"model": "agent", "prompt": "count me", "stream": False}, "ollama_generate"),
+    ("/api/embed", {"model": "vectors", "input": "count me"}, "ollama_embed"),
+    ("/api/embeddings", {"model": "vectors", "prompt": "count me"}, "ollama_embeddings"),
+])
+def test_each_path_is_labelled_in_activity_and_metrics_and_charged_to_its_keys_bucket(service, http, path, body,
+                                                                                       endpoint):
+    fairness_header = {"X-LLMPool-Fairness-Key": "not-mine"}  # a key's bucket decides, whatever a header says
+    assert http.post(path, json=body, headers=fairness_header).status_code == 200
+    (newest,) = http.get("/v1/admin/activity", params={"model": body["model"], "limit": 1}).json()["requests"]
+    assert (newest["endpoint"], newest["fairness_key"], newest["status"]) == (endpoint, "all", 200)
+    assert f'endpoint="{endpoint}"' in http.get("/metrics").text
+    with service.client(headers={"Authorization": f"Bearer {ECHO_ONLY_KEY}"}, timeout=30) as narrow:
+        refused = narrow.post(path, json=body)
+    assert refused.status_code == 403 and refused.json()["code"] == "model_not_allowed"

@@ -66,7 +66,8 @@ def test_the_upstream_gets_the_typed_request_never_the_ollama_body(service, stre
     client = ollama.Client(host=service.url, timeout=30)
     answer = client.chat(model="remote", messages=[{"role": "system", "content": "Be brief"},
                                                    {"role": "user", "content": "Where?"}],
-                         options={"temperature": 0.3, "num_predict": 9, "top_k": 3}, keep_alive="5m", stream=stream)
+                         options={"temperature": 0.3, "num_predict": 9, "seed": 5, "presence_penalty": 0.5},
+                         keep_alive="5m", stream=stream)
     pieces = list(answer) if stream else [answer]
     assert "".join(piece.message.content for piece in pieces) == "up there"
     assert pieces[-1].done and pieces[-1].eval_count == 2 and pieces[-1].prompt_eval_count == 4
@@ -74,4 +75,16 @@ def test_the_upstream_gets_the_typed_request_never_the_ollama_body(service, stre
     assert body["path"] == "/v1/chat/completions" and body["model"] == "upstream-model"
     assert body["messages"] == [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "Where?"}]
     assert body["temperature"] == 0.3 and body["max_tokens"] == 9
+    assert body["seed"] == 5 and body["presence_penalty"] == 0.5
     assert not {"options", "think", "keep_alive", "format", "top_k"} & set(body)
+
+
+def test_an_option_openai_has_not_is_refused_before_the_upstream(service):
+    """OpenAI's API has no top_k or repeat_penalty: openai_remote's sampling_options leave them out."""
+    Upstream.bodies.clear()
+    client = ollama.Client(host=service.url, timeout=30)
+    for option in ({"top_k": 3}, {"repeat_penalty": 1.2}):
+        with pytest.raises(ollama.ResponseError) as refused:
+            client.chat(model="remote", messages=[{"role": "user", "content": "Where?"}], options=option, stream=False)
+        assert refused.value.status_code == 400 and next(iter(option)) in refused.value.error
+    assert Upstream.bodies == []

@@ -8,7 +8,6 @@ lead the generator: text with a lone UTF-16 surrogate in every field that carrie
 sequences around their bounds (docs/api.md, "Limits")."""
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 
@@ -46,13 +45,28 @@ UNSTATED_RULES = [re.compile(rule) for rule in (
     r"^tools\[\d+\]: a second tool named ",
     r"^messages\[\d+\]\.content(\[\d+\])?: (an assistant message has no|a \w+ message has no|a system message is text|a \w+ message needs content|a tool result is text here)",
     r"token_budget and budget_period are set together",  # the keys API (docs/api.md)
+    # Ollama's /api/*: which turns carry images and tool calls, images that must be base64 pictures
+    r"^messages\[\d+\]\.(images|tool_calls): only an? (user|assistant) message has",
+    r"(^|\.)images\[\d+\]: (an image is base64 data|not a PNG, JPEG, GIF or WebP image)$",
+    r"^messages\[\d+\]: a user message needs content or images$",
+    r"^a raw prompt takes no images or system$",
 )]
+# A path that always refuses what it is asked, as its description says: Ollama's model management
+# (models are declared in settings.json).
+ALWAYS_REFUSED = {"model_management_unsupported"}
+
+
+def error_message(response) -> str:
+    """The message of an error answer: llm-pool's envelope (Anthropic's too) or Ollama's ``{"error": message}``."""
+    error = response.json()["error"]
+    return error["message"] if isinstance(error, dict) else error
 
 
 def positive_data_acceptance_but_unstated_rules(ctx, response, case):
     """schemathesis's positive_data_acceptance, but for a refusal by one of ``UNSTATED_RULES``."""
-    if response.status_code in (400, 422) and any(rule.search(response.json()["error"]["message"])
-                                           for rule in UNSTATED_RULES):
+    if response.status_code in (400, 422) and any(rule.search(error_message(response)) for rule in UNSTATED_RULES):
+        return None
+    if response.status_code == 405 and response.json().get("code") in ALWAYS_REFUSED:
         return None
     return positive_data_acceptance(ctx, response, case)
 

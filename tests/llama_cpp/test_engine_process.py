@@ -170,3 +170,50 @@ async def test_runtime_rss_returns_after_twenty_cycles_and_no_engine_process_rem
     mib = [round(rss / 2**20, 1) for rss in unloaded_rss]
     assert max(unloaded_rss[1:]) <= unloaded_rss[0] * 1.05, f"runtime RSS after each unload (MiB): {mib}"
     assert min(engine_rss) > 60 * 2**20  # the model was resident, in the engine process
+
+
+async def test_a_replica_batches_concurrent_generations_through_its_engine_process(runtime_service):
+    """target_inflight 3: three generations at once in the one engine process, each answering as it
+    does alone (flash attention off: see tests/llama_cpp/test_batching.py)."""
+    service, _ = await runtime_service({"smol": {**SMOLLM2_MODEL, "gguf_flash_attn": "off"}})
+    entry = await load(service, "smol", {"target_inflight": 3})
+    assert entry["effective_target_inflight"] == 3
+    [pid] = [p.pid for p in engine_processes()]
+    questions = ["Name a colour of the sea.", "What is a compass for?", "Count from 1 to 5."]
+    fields = {"temperature": 0.0, "max_output_tokens": 8}
+    alone = [(await generate(service, "smol", question, **fields))[0]["text"] for question in questions]
+    controller = service.pool.controller("smol")
+    most = 0
+
+    async def watch() -> None:
+        nonlocal most
+        while True:
+            most = max(most, controller.scheduler.inflight)
+            await asyncio.sleep(0.005)
+
+    watcher = asyncio.create_task(watch())
+    results = await asyncio.gather(*(generate(service, "smol", q, stream=True, **fields) for q in questions))
+    watcher.cancel()
+    assert [result["text"] for result, _ in results] == alone
+    assert most == 3  # all three ran at once in the one replica
+    await unload(service, "smol")
+    assert pid not in [p.pid for p in engine_processes()]
+
+
+async def test_unload_waits_for_active_batched_streams_which_finish_and_the_process_goes(runtime_service):
+    service, events = await runtime_service({"smol": SMOLLM2_MODEL})
+    await load(service, "smol", {"target_inflight": 3})
+    [pid] = [p.pid for p in engine_processes()]
+    streams = [asyncio.create_task(generate(service, "smol", f"Count from {start} to 100, separated by commas.",
+                                            stream=True, max_output_tokens=24, temperature=0.0))
+               for start in (1, 10, 20)]
+    controller = service.pool.controller("smol")
+    while controller.scheduler.inflight < 3:
+        await asyncio.sleep(0.01)
+    unloading = asyncio.create_task(unload(service, "smol"))
+    await wait_for_state(service, "smol", "unloading")
+    for result, deltas in await asyncio.gather(*streams):  # each ends as it would have, not cut short
+        assert result["finish_reason"] in ("length", "stop") and "".join(deltas) == result["text"] != ""
+    assert (await unloading)["runtime_state"] == "unloaded"
+    assert moves(events, "smol") == LOAD_CYCLE + UNLOAD_CYCLE
+    assert pid not in [p.pid for p in engine_processes()]

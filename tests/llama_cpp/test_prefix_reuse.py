@@ -17,7 +17,8 @@ from llama_helpers import SMOLLM2_MODEL, answer_of
 from runtime.backends import BACKENDS
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
-from runtime.backends.llama_cpp.generation import run_generation, sampling_options
+from runtime.backends.llama_cpp.generation import DONE, Generation, sampling_options
+from runtime.errors import BackendError
 
 SPEC = BACKENDS["llama_cpp"]
 
@@ -137,21 +138,19 @@ async def test_a_generation_stopped_mid_prefill_keeps_exactly_the_decoded_chunks
     tokens = prompt_tokens(engine, request)
     expected, _ = await cold(engine, request)
     await on_worker(engine, engine.context.clear)
-    checks = iter([False, False, True])  # two prefill chunks, then the request is gone
+    checks = iter([False, False, False, True])  # admitted, two prefill chunks, then the request is gone
     events = []
 
-    def stopped_after_two_chunks() -> None:
-        context = engine.context
-        context.n_batch = 128  # chunks smaller than the prompt (llama.cpp accepts smaller batches)
-        try:
-            run_generation(engine.weights, context, engine.render(request), request, sampling_options(request),
-                           events.append, lambda: next(checks), "m")
-        finally:
-            context.n_batch = context._lib.llama_n_batch(context.ctx)
+    def set_batch(size: int) -> None:
+        engine.context.n_batch = size  # chunks smaller than the prompt (llama.cpp accepts smaller batches)
 
     assert len(tokens) > 2 * 128
-    await on_worker(engine, stopped_after_two_chunks)
-    assert events == []  # stopped before any token: no Finished either
+    await on_worker(engine, set_batch, 128)
+    generation = Generation(engine.weights, engine.render(request), request, sampling_options(request),
+                            events.append, lambda: next(checks), "m")
+    engine._batches.submit(generation, engine._worker)
+    await on_worker(engine, set_batch, engine.context._lib.llama_n_batch(engine.context.ctx))
+    assert len(events) == 2 and isinstance(events[0], BackendError) and events[1] is DONE  # no token, no Finished
     assert engine.context.tokens == tokens[:256] and cache_positions(engine) == 256
     text, finished = await answer_of(engine, request)
     assert finished.cached_tokens == 256

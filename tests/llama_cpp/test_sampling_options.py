@@ -1,6 +1,7 @@
 """SmolLM2 for real through llama_cpp in its engine process: a seed makes sampling repeatable,
-the presence and frequency penalties reach llama.cpp's sampler, logprobs come back per token in
-the chat completions shape, and a GGUF whose chat template writes <think> tags is split."""
+the presence, frequency and repeat penalties and top-k reach llama.cpp's sampler, logprobs come
+back per token in the chat completions shape, and a GGUF whose chat template writes <think> tags is
+split."""
 from __future__ import annotations
 
 import math
@@ -38,6 +39,22 @@ async def test_presence_and_frequency_penalties_reach_llama_cpp(runtime_service)
     for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}):
         penalised, _ = await generate(service, "smol", counting, **greedy, **penalty)
         assert penalised["text"] != plain["text"], penalty  # the commas and digits repeat: penalised
+
+
+async def test_top_k_and_repeat_penalty_reach_llama_cpp(runtime_service):
+    service, _ = await runtime_service({"smol": SMOLLM2_MODEL})
+    await load(service, "smol")
+    greedy, _ = await generate(service, "smol", PROMPT, temperature=0.0, max_output_tokens=16)
+    hot = {"temperature": 2.0, "top_p": 1.0, "max_output_tokens": 16}
+    # Hot sampling draws other texts for other seeds; with top_k 1 every draw is the likeliest token.
+    drawn = {(await generate(service, "smol", PROMPT, seed=seed, **hot))[0]["text"] for seed in (1, 2)}
+    assert drawn - {greedy["text"]}
+    for seed in (1, 2):
+        assert (await generate(service, "smol", PROMPT, seed=seed, top_k=1, **hot))[0]["text"] == greedy["text"]
+    counting = "Count from 1 to 30, separated by commas."
+    plain, _ = await generate(service, "smol", counting, temperature=0.0, max_output_tokens=24)
+    penalised, _ = await generate(service, "smol", counting, temperature=0.0, max_output_tokens=24, repeat_penalty=2.0)
+    assert penalised["text"] != plain["text"]  # the commas and digits repeat: penalised
 
 
 async def test_logprobs_per_token_with_the_top_alternatives(runtime_service):

@@ -77,6 +77,21 @@ def test_load_with_overrides_serves_concurrent_and_streamed_requests_then_unload
         assert len(deltas) >= 2 and "".join(deltas) == output_text(final)
         assert final["status"] in ("completed", "incomplete")
 
+        # Typed requests (Ollama's, Anthropic's) on the forwarded server: top_k 1 reaches llama-server
+        # (a hot draw is then the greedy answer, whatever the seed), and Claude Code's max_tokens
+        # 32000 is no refusal.
+        def ollama_text(**options) -> str:
+            body = {"model": "smol", "stream": False, "messages": [{"role": "user", "content": "Write a poem."}],
+                    "options": {"num_predict": 8, **options}}
+            return http.post("/api/chat", json=body).json()["message"]["content"]
+
+        greedy = ollama_text(temperature=0.0)
+        assert {ollama_text(temperature=2.0, seed=seed) for seed in (1, 2)} - {greedy}
+        assert {ollama_text(temperature=2.0, seed=seed, top_k=1) for seed in (1, 2)} == {greedy}
+        unbounded = http.post("/v1/messages", json={"model": "smol", "max_tokens": 32000, "temperature": 0.0,
+                                                    "messages": [{"role": "user", "content": "Say hello."}]})
+        assert unbounded.status_code == 200 and unbounded.json()["content"][0]["text"], unbounded.text
+
         assert http.post("/v1/admin/models/smol/unload").json()["runtime_state"] == "unloaded"
         assert not alive(record["pid"]) and pidfiles(tmp_path / "state") == []
     assert service.stop() == 0

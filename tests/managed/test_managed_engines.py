@@ -131,7 +131,9 @@ async def test_requests_are_forwarded_as_chat_completions_and_streamed_back(fake
     schema = {"type": "json_schema", "name": "echo", "schema": {"type": "object"}, "strict": True}
     text, _ = await collect(engine, ask("structured", response_format=schema))
     assert text == '{"echo": "structured"}'
-    first, _, _, fourth, fifth = requests_logged(tmp_path / "requests.jsonl")
+    await collect(engine, ask("sampled", seed=3, presence_penalty=0.5, frequency_penalty=0.25, top_k=1,
+                              repeat_penalty=1.1))
+    first, _, _, fourth, fifth, sixth = requests_logged(tmp_path / "requests.jsonl")
     assert first == {
         "model": TARGET,
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there friend"}],
@@ -147,6 +149,9 @@ async def test_requests_are_forwarded_as_chat_completions_and_streamed_back(fake
     assert fifth["response_format"] == {
         "type": "json_schema", "json_schema": {"name": "echo", "schema": {"type": "object"}, "strict": True}
     }
+    # The typed request's sampling options by vLLM's names (llama-server's repeat_penalty: test_llama_server).
+    assert {key: sixth[key] for key in set(sixth) - set(first)} == {
+        "seed": 3, "presence_penalty": 0.5, "frequency_penalty": 0.25, "top_k": 1, "repetition_penalty": 1.1}
     await pool.shutdown()
 
 

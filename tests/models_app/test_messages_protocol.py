@@ -70,6 +70,11 @@ def test_tool_choice(choice, typed, parallel):
     assert (request.tool_choice, request.parallel_tool_calls) == (typed, parallel)
 
 
+def test_top_k_is_carried_and_zero_is_none():
+    assert parse_messages_body(body(top_k=3), None).generation.top_k == 3
+    assert parse_messages_body(body(top_k=0), None).generation.top_k is None
+
+
 @pytest.mark.parametrize(("thinking", "mode", "effort"), [
     ({"type": "enabled", "budget_tokens": 2048}, "enabled", None),
     ({"type": "disabled"}, None, "none"),
@@ -82,7 +87,7 @@ def test_thinking(thinking, mode, effort):
 
 @pytest.mark.parametrize(("fields", "param"), [
     ({"max_tokens": None}, "max_tokens"),
-    ({"top_k": 3}, "top_k"),
+    ({"top_k": -1}, "top_k"),
     ({"tools": [TOOL], "tool_choice": {"type": "tool", "name": "other"}}, "tool_choice.name"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
     ({"tools": [TOOL, TOOL]}, "tools[1].name"),

@@ -49,6 +49,10 @@ def test_options_map_onto_the_typed_fields_and_the_others_change_nothing():
     }).generation
     assert (request.max_output_tokens, request.temperature, request.top_p, request.seed) == (7, 0.2, 0.9, 42)
     assert request.stop == ["\n"] and request.presence_penalty == 0.5 and request.frequency_penalty is None
+    assert (request.top_k, request.repeat_penalty) == (40, 1.1)
+    # top_k 0 keeps every token and repeat_penalty 1 penalises nothing: no option for the engine to honour.
+    neutral = chat(options={"top_k": 0, "repeat_penalty": 1.0}).generation
+    assert (neutral.top_k, neutral.repeat_penalty) == (None, None)
     # -1 (no limit) and -2 (fill the context) leave the service's default.
     assert chat(options={"num_predict": -1}).generation.max_output_tokens is None
     assert chat(options={"num_predict": -2}).generation.max_output_tokens is None

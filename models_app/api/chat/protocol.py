@@ -4,8 +4,8 @@
 the Responses input shape: ``text`` -> ``input_text``, ``image_url`` -> ``input_image``), so
 the runtime checks and runs both protocols alike.  Fields that change nothing here are
 accepted and ignored.  ``seed``, the penalties and ``logprobs``/``top_logprobs`` are carried
-in the typed request; the runtime refuses them for a model whose engine does not honour them
-(``capabilities.sampling_options``).  ``reasoning_effort`` is carried too (the runtime maps it
+in the typed request, and so are llama-server's ``top_k`` and ``repeat_penalty``; the runtime
+refuses them for a model whose engine does not honour them (``capabilities.sampling_options``).  ``reasoning_effort`` is carried too (the runtime maps it
 onto the model's thinking modes) unless ``thinking`` is set, which wins.  Fields the typed
 path cannot honour (and that would silently change
 the answer) are recorded in the ``ForwardedRequest``'s ``typed_refusals``, beside the client's
@@ -148,6 +148,9 @@ class ChatBody(OpenAIBody):
     # Carried in the typed request (logprobs false changes nothing: left out).
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    # llama-server's and vLLM's extensions, carried where the engine has them (0 and 1: none).
+    top_k: limits.TopK = None
+    repeat_penalty: limits.RepeatPenalty = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     # Refused when set to anything that would change the answer (see _CHANGES_THE_ANSWER).
     modalities: list[str] | None = None
@@ -192,6 +195,7 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> OpenAIRequest:
         response_format=_response_format(body.response_format),
         logprobs=_logprobs(body),
         reasoning_effort=None if body.thinking is not None else body.reasoning_effort,
+        **limits.sampling_knobs(body.top_k, body.repeat_penalty),
         tools=tools,
         tool_choice=_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=body.parallel_tool_calls,

@@ -21,13 +21,14 @@ alike.  The translation, block by block:
   without it); ``disabled`` and ``adaptive`` are reasoning efforts (none, medium) that a model
   without thinking modes ignores;
 - ``max_tokens`` is the output limit: an engine stops where its context is full, so a value past
-  the model's room (Claude Code sends 32000) is not refused; ``stop_sequences`` are the stop list.
+  the model's room (Claude Code sends 32000) is not refused; ``stop_sequences`` are the stop list;
+- ``top_k`` is the typed request's (0: none), which the runtime refuses (400 naming it) for a model
+  whose engine has no top-k (``capabilities.sampling_options``).
 
 ``cache_control`` on any block, ``metadata``, and the fields Claude Code adds that change nothing
 here (``context_management``, ``output_config``, ``service_tier``, ``container``, ``mcp_servers``...)
-are accepted and ignored.  ``top_k`` is refused (400): no engine takes it through the typed request.
-A model whose engine forwards the client's OpenAI body upstream gets the typed request (never a
-``ForwardedRequest``): an Anthropic body is never sent on as an OpenAI one.
+are accepted and ignored.  A model whose engine forwards the client's OpenAI body upstream gets the
+typed request (never a ``ForwardedRequest``): an Anthropic body is never sent on as an OpenAI one.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models_app.api import limits
 from models_app.api.request_body import function_tools
@@ -149,10 +150,7 @@ class MessagesBody(BaseModel):
     system: str | list[TextBlock] | None = None
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
-    # Parsed so that a value gets a clear refusal (``_typed_request``); the document says only
-    # null is accepted, which is the truth.
-    top_k: Annotated[int | None, WithJsonSchema({"type": "null", "description": "Not supported: no engine "
-                                                 "takes it; a value is refused (400)."})] = None
+    top_k: limits.TopK = None
     stop_sequences: list[Annotated[str, Field(max_length=limits.MAX_STOP_LENGTH)]] | None = Field(
         None, max_length=limits.MAX_STOP_SEQUENCES
     )
@@ -189,8 +187,6 @@ def parse_count_tokens_body(data: Any, fairness_key: str | None) -> MessagesRequ
 
 
 def _typed_request(body: MessagesBody, fairness_key: str | None) -> MessagesRequest:
-    if body.top_k is not None:
-        raise InvalidRequest("top_k is not supported by llm-pool's engines; leave it out", param="top_k")
     tools = _tools(body.tools)
     tool_choice, parallel = _tool_choice(body.tool_choice, tools)
     thinking, effort = _thinking(body.thinking)
@@ -203,6 +199,7 @@ def _typed_request(body: MessagesBody, fairness_key: str | None) -> MessagesRequ
             max_output_tokens=body.max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
+            top_k=body.top_k or None,
             stream=bool(body.stream),
             thinking=thinking,
             reasoning_effort=effort,

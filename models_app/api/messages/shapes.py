@@ -52,6 +52,23 @@ def error_envelope(exc: LLMPoolError) -> dict:
     return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.http_status, "api_error"), **error}}
 
 
+# ``error_envelope``'s schema in the OpenAPI document.
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string", "enum": ["error"]},
+        "error": {
+            "type": "object",
+            "properties": {"type": {"type": "string", "enum": sorted({*ERROR_TYPES.values(), "api_error"})},
+                           "code": {"type": "string"}, "message": {"type": "string"},
+                           "param": {"type": "string", "nullable": True}},
+            "required": ["type", "code", "message", "param"],
+        },
+    },
+    "required": ["type", "error"],
+}
+
+
 def sse_event(name: str, data: dict) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + json_bytes(data) + b"\n\n"
 

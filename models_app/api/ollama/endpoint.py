@@ -20,9 +20,11 @@ from models_app.api.inference import embed, generate, inference_app, parsed
 from models_app.api.keys import Caller
 from models_app.api.ollama import models
 from models_app.api.ollama.protocol import (
-    OllamaCall, parse_chat, parse_embed, parse_embeddings, parse_generate, shown_model,
+    ChatBody, EmbedBody, EmbeddingsBody, GenerateBody, ModelBody, OllamaCall, parse_chat, parse_embed,
+    parse_embeddings, parse_generate, shown_model,
 )
-from models_app.api.ollama.shapes import NDJSON, Answer, error_body, line, waiting_notice
+from models_app.api.ollama.shapes import ERROR_SCHEMA, NDJSON, Answer, error_body, line, waiting_notice
+from models_app.api.openapi import KEYS_NOTE, LIMITED_NOTE, InferenceOperation
 from runtime.errors import ModelManagementUnsupported
 
 
@@ -109,6 +111,7 @@ def _app(create, path: str, method: str = "POST", *, chat: bool = True, limited:
                          stream_type=NDJSON, limited=limited)
 
 
+_MANAGEMENT = ("/api/pull", "/api/push", "/api/create", "/api/copy")
 OLLAMA_ROUTES = {
     "/api/version": _app(report_version, "/api/version", "GET"),
     "/api/tags": _app(list_tags, "/api/tags", "GET"),
@@ -118,6 +121,54 @@ OLLAMA_ROUTES = {
     "/api/generate": _app(_generating(parse_generate, chat=False), "/api/generate", chat=False, limited=True),
     "/api/embed": _app(create_embed, "/api/embed", limited=True),
     "/api/embeddings": _app(create_embeddings, "/api/embeddings", limited=True),
-    **{path: _app(refuse_management, path) for path in ("/api/pull", "/api/push", "/api/create", "/api/copy")},
+    **{path: _app(refuse_management, path) for path in _MANAGEMENT},
     "/api/delete": _app(refuse_management, "/api/delete", "DELETE"),
 }
+
+
+def _operation(path: str, body, summary: str, description: str, *, streams: bool = False,
+               method: str = "post", limited: bool = False) -> InferenceOperation:
+    """``limited``: the path runs a model, so a key's limits admit its requests (as ``_app``'s)."""
+    note = LIMITED_NOTE if limited else KEYS_NOTE
+    return InferenceOperation(path, body, summary, description + " Errors are Ollama's {\"error\": message} with "
+                              "llm-pool's code beside it. " + note, streams=streams, method=method,
+                              stream_type=NDJSON.decode(), tag="ollama", error_component="OllamaError",
+                              error_schema=ERROR_SCHEMA)
+
+
+# Ollama's API in the OpenAPI document (api.routes adds them to the inference operations).
+OLLAMA_OPERATIONS = [
+    _operation("/api/version", None, "Ollama's version (Ollama API)",
+               f"The Ollama release whose API llm-pool follows ({{\"version\": \"{models.OLLAMA_VERSION}\"}}).",
+               method="get"),
+    _operation("/api/tags", None, "List the models (Ollama API)",
+               "Every model and alias the caller may use, with name, model, modified_at, size, digest and details.",
+               method="get"),
+    _operation("/api/ps", None, "List the loaded models (Ollama API)",
+               "The loaded models with size, size_vram, context_length and expires_at (from their ttl_seconds).",
+               method="get"),
+    _operation("/api/show", ModelBody, "Show a model (Ollama API)",
+               "details, capabilities (completion, tools, thinking, vision, embedding), model_info (with "
+               "general.architecture and <architecture>.context_length) and parameters of model (or name)."),
+    _operation("/api/chat", ChatBody, "Chat (Ollama API)",
+               "Runs the conversation on the model through the same admission, capability checks and scheduler as "
+               "/v1/chat/completions: an NDJSON stream (one object a line, the last with done true, done_reason and "
+               "the durations) unless stream is false. options num_predict, temperature, top_p, top_k, seed, stop, "
+               "presence_penalty, frequency_penalty, repeat_penalty are carried (400 naming one the model's engine "
+               "lacks); num_ctx is clamped to the loaded context; keep_alive is ignored unless "
+               "service.ollama_keep_alive is on. A body without messages loads nothing and answers done_reason load.",
+               streams=True, limited=True),
+    _operation("/api/generate", GenerateBody, "Generate (Ollama API)",
+               "As /api/chat for one prompt (and system, images); raw true sends the prompt without the chat "
+               "template. suffix, template and context are 400.", streams=True, limited=True),
+    _operation("/api/embed", EmbedBody, "Embed (Ollama API)",
+               "The embeddings of input (a string or a list of strings) from a model whose capabilities.embeddings "
+               "is true.", limited=True),
+    _operation("/api/embeddings", EmbeddingsBody, "Embed one prompt (Ollama's older API)",
+               "The embedding of prompt, as {\"embedding\": [...]}.", limited=True),
+    *(_operation(path, ModelBody, f"{path.removeprefix('/api/').capitalize()} a model (Ollama API): refused",
+                 "405 model_management_unsupported: llm-pool's models are declared in settings.json.")
+      for path in _MANAGEMENT),
+    _operation("/api/delete", ModelBody, "Delete a model (Ollama API): refused",
+               "405 model_management_unsupported: llm-pool's models are declared in settings.json.", method="delete"),
+]

@@ -10,11 +10,12 @@ have are ignored, as Ollama's own JSON decoding ignores them.
   ``tool_call_id``) answering the oldest unanswered call of that name (Ollama's calls have no
   ids: llm-pool numbers them);
 - ``options``: ``num_predict`` (a negative one: the service's default), ``temperature``,
-  ``top_p``, ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty`` go into the typed
-  request.  The others change nothing: sampling knobs the typed request does not carry
-  (``top_k``, ``repeat_penalty``, ``mirostat`` ...) and the load-time ones; ``num_ctx`` is
-  clamped to the loaded context (a model's context is its definition's, and ``/api/show``
-  tells it), never a reload;
+  ``top_p``, ``top_k`` (0: none), ``seed``, ``stop``, ``presence_penalty``, ``frequency_penalty``,
+  ``repeat_penalty`` (1: none) go into the typed request, which the runtime refuses (400 naming
+  the option) for a model whose engine lacks one (``capabilities.sampling_options``).  The others
+  change nothing: sampling knobs the typed request does not carry (``mirostat``, ``min_p``,
+  ``repeat_last_n`` ...) and the load-time ones; ``num_ctx`` is clamped to the loaded context (a
+  model's context is its definition's, and ``/api/show`` tells it), never a reload;
 - ``think``: true/false are thinking "enabled"/"disabled", "low"/"medium"/"high" a reasoning
   effort; ``format``: "json" is a JSON object's schema, an object is a JSON schema;
 - ``keep_alive`` is ignored unless ``service.ollama_keep_alive`` is on, so that no client unloads or
@@ -31,9 +32,9 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from models_app.api import limits
 from models_app.conf import service_settings
@@ -45,6 +46,12 @@ from runtime.inputs.request import GenerationRequest
 _IMAGE_TYPES = ((b"\x89PNG", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
 
 
+def _only_empty(kind: dict, why: str) -> Any:
+    """A field the document says is accepted only empty or null (``parse_generate`` refuses a value)."""
+    return WithJsonSchema({"anyOf": [kind, {"type": "null"}], "description": f"Not supported: {why}; a value is "
+                                                                              "refused (400)."})
+
+
 class Options(BaseModel):
     model_config = ConfigDict(extra="ignore")
     num_predict: int | None = Field(None, ge=-2, le=limits.MAX_FIELD_INTEGER)
@@ -54,6 +61,8 @@ class Options(BaseModel):
     stop: list[str] | None = Field(None, max_length=limits.MAX_STOP_SEQUENCES)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    top_k: limits.TopK = None
+    repeat_penalty: limits.RepeatPenalty = None
 
 
 class CalledFunction(BaseModel):
@@ -118,15 +127,21 @@ class GenerateBody(_Generating):
     system: str | None = None
     images: list[str] | None = None
     raw: bool = False
-    suffix: str | None = None
-    template: str | None = None
-    context: list[int] | None = None
+    suffix: Annotated[str | None, _only_empty({"type": "string", "maxLength": 0}, "no fill-in-the-middle")] = None
+    template: Annotated[str | None, _only_empty({"type": "string", "maxLength": 0},
+                                                "prompts are rendered with the model's chat template")] = None
+    context: Annotated[list[int] | None, _only_empty({"type": "array", "items": {"type": "integer"}, "maxItems": 0},
+                                                     "send the conversation to /api/chat")] = None
 
 
 class EmbedBody(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str = Field(min_length=1)
-    input: str | list[str] = Field(min_length=1)
+    # Empty strings in the list are refused by ``parse_embed`` (naming the item), as the schema says.
+    input: Annotated[str | list[str], Field(min_length=1), WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1},
+    ]})]
     truncate: bool | None = None
     dimensions: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     options: dict | None = None
@@ -142,9 +157,12 @@ class EmbeddingsBody(BaseModel):
 
 
 class ModelBody(BaseModel):
-    """``/api/show``'s body: ``model``, or the older ``name``."""
+    """The model to show (or, on the model-management paths, to act on): ``model``, or the older
+    ``name``; the first of them that is not empty names it."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"anyOf": [
+        {"properties": {name: {"type": "string", "minLength": 1}}, "required": [name]} for name in ("model", "name")
+    ]})
     model: str | None = None
     name: str | None = None
 
@@ -277,6 +295,7 @@ def _generation(body: _Generating, fairness_key: str | None, **fields) -> Genera
         stop=stop,
         presence_penalty=options.presence_penalty or None,
         frequency_penalty=options.frequency_penalty or None,
+        **limits.sampling_knobs(options.top_k, options.repeat_penalty),
         thinking={True: "enabled", False: "disabled"}.get(think) if isinstance(think, bool) else None,
         reasoning_effort=think if isinstance(think, str) else None,
         response_format=response_format,

@@ -34,6 +34,14 @@ def error_body(exc: LLMPoolError) -> dict:
     return {"error": exc.message, "code": exc.code}
 
 
+# ``error_body``'s schema in the OpenAPI document.
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {"error": {"type": "string"}, "code": {"type": "string"}},
+    "required": ["error", "code"],
+}
+
+
 def line(data: dict) -> bytes:
     return json_bytes(data) + b"\n"
 

@@ -169,9 +169,10 @@ class Ct2Engine:
                 prompt_tokens,
                 max_batch_size=self.config["ct2_max_batch_size"],
                 max_length=request.max_output_tokens,
-                sampling_topk=1 if greedy else 0,
+                sampling_topk=1 if greedy else request.top_k or 0,
                 sampling_topp=request.top_p,
                 sampling_temperature=1.0 if greedy else request.temperature,
+                repetition_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
                 end_token=self._end_ids or None,
             )
             try:

@@ -65,11 +65,13 @@ class Ct2Spec(LibrarySpec, engine=Ct2Engine, library=import_ctranslate2):
         return thinking_for_families(definition, (QWEN3,))
 
     def sampling_options(self, definition):
-        """None: CTranslate2's generator has no per-request seed (ctranslate2.set_random_seed is
-        process-wide, and set before each generation it did not make two samples alike on 4.8.5), its
-        repetition_penalty is not OpenAI's presence or frequency penalty, and its log
-        probabilities come without the alternatives."""
-        return []
+        """``top_k`` (``sampling_topk``) and ``repeat_penalty`` (``repetition_penalty``, llama.cpp's
+        multiplicative penalty of the tokens seen).  No seed: CTranslate2's generator has no
+        per-request one (ctranslate2.set_random_seed is process-wide, and set before each
+        generation it did not make two samples alike on 4.8.5); its repetition_penalty is not
+        OpenAI's presence or frequency penalty, and its log probabilities come without the
+        alternatives."""
+        return ["top_k", "repeat_penalty"]
 
 
 

@@ -155,7 +155,10 @@ class ExllamaEngine:
         exllamav3 = self._exllamav3
         penalties = {
             name: value
-            for name, value in (("pres_p", request.presence_penalty), ("freq_p", request.frequency_penalty))
+            for name, value in (
+                ("pres_p", request.presence_penalty), ("freq_p", request.frequency_penalty),
+                ("rep_p", request.repeat_penalty), ("top_k", request.top_k),
+            )
             if value is not None
         }
         seed = {} if request.seed is None else {"seed": request.seed}

@@ -152,8 +152,9 @@ class Exllamav3Spec(LibrarySpec, engine=ExllamaEngine, library=import_exllamav3)
         return thinking_for_families(definition, (GEMMA4, QWEN3))
 
     def sampling_options(self, definition):
-        """A seed (``Job(seed=)``) and ComboSampler's OpenAI-style ``pres_p``/``freq_p``."""
-        return ["seed", "presence_penalty", "frequency_penalty"]
+        """A seed (``Job(seed=)``) and ComboSampler's OpenAI-style ``pres_p``/``freq_p``, its
+        ``rep_p`` (repeat_penalty) and ``top_k``."""
+        return ["seed", "presence_penalty", "frequency_penalty", "top_k", "repeat_penalty"]
 
     def create_engine(self, model_name, config, replica_index, context):
         quant = config["exllama_cache_quant"]

@@ -1,11 +1,12 @@
 """The llama_cpp engine: one replica of a GGUF model inside the runtime process.
 
 The native objects (weights, context, sampler) are in ``native.py``.  Each
-engine has one worker thread: load, every generation and unload run on it in order,
-so native calls of a replica never overlap and the event loop never blocks.  Tokens
-travel from the worker to the request's async iterator through an ``asyncio.Queue``
-(``call_soon_threadsafe``); closing the iterator (request cancelled) or unloading sets
-a flag the worker checks after every token.
+engine has one worker thread: load, the batch loop and unload run on it in order,
+so native calls of a replica never overlap and the event loop never blocks.  Up to
+``target_inflight`` generations share the context, one sequence each, decoded together
+(``batching.BatchLoop``: continuous batching).  Tokens travel from the worker to the
+request's async iterator through an ``asyncio.Queue`` (``call_soon_threadsafe``); closing
+the iterator (request cancelled) or unloading sets a flag the loop checks before every step.
 
 Tools (``request.tools``, tool_choice not "none") go into the prompt through the chat template
 (``render_prompt``); the runtime reads the calls out of the answer in ``tool_call_format``
@@ -25,7 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.backends.base import GenerationRequest
-from runtime.backends.llama_cpp.generation import run_generation, sampling_options
+from runtime.backends.llama_cpp.batching import BatchLoop
+from runtime.backends.llama_cpp.generation import DONE, Generation, sampling_options
 from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import (
     ContextSettings,
@@ -36,7 +38,7 @@ from runtime.backends.llama_cpp.native import (
     release_heap,
 )
 from runtime.backends.llama_cpp.rerank import PairLayout, context_pooling, score_pairs
-from runtime.backends.llama_cpp.sampling import SamplingOptions, grammar_of_schema
+from runtime.backends.llama_cpp.sampling import grammar_of_schema
 from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
 from runtime.backends.shared.vectors import normalized
 from runtime.errors import (
@@ -67,8 +69,6 @@ logger = logging.getLogger("llmpool.llama_cpp")
 
 # ---- the engine --------------------------------------------------------------------------
 
-_DONE = object()
-
 
 class LlamaCppEngine:
     """One replica.  ``load``/``unload``/``generate`` are called on the event loop; the native
@@ -91,6 +91,7 @@ class LlamaCppEngine:
         self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
+        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store))
 
     # -- lifecycle -----------------------------------------------------------------------
     async def load(self) -> None:
@@ -158,12 +159,14 @@ class LlamaCppEngine:
                                               self.context.settings, llama_version())
 
     def _save_kv(self) -> None:
-        """Write the context's sequence to the KV store before the context goes (unload, sleep)."""
+        """Write the context's sequences to the KV store before the context goes (unload,
+        sleep), the most recently used last: the store's budget drops the oldest first."""
         if self.kv_store is not None and self.context is not None:
-            try:
-                self.kv_store.save(self.context)
-            except Exception:  # a failed save loses a cache, never the unload
-                logger.exception("model %s: saving the KV cache failed", self.model_name)
+            for seq in self._batches.recency():
+                try:
+                    self.kv_store.save(self.context, seq)
+                except Exception:  # a failed save loses a cache, never the unload
+                    logger.exception("model %s: saving the KV cache failed", self.model_name)
 
     # -- inference state (runtime.model.residency) -----------------------------------------------
     async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
@@ -307,14 +310,16 @@ class LlamaCppEngine:
             except RuntimeError:  # the loop is gone: nobody is listening any more
                 cancelled.set()
 
+        generation = Generation(self.weights, prompt, request, options, emit,
+                                lambda: cancelled.is_set() or self._closing.is_set(), self.model_name)
         try:
-            loop.run_in_executor(self._worker, self._generate, prompt, request, options, emit, cancelled)
+            self._batches.submit(generation, self._worker)
         except RuntimeError:  # unloaded between the check above and now
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded") from None
         try:
             while True:
                 item = await queue.get()
-                if item is _DONE:
+                if item is DONE:
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -396,25 +401,6 @@ class LlamaCppEngine:
                     param="input",
                 )
         return list(tokens)
-
-    def _generate(
-        self, prompt: RenderedPrompt, request: GenerationRequest, options: SamplingOptions, emit,
-        cancelled: threading.Event,
-    ) -> None:
-        try:
-            if self.context is None:
-                raise BackendError(f"model {self.model_name} was unloaded before the request ran")
-            run_generation(
-                self.weights, self.context, prompt, request, options, emit,
-                lambda: cancelled.is_set() or self._closing.is_set(), self.model_name, self.kv_store,
-            )
-        except LLMPoolError as exc:
-            emit(exc)
-        except Exception as exc:  # a native failure ends this request, not the worker
-            logger.exception("model %s: generation failed", self.model_name)
-            emit(BackendError(f"llama.cpp generation failed: {exc}"))
-        finally:
-            emit(_DONE)
 
 
 def _probe_template(template: str, path: str) -> None:

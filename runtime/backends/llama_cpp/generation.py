@@ -1,7 +1,9 @@
-"""One generation of the llama_cpp engine, run on its replica's worker thread.
+"""One generation of the llama_cpp engine: one request's answer on one sequence of its
+replica's context, driven step by step by the batch loop (``batching.BatchLoop``) on the
+replica's worker thread.
 
-The context's KV cache outlives each request: a prompt that starts with tokens the cache already
-holds (the system prompt and the earlier turns of a conversation) decodes only the rest
+The context's KV cache outlives each request: a prompt that starts with tokens its sequence
+already holds (the system prompt and the earlier turns of a conversation) decodes only the rest
 (``GgufContext.reuse``), and ``Finished.cached_tokens`` says how many were reused.  The sampler
 is new for every generation, so nothing of one answer's sampling carries over to the next.
 """
@@ -13,72 +15,115 @@ import logging
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import GgufContext, GgufWeights
-from runtime.backends.llama_cpp.sampling import SamplingOptions
+from runtime.backends.llama_cpp.sampling import Sampler, SamplingOptions, token_logprobs
 from runtime.errors import ContextLengthExceeded
 from runtime.inference.stop_sequences import StopWatch
 from runtime.inputs.prompt_formats import RenderedPrompt
 
 logger = logging.getLogger("llmpool.llama_cpp")
 
+DONE = object()  # the last item a generation emits, after its Finished or its error
 
-def run_generation(
-    weights: GgufWeights, context: GgufContext, prompt: RenderedPrompt, request: GenerationRequest,
-    options: SamplingOptions, emit, stopped, model_name: str, kv_store: KvStore | None = None,
-) -> None:
-    """Prefill what the cache lacks of ``prompt``, then sample until a stop, ``emit``-ting
-    TextDelta events and one Finished; ``stopped()`` true ends it at the next token (a cancelled
-    request: the cache then holds exactly the tokens decoded so far, which a later request may
-    reuse); ``kv_store``: saved caches, one of which is restored when it holds more of the
-    prompt than the context does."""
-    tokens = weights.tokenize_prompt(prompt)
-    if len(tokens) >= context.n_ctx:
-        raise ContextLengthExceeded(
-            f"the prompt is {len(tokens)} tokens but model {model_name} has a context of "
-            f"{context.n_ctx} tokens (gguf_n_ctx), which must also leave room for the reply",
-            param="input",
-        )
-    if kv_store is not None:
-        try:
-            kv_store.restore(context, tokens)
-        except Exception:  # a saved cache that fails is lost, never the request: it prefills
-            logger.exception("model %s: restoring a saved KV cache failed", model_name)
-            context.clear()
-    cached = context.reuse(tokens)
-    for start in range(cached, len(tokens), context.n_batch):
-        if stopped():
+
+class Generation:
+    """One request's answer: its prompt tokens, where the prefill stands, its sampler and the
+    text it has sent.  ``emit`` receives TextDelta events, one Finished (or an exception) and
+    ``DONE``; ``stopped()`` true ends it before its next step (a cancelled request, an unload:
+    its sequence then holds exactly the tokens decoded so far, which a later request may reuse)."""
+
+    def __init__(self, weights: GgufWeights, prompt: RenderedPrompt, request: GenerationRequest,
+                 options: SamplingOptions, emit, stopped, model_name: str):
+        self.weights = weights
+        self.prompt = prompt
+        self.request = request
+        self.options = options
+        self.emit = emit
+        self.stopped = stopped
+        self.model_name = model_name
+        self.tokens: list[int] = []  # the prompt's, set by start
+        self.seq = -1
+        self.prefilled = 0  # how many prompt tokens the sequence holds
+        self.cached = 0  # of which were reused, not decoded
+        self.pending: int | None = None  # the sampled token the next step decodes
+        self.produced = 0
+        self.reason = "length"
+        self._sampler: Sampler | None = None
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stop_filter = StopWatch(prompt.stop)
+        self._hit_stop = False
+        self._unsent = _Unsent(request.logprobs)  # tokens whose text is still held back
+        self._ended = False
+
+    def tokenize(self, n_ctx: int) -> list[int]:
+        """The prompt's tokens; raises ContextLengthExceeded when a sequence of ``n_ctx`` cannot hold them."""
+        self.tokens = self.weights.tokenize_prompt(self.prompt)
+        if len(self.tokens) >= n_ctx:
+            raise ContextLengthExceeded(
+                f"the prompt is {len(self.tokens)} tokens but model {self.model_name} has a context of "
+                f"{n_ctx} tokens (gguf_n_ctx), which must also leave room for the reply",
+                param="input",
+            )
+        return self.tokens
+
+    def start(self, context: GgufContext, seq: int, kv_store: KvStore | None) -> None:
+        """Take sequence ``seq``: restore a saved cache when it holds more of the prompt than the
+        sequence does, keep what the sequence holds of the prompt, and build the sampler."""
+        self.seq = seq
+        if kv_store is not None:
+            try:
+                kv_store.restore(context, seq, self.tokens)
+            except Exception:  # a saved cache that fails is lost, never the request: it prefills
+                logger.exception("model %s: restoring a saved KV cache failed", self.model_name)
+                context.clear(seq)
+        self.cached = self.prefilled = context.reuse(self.tokens, seq)
+        self._sampler = context.sampler(self.options)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.tokens)
+
+    def accept(self, context: GgufContext, index: int) -> bool:
+        """Sample the next token from batch entry ``index`` of the last decode and send its
+        text; True when the answer is over (end of generation, a stop sequence, max_output_tokens
+        or a full sequence), else the token is ``pending`` for the next step."""
+        token = self._sampler.sample(context, index)
+        self.produced += 1  # an end-of-generation token counts too: the model produced it
+        if self.weights.is_end_of_generation(token):
+            self.reason = "stop"
+            return True
+        self._unsent.add(context, token, index)
+        text, self._hit_stop = self._stop_filter.feed(self._decoder.decode(self.weights.piece(token)))
+        if text:
+            self.emit(self._unsent.delta(text))
+        if self._hit_stop:
+            self.reason = "stop"
+            return True
+        if self.produced >= self.request.max_output_tokens or len(context.sequences[self.seq]) >= context.n_ctx:
+            return True  # a full sequence cuts the reply, as max_output_tokens does
+        self.pending = token
+        return False
+
+    def finish(self) -> None:
+        """Send the text still held back and the Finished event, then end."""
+        if not self._hit_stop:
+            text, hit_stop = self._stop_filter.feed(self._decoder.decode(b"", final=True))
+            text += "" if hit_stop else self._stop_filter.flush()
+            if text or self._unsent.logprobs:
+                self.emit(self._unsent.delta(text))
+        self.emit(Finished(input_tokens=len(self.tokens), output_tokens=self.produced, finish_reason=self.reason,
+                           cached_tokens=self.cached))
+        self.end()
+
+    def end(self, error: BaseException | None = None) -> None:
+        """Free the sampler and close the stream (with ``error`` as its last event); once."""
+        if self._ended:
             return
-        context.decode(tokens[start:start + context.n_batch])
-    sampler = context.sampler(options)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    stop_filter = StopWatch(prompt.stop)
-    position, produced, reason, hit_stop = len(tokens), 0, "length", False
-    unsent = _Unsent(request.logprobs)  # tokens whose text is still held back
-    try:
-        while produced < request.max_output_tokens and not stopped():
-            token = sampler.sample(context)
-            produced += 1  # an end-of-generation token counts too: the model produced it
-            if weights.is_end_of_generation(token):
-                reason = "stop"
-                break
-            unsent.add(context, token)
-            text, hit_stop = stop_filter.feed(decoder.decode(weights.piece(token)))
-            if text:
-                emit(unsent.delta(text))
-            if hit_stop:
-                reason = "stop"
-                break
-            if position >= context.n_ctx:
-                break  # the context is full: the reply is cut, as with max_output_tokens
-            context.decode([token])
-            position += 1
-    finally:
-        sampler.close()
-    if not hit_stop:
-        text, hit_stop = stop_filter.feed(decoder.decode(b"", final=True))
-        text += "" if hit_stop else stop_filter.flush()
-        if text or unsent.logprobs:
-            emit(unsent.delta(text))
-    emit(Finished(input_tokens=len(tokens), output_tokens=produced, finish_reason=reason, cached_tokens=cached))
+        self._ended = True
+        if self._sampler is not None:
+            self._sampler.close()
+        if error is not None:
+            self.emit(error)
+        self.emit(DONE)
 
 
 def sampling_options(request: GenerationRequest, grammar: str | None = None) -> SamplingOptions:
@@ -88,6 +133,8 @@ def sampling_options(request: GenerationRequest, grammar: str | None = None) -> 
         seed=request.seed,
         presence_penalty=request.presence_penalty or 0.0,
         frequency_penalty=request.frequency_penalty or 0.0,
+        top_k=request.top_k or 0,
+        repeat_penalty=1.0 if request.repeat_penalty is None else request.repeat_penalty,
         grammar=grammar,
     )
 
@@ -100,10 +147,10 @@ class _Unsent:
         self.tokens = 0
         self.logprobs: list[dict] = []
 
-    def add(self, context: GgufContext, token: int) -> None:
+    def add(self, context: GgufContext, token: int, index: int) -> None:
         self.tokens += 1
         if self.top_logprobs is not None:
-            self.logprobs.append(context.token_logprobs(token, self.top_logprobs))
+            self.logprobs.append(token_logprobs(context, token, self.top_logprobs, index))
 
     def delta(self, text: str) -> TextDelta:
         delta = TextDelta(text, self.tokens, self.logprobs if self.top_logprobs is not None else None)

@@ -1,10 +1,11 @@
 """Saved KV caches of the llama_cpp engine: a conversation's cache outlives the model leaving.
 
-When a replica unloads, sleeps or shuts down cleanly, it writes the KV state of its sequence
-(``llama_state_seq_get_data``) with the tokens it holds to ``<state dir>/kv/<identity>/``; when the
-model is loaded again, a request whose prompt shares a longer prefix with a saved sequence than
-with what the context holds restores that state (``llama_state_seq_set_data``) and decodes only the
-rest, as with any other cached prefix.
+When a replica unloads, sleeps or shuts down cleanly, it writes the KV state of each of its
+sequences (``llama_state_seq_get_data``, least recently used first) with the tokens it holds to
+``<state dir>/kv/<identity>/``; when the model is loaded again, a request whose prompt shares a
+longer prefix with a saved sequence than with what its sequence of the context holds restores that
+state into that sequence (``llama_state_seq_set_data``) and decodes only the rest, as with any
+other cached prefix.
 
 The identity is everything a KV state depends on: the model file (real path, size, mtime), n_ctx,
 the K and V cache types, flash attention (it changes the V cache's layout) and the llama.cpp
@@ -129,11 +130,12 @@ class KvStore:
                 raise CorruptKvFile("its KV state does not match its checksum")
             return tokens.tolist(), state
 
-    def restore(self, context, prompt: list[int]) -> int:
-        """Put the saved sequence sharing the longest prefix with ``prompt`` into ``context``
-        when it shares more than the context holds already (at least ``min_tokens``); returns
-        the tokens restored (0: none, the context untouched or, after a failure, cleared)."""
-        held = common_prefix(context.tokens, prompt)
+    def restore(self, context, seq: int, prompt: list[int]) -> int:
+        """Put the saved sequence sharing the longest prefix with ``prompt`` into sequence
+        ``seq`` of ``context`` when it shares more than that sequence holds already (at least
+        ``min_tokens``); returns the tokens restored (0: none, the sequence untouched or, after
+        a failure, cleared)."""
+        held = common_prefix(context.sequences[seq], prompt)
         if held >= len(prompt) - 1:
             return 0  # the context holds all of it that can be reused
         # A saved sequence that differs from the prompt at ``held`` cannot beat the context.
@@ -148,22 +150,22 @@ class KvStore:
             self._drop(best_path, exc)
             return 0
         lib = context._lib
-        context.clear()
+        context.clear(seq)
         buffer = (ctypes.c_uint8 * len(state)).from_buffer(state)
-        if lib.llama_state_seq_set_data(context.ctx, buffer, len(state), 0) == 0:
-            context.clear()
+        if lib.llama_state_seq_set_data(context.ctx, buffer, len(state), seq) == 0:
+            context.clear(seq)
             self._drop(best_path, CorruptKvFile("llama.cpp could not restore its state"))
             return 0
-        context.tokens = tokens
+        context.sequences[seq] = tokens
         _touch(best_path)
         logger.info("restored %d cached tokens from %s", len(tokens), best_path.name)
         return len(tokens)
 
     # -- writing ---------------------------------------------------------------------------
-    def save(self, context) -> Path | None:
-        """Write the context's sequence (when it holds at least ``min_tokens``), then keep the
-        budgets; never raises (a failed save is a warning: the next load prefills)."""
-        tokens = list(context.tokens)
+    def save(self, context, seq: int = 0) -> Path | None:
+        """Write sequence ``seq`` of the context (when it holds at least ``min_tokens``), then
+        keep the budgets; never raises (a failed save is a warning: the next load prefills)."""
+        tokens = list(context.sequences[seq])
         if len(tokens) < self.min_tokens:
             return None
         tokens_raw = array("i", tokens).tobytes()
@@ -173,11 +175,11 @@ class KvStore:
                 _touch(path)
                 return path
             lib = context._lib
-            size = lib.llama_state_seq_get_size(context.ctx, 0)
+            size = lib.llama_state_seq_get_size(context.ctx, seq)
             if size == 0 or size + len(tokens_raw) > min(self.max_model_bytes, self.max_bytes):
                 return None
             state = (ctypes.c_uint8 * size)()
-            written = lib.llama_state_seq_get_data(context.ctx, state, size, 0)
+            written = lib.llama_state_seq_get_data(context.ctx, state, size, seq)
             if written == 0:
                 return None
             data = memoryview(state)[:written]

@@ -6,7 +6,7 @@ frees them together; here the two stay apart:
 * ``GgufWeights`` owns the ``llama_model`` (weights, vocabulary), loaded once;
 * ``GgufContext`` owns one ``llama_context`` (KV cache, compute buffers) built on
   those weights from ``ContextSettings`` (n_ctx, batch, threads, flash attention,
-  K/V cache types).  Changing those settings means closing the context and
+  K/V cache types, sequences).  Changing those settings means closing the context and
   opening another on the same weights; the weights are not reloaded.
 
 None of these objects is thread-safe: each engine uses them from its one worker thread.
@@ -25,6 +25,7 @@ from typing import Any
 
 from runtime.errors import BackendError
 from runtime.pool.gguf_info import ggml_type
+from runtime.backends.llama_cpp.batch import TokenBatch
 from runtime.backends.llama_cpp.sampling import Sampler, SamplingOptions
 from runtime.inputs.prompt_formats import RenderedPrompt
 
@@ -274,6 +275,10 @@ class ContextSettings:
     # Embedding mode (runtime.inference.embedding): how a sequence's token embeddings pool into its vector
     # ("mean", "cls", "last"; "rank": a reranker's score, runtime.inference.rerank); None: a context that only generates.
     pooling: str | None = None
+    # The sequences (slots) the context serves at once (target_inflight), each with a KV cache
+    # of its own of ``n_ctx`` cells: llama.cpp's non-unified cache, llama-server's ``-np N`` with
+    # ``-c N*n_ctx`` and ``--kv-unified`` off.
+    n_seq: int = 1
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ContextSettings:
@@ -284,26 +289,31 @@ class ContextSettings:
             flash_attn=config["gguf_flash_attn"],
             type_k=config["gguf_type_k"],
             type_v=config["gguf_type_v"],
+            n_seq=config.get("target_inflight") or 1,
         )
 
     def describe(self) -> str:
         return (
-            f"n_ctx={self.n_ctx}, n_batch={self.n_batch}, flash_attn={self.flash_attn}, "
+            f"n_ctx={self.n_ctx}, n_seq={self.n_seq}, n_batch={self.n_batch}, flash_attn={self.flash_attn}, "
             f"type_k={self.type_k or 'f16'}, type_v={self.type_v or 'f16'}"
             + (f", embeddings pooled by {self.pooling}" if self.pooling else "")
         )
 
 
 class GgufContext:
-    """One ``llama_context`` over loaded weights: the KV cache and the compute buffers."""
+    """One ``llama_context`` over loaded weights: the KV cache of ``n_seq`` sequences and the
+    compute buffers.  Sequence ``seq`` holds ``sequences[seq]``, position by position: what the
+    next request on it can reuse (``reuse``); every change of the cache goes through
+    clear/decode/decode_batch/reuse (or the KV store's restore, which sets the tokens it put)."""
 
     def __init__(self, weights: GgufWeights, settings: ContextSettings):
         lib = weights._lib
         params = lib.llama_context_default_params()
-        params.n_ctx = settings.n_ctx
+        params.n_ctx = settings.n_ctx * settings.n_seq
         params.n_batch = settings.n_batch
         params.n_ubatch = min(settings.n_batch, params.n_ubatch)
-        params.n_seq_max = 1
+        params.n_seq_max = settings.n_seq
+        params.kv_unified = False
         params.n_threads = settings.n_threads
         params.n_threads_batch = settings.n_threads
         params.flash_attn_type = FLASH_ATTN_TYPES[settings.flash_attn]
@@ -332,54 +342,74 @@ class GgufContext:
         self.weights = weights
         self.settings = settings
         self.ctx = ctx
-        self.n_ctx = lib.llama_n_ctx(ctx)
+        self.n_ctx = lib.llama_n_ctx_seq(ctx)  # per sequence
+        self.n_seq = lib.llama_n_seq_max(ctx)
         self.n_batch = lib.llama_n_batch(ctx)
         self.n_ubatch = lib.llama_n_ubatch(ctx)
         self.n_swa = lib.llama_model_n_swa(weights.model)
-        # The tokens sequence 0 of the KV cache holds, position by position: what the next
-        # request can reuse (``reuse``).  Every change of the cache goes through clear/decode/reuse.
-        self.tokens: list[int] = []
+        self.sequences: list[list[int]] = [[] for _ in range(self.n_seq)]
+        self.batch = TokenBatch(lib, self.n_batch)
         if settings.pooling is not None:
             lib.llama_set_embeddings(ctx, False)  # generation as in any context, until embed
 
-    def clear(self) -> None:
+    @property
+    def tokens(self) -> list[int]:
+        """Sequence 0's tokens: the whole cache of a one-sequence context."""
+        return self.sequences[0]
+
+    def clear(self, seq: int | None = None) -> None:
+        """Empty sequence ``seq`` of the cache (None: every sequence)."""
         memory = self._lib.llama_get_memory(self.ctx)
         if memory:
-            self._lib.llama_memory_clear(memory, True)
-        self.tokens = []
+            if seq is None:
+                self._lib.llama_memory_clear(memory, True)
+            else:
+                self._lib.llama_memory_seq_rm(memory, seq, -1, -1)
+        for index in range(self.n_seq) if seq is None else (seq,):
+            self.sequences[index] = []
 
-    def decode(self, tokens: list[int]) -> None:
-        """Append ``tokens`` to the sequence (positions continue from the cache).  A failed
-        decode clears the cache: what it left there is not known, so nothing of it is reused."""
-        array = (self._lib.llama_token * len(tokens))(*tokens)
-        status = self._lib.llama_decode(self.ctx, self._lib.llama_batch_get_one(array, len(tokens)))
-        if status != 0:
-            self.clear()
-            raise BackendError(f"llama.cpp could not decode {len(tokens)} tokens (llama_decode returned {status})")
-        self.tokens.extend(tokens)
+    def decode(self, tokens: list[int], seq: int = 0) -> None:
+        """Append ``tokens`` (at most ``n_batch``) to sequence ``seq``, positions continuing from
+        what it holds, the last one's logits wanted."""
+        self.batch.clear()
+        self.batch.add_run(tokens, len(self.sequences[seq]), seq, logits_last=True)
+        self.decode_batch({seq: tokens})
 
-    def reuse(self, prompt: list[int]) -> int:
-        """Keep the longest prefix of ``prompt`` that the cache already holds and drop the rest
-        of the sequence; returns how many tokens were kept (the caller decodes the others).
+    def decode_batch(self, appended: dict[int, list[int]]) -> None:
+        """Decode ``self.batch``, which appends ``appended[seq]`` to each sequence.  A failed
+        decode clears those sequences: what it left there is not known, so nothing of it is reused."""
+        try:
+            self.batch.decode(self.ctx)
+        except BackendError:
+            for seq in appended:
+                self.clear(seq)
+            raise
+        for seq, tokens in appended.items():
+            self.sequences[seq].extend(tokens)
+
+    def reuse(self, prompt: list[int], seq: int = 0) -> int:
+        """Keep the longest prefix of ``prompt`` that sequence ``seq`` already holds and drop the
+        rest of it; returns how many tokens were kept (the caller decodes the others).
 
         At least the prompt's last token is always left to decode, so the next sample reads
         logits computed for this prompt.  A sliding-window model (Gemma 3) keeps only the last
         ``n_swa`` positions of its windowed layers: a prefix whose window was already dropped
         from the cache cannot be continued, and the whole prompt is decoded again, as
         llama-server does when its cache lacks that data."""
-        kept = min(common_prefix(prompt, self.tokens), len(prompt) - 1)
+        held = self.sequences[seq]
+        kept = min(common_prefix(prompt, held), len(prompt) - 1)
         lib = self._lib
         memory = lib.llama_get_memory(self.ctx)
-        if kept > 0 and self.n_swa > 0 and lib.llama_memory_seq_pos_min(memory, 0) > max(0, kept - self.n_swa):
+        if kept > 0 and self.n_swa > 0 and lib.llama_memory_seq_pos_min(memory, seq) > max(0, kept - self.n_swa):
             kept = 0
         if kept == 0:
-            self.clear()
+            self.clear(seq)
             return 0
-        if kept < len(self.tokens):
-            if not lib.llama_memory_seq_rm(memory, 0, kept, -1):  # a memory that cannot cut a sequence
-                self.clear()
+        if kept < len(held):
+            if not lib.llama_memory_seq_rm(memory, seq, kept, -1):  # a memory that cannot cut a sequence
+                self.clear(seq)
                 return 0
-            del self.tokens[kept:]
+            del held[kept:]
         return kept
 
     def embed(self, tokens: list[int]) -> list[float]:
@@ -402,43 +432,19 @@ class GgufContext:
     def _decode_outputs(self, tokens: list[int]) -> None:
         """Decode ``tokens`` as sequence 0 from position 0, every token marked as an output (an
         embedding needs them all; llama.cpp warns and overrides otherwise)."""
-        lib = self._lib
-        batch = lib.llama_batch_init(len(tokens), 0, 1)
+        batch = TokenBatch(self._lib, len(tokens))
         try:
-            batch.n_tokens = len(tokens)
             for index, token in enumerate(tokens):
-                batch.token[index] = token
-                batch.pos[index] = index
-                batch.n_seq_id[index] = 1
-                batch.seq_id[index][0] = 0
-                batch.logits[index] = True
-            status = lib.llama_decode(self.ctx, batch)
+                batch.add(token, index, 0, True)
+            batch.decode(self.ctx)
         finally:
-            lib.llama_batch_free(batch)
-        if status != 0:
-            raise BackendError(f"llama.cpp could not decode {len(tokens)} tokens (llama_decode returned {status})")
+            batch.close()
 
     def sampler(self, options: SamplingOptions) -> Sampler:
         return Sampler(self._lib, options, self.weights.n_vocab, self.n_ctx, self.weights.vocab)
 
-    def token_logprobs(self, token: int, top: int) -> dict:
-        """The chat completions logprobs entry of ``token``, just sampled from the last decode's
-        logits: its log-probability under the model (llama-cpp-python's ``logits_to_logprobs``,
-        as its ``create_completion`` reports them) and the ``top`` most likely tokens'."""
-        import numpy
-
-        logits = numpy.ctypeslib.as_array(self._lib.llama_get_logits_ith(self.ctx, -1), shape=(self.weights.n_vocab,))
-        logprobs = self._lib.Llama.logits_to_logprobs(logits)
-        entry = self._entry(token, logprobs)
-        best = numpy.argpartition(-logprobs, top - 1)[:top] if top else ()
-        ranked = sorted(best, key=lambda candidate: -logprobs[candidate])
-        return {**entry, "top_logprobs": [self._entry(int(candidate), logprobs) for candidate in ranked]}
-
-    def _entry(self, token: int, logprobs) -> dict:
-        piece = self.weights.piece(token)
-        return {"token": piece.decode("utf-8", errors="replace"), "logprob": float(logprobs[token]), "bytes": list(piece)}
-
     def close(self) -> None:
         if self.ctx:
+            self.batch.close()
             self._lib.llama_free(self.ctx)
             self.ctx = None

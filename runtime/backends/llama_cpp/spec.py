@@ -144,10 +144,18 @@ def gguf_estimate_parts(
     }
 
 
+def kv_cells(config: dict) -> int:
+    """The KV cache cells of one replica: n_ctx for each of its ``target_inflight`` sequences
+    (the context's cache is not unified: every sequence has a stream of its own)."""
+    return config["gguf_n_ctx"] * max(1, config.get("target_inflight") or 1)
+
+
 class LlamaCppSpec(BackendSpec):
     name = "llama_cpp"
     definition_model = LlamaCppDefinition
     sleepable = True  # POST .../sleep frees the context and KV cache; the weights stay (runtime.model.residency)
+    # target_inflight sequences share one context, decoded in one batch (runtime.backends.llama_cpp.batching).
+    concurrent = True
     make_before_break = True  # a reconfigure builds the new context first where memory holds both
     overrides = (
         # "reconfigurable": POST .../reconfigure changes it while loaded (runtime.model.residency).
@@ -213,7 +221,7 @@ class LlamaCppSpec(BackendSpec):
         return list(THINKING_ALL) if definition.prompt_format == "gemma4_template" else ["default"]
 
     def sampling_options(self, definition):
-        """seed, both penalties and logprobs: native.py's sampler chain and token_logprobs."""
+        """All of them: the sampler chain (sampling.py) and native.py's token_logprobs."""
         return list(SAMPLING_OPTIONS)
 
     def reasoning_tags(self, definition, base_dir):
@@ -242,7 +250,8 @@ class LlamaCppSpec(BackendSpec):
         return "cpu" if definition.gguf_n_gpu_layers == 0 else "auto"
 
     def estimate_parts(self, definition, config, base_dir):
-        """One replica (``gguf_estimate_parts``) at the effective n_ctx and cache types, with
+        """One replica (``gguf_estimate_parts``) at the effective cache types and a KV cache of
+        ``target_inflight`` sequences of n_ctx cells each (``kv_cells``), with
         layers on a GPU the process's GPU overhead, on ``cpu`` (no GPU layers, or placed there)
         its vocabulary and, in an engine process, the process itself
         (``ENGINE_PROCESS_BASELINE_MIB``).  bench/memory.py measures the cpu figures against
@@ -258,14 +267,14 @@ class LlamaCppSpec(BackendSpec):
             info = None
         on_gpu = layers_on_gpu(config["gguf_n_gpu_layers"], config.get("device"))
         parts = gguf_estimate_parts(
-            path, info, config["gguf_n_ctx"], config["gguf_type_k"], config["gguf_type_v"], on_gpu=on_gpu
+            path, info, kv_cells(config), config["gguf_type_k"], config["gguf_type_v"], on_gpu=on_gpu
         )
         if not on_gpu and config["isolation"] == "process":
             parts["overhead_mib"] += ENGINE_PROCESS_BASELINE_MIB
         return parts
 
     def vram_estimate(self, definition, config, replicas, base_dir):
-        """Per replica: the GGUF file plus its KV cache at the effective n_ctx and cache types.
+        """Per replica: the GGUF file plus its KV cache (``kv_cells``) at the effective cache types.
 
         A file whose header cannot be read as GGUF counts with its size alone; a missing file
         makes the estimate unavailable.
@@ -281,6 +290,6 @@ class LlamaCppSpec(BackendSpec):
             size, cache = os.path.getsize(path), 0
         else:
             size = info.file_size
-            cache = info.kv_cache_bytes(config["gguf_n_ctx"], config["gguf_type_k"], config["gguf_type_v"]) or 0
+            cache = info.kv_cache_bytes(kv_cells(config), config["gguf_type_k"], config["gguf_type_v"]) or 0
         per_replica = -(-(size + cache) // (1024 * 1024))
         return per_replica * replicas, "model_artifact_size"

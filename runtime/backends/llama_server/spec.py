@@ -161,6 +161,7 @@ LLAMA_SERVER = managed.ServerProfile(
     stream_always=True,
     unstreamed_max_tokens_field="llama_server_unstreamed_max_tokens",
     named_tool_choice=False,
+    repeat_penalty_field="repeat_penalty",
 )
 
 

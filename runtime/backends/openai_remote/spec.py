@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from runtime.backends.base import THINKING_ALL, THINKING_DEFAULT_ONLY, BackendSpec
+from runtime.backends.base import SAMPLING_OPTIONS, THINKING_ALL, THINKING_DEFAULT_ONLY, BackendSpec
 from runtime.backends.shared.common_fields import FamilyDefinition, NonEmptyStr, refuse_engine_process
 from runtime.backends.openai_remote.engine import OpenaiRemoteEngine
 from runtime.redaction import SECRET
@@ -77,6 +77,12 @@ class OpenaiRemoteSpec(BackendSpec):
 
     def forwards_requests(self, definition):
         return True
+
+    def sampling_options(self, definition):
+        """OpenAI's own: seed, the penalties and logprobs.  OpenAI's API has no top_k or
+        repeat_penalty, so a typed request (/v1/responses, /v1/messages, Ollama's) that sets one
+        is refused; a chat body forwarded as it is carries what its client wrote."""
+        return [option for option in SAMPLING_OPTIONS if option not in ("top_k", "repeat_penalty")]
 
     def tools(self, definition):
         """The remote judges tools and tool_choice (a model without them answers its own 400)."""

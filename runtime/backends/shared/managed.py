@@ -104,6 +104,8 @@ class ServerProfile:
     # False: the server reads a named function as tool_choice as "auto"; a chat body that names
     # one is sent with that function alone and "required" (openai_chat.required_for_named).
     named_tool_choice: bool = True
+    # The chat body's name of the typed request's repeat_penalty (openai_chat.chat_request).
+    repeat_penalty_field: str = "repetition_penalty"
 
     def streams_upstream(self, config: dict[str, Any], stream: bool, max_tokens: int | None) -> bool:
         """Whether a call goes to the server streamed: the client's own stream, or with
@@ -323,6 +325,7 @@ class ManagedServerEngine:
                     json_schema=self.profile.json_schema,
                     stream=self.profile.streams_upstream(self.config, request.stream, request.max_output_tokens),
                     named_tool_choice=self.profile.named_tool_choice,
+                    repeat_penalty_field=self.profile.repeat_penalty_field,
                 )
                 return chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
 

@@ -4,7 +4,8 @@
 body (instructions first as the system message, image and audio parts as chat
 parts, a json_schema ``text.format`` as ``response_format`` where the server
 takes it, the tools with their tool_choice and parallel_tool_calls, earlier calls
-as the assistant's ``tool_calls`` and their results as ``tool`` messages);
+as the assistant's ``tool_calls`` and their results as ``tool`` messages, the
+sampling options the request sets);
 ``chat_completion`` posts it, streamed or not as the body says, and translates
 the answer into ``TextDelta`` / ``ToolCall`` / ``Finished``: the upstream parses
 its model's calls, and they come back as it wrote them (its call ids kept; a
@@ -44,11 +45,16 @@ def chat_request(
     file_part: Callable[[dict], dict] | None = None,
     stream: bool | None = None,
     named_tool_choice: bool = True,
+    repeat_penalty_field: str = "repetition_penalty",
 ) -> dict:
     """The ``/v1/chat/completions`` body for ``request``: streamed (with usage) when ``stream``
     (by default: when the client streams), else one answer, which spares the upstream and us a
     chunk per token.  ``named_tool_choice`` False: the server does not honour a named function
-    as tool_choice, so it gets that function alone with "required" (``required_for_named``)."""
+    as tool_choice, so it gets that function alone with "required" (``required_for_named``).
+    The sampling options the request sets are sent by their OpenAI names, ``top_k`` as vLLM,
+    SGLang and llama-server name it and ``repeat_penalty`` as ``repeat_penalty_field`` (vLLM's
+    and SGLang's ``repetition_penalty``, llama-server's ``repeat_penalty``); the runtime refused
+    those the model's ``capabilities.sampling_options`` lacks."""
     stream = request.stream if stream is None else stream
     body = {
         "model": model,
@@ -59,6 +65,13 @@ def chat_request(
         "temperature": request.temperature,
         "top_p": request.top_p,
     }
+    for name, value in (
+        ("seed", request.seed), ("presence_penalty", request.presence_penalty),
+        ("frequency_penalty", request.frequency_penalty), ("top_k", request.top_k),
+        (repeat_penalty_field, request.repeat_penalty),
+    ):
+        if value is not None:
+            body[name] = value
     template_kwargs = template_variables(request, configured_thinking)
     if template_kwargs:
         body["chat_template_kwargs"] = template_kwargs
@@ -149,7 +162,29 @@ async def chat_completion(
     client: httpx.AsyncClient, url: str, body: dict, upstream: str, failure: type[LLMPoolError]
 ) -> AsyncIterator[TextDelta | ToolCall | Finished]:
     """POST ``body`` (streamed or not, as it says) and translate the answer into deltas, the
-    message's tool calls and the end."""
+    message's tool calls and the end.
+
+    An upstream that refuses ``max_tokens`` for its context (vLLM and SGLang refuse a prompt plus
+    ``max_tokens`` past the model's length) is asked once more without it: an output limit past
+    the model's room is the room, as where a local engine stops at a full context (Claude Code
+    sends 32000 whatever the model).  A prompt that does not fit is refused again, and that is
+    the request's 400."""
+    answered = False
+    try:
+        async for event in _completion(client, url, body, upstream, failure):
+            answered = True
+            yield event
+    except ContextLengthExceeded:
+        if answered or body.get("max_tokens") is None:
+            raise
+        unbounded = {key: value for key, value in body.items() if key != "max_tokens"}
+        async for event in _completion(client, url, unbounded, upstream, failure):
+            yield event
+
+
+async def _completion(
+    client: httpx.AsyncClient, url: str, body: dict, upstream: str, failure: type[LLMPoolError]
+) -> AsyncIterator[TextDelta | ToolCall | Finished]:
     if body.get("stream"):
         async for event in stream_chat(client, url, body, upstream, failure):
             yield event

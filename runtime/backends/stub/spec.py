@@ -99,7 +99,8 @@ class StubDefinition(CommonDefinition):
     raw_prompt: bool = True
     # What the stub honours of the sampling options: a seed (its answer is the same whatever the
     # seed) and logprobs (each token is certain: logprob 0.0, its only alternative itself).
-    sampling_options: list[Literal["seed", "presence_penalty", "frequency_penalty", "logprobs"]] = Field(
+    sampling_options: list[Literal["seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k",
+                                   "repeat_penalty"]] = Field(
         default_factory=lambda: ["seed", "logprobs"]
     )
     # A thinking model's reasoning, scripted: unless the request's thinking is "disabled", the

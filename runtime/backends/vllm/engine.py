@@ -53,9 +53,11 @@ def sampling_arguments(request: GenerationRequest) -> dict[str, Any]:
     (vLLM's own defaults otherwise).  ``logprobs`` is vLLM's count of alternatives per token
     (0: the sampled token's only), which it reports from the model's raw distribution."""
     arguments = {"max_tokens": request.max_output_tokens, "temperature": request.temperature, "top_p": request.top_p}
-    for name in ("seed", "presence_penalty", "frequency_penalty", "logprobs"):
+    for name in ("seed", "presence_penalty", "frequency_penalty", "logprobs", "top_k"):
         if getattr(request, name) is not None:
             arguments[name] = getattr(request, name)
+    if request.repeat_penalty is not None:
+        arguments["repetition_penalty"] = request.repeat_penalty
     return arguments
 
 

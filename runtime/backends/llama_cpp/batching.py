@@ -1,0 +1,179 @@
+"""Continuous batching: the generations of one llama_cpp replica share its context, one
+sequence (slot) each, as llama-server's ``update_slots`` runs its slots.
+
+Each step builds one ``llama_batch``: first the token each answering sequence sampled last,
+then, in the room left of ``n_batch``, the next chunk of each prompt still being prefilled, so
+a long prompt goes in between decode steps and never stalls the answers already running.  One
+``llama_decode`` computes them all; every sequence whose logits came out samples its next token
+with its own sampler.  A new request waits for a free sequence (the runtime's scheduler lets at
+most ``target_inflight`` in), and takes the free one whose cached tokens share the longest
+prefix with its prompt, when that prefix is more than a tenth of the prompt (llama-server's
+``--slot-prompt-similarity`` 0.1); otherwise, and among equals, the least recently used one.
+
+Everything here runs on the replica's worker thread, the one caller of its native objects: the
+loop runs while any generation is active or waiting, and ends when none is; ``submit`` starts
+it again.  Load, sleep, reconfigure and unload queue behind it on the same thread.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+
+from runtime.backends.llama_cpp.generation import Generation
+from runtime.backends.llama_cpp.native import common_prefix
+from runtime.errors import BackendError, LLMPoolError
+
+logger = logging.getLogger("llmpool.llama_cpp")
+
+SLOT_PROMPT_SIMILARITY = 0.1  # llama-server's default: a shorter shared prefix is not worth a slot
+
+
+def choose_sequence(sequences: list[list[int]], free: list[int], prompt: list[int], last_used: dict[int, int]) -> int:
+    """The free sequence for ``prompt``: the one whose tokens share the longest prefix with it,
+    when that prefix is more than ``SLOT_PROMPT_SIMILARITY`` of the prompt; otherwise, and among
+    equals, the least recently used (``last_used``: sequence -> when it was last released)."""
+    def score(seq: int) -> tuple[int, int]:
+        shared = common_prefix(sequences[seq], prompt)
+        return (shared if shared > SLOT_PROMPT_SIMILARITY * len(prompt) else 0, -last_used.get(seq, 0))
+
+    return max(free, key=score)
+
+
+class BatchLoop:
+    """The waiting and active generations of one replica.  ``state()`` gives the replica's
+    current (context, kv_store); a context of None (asleep, unloaded) ends what waits with an error."""
+
+    def __init__(self, model_name: str, state):
+        self.model_name = model_name
+        self._state = state
+        self._waiting: deque[Generation] = deque()
+        self._lock = threading.Lock()
+        self._running = False
+        self._clock = itertools.count(1)
+        self._last_used: dict[int, int] = {}  # sequence -> when a generation last ended on it
+
+    def submit(self, generation: Generation, executor) -> None:
+        """Queue ``generation``; start the loop on ``executor`` (the worker) unless it runs.
+        Raises RuntimeError when the executor is shut down (the replica unloaded)."""
+        with self._lock:
+            self._waiting.append(generation)
+            if self._running:
+                return
+            self._running = True
+        try:
+            executor.submit(self._run)
+        except RuntimeError:
+            with self._lock:
+                self._running = False
+                self._waiting.remove(generation)
+            raise
+
+    def recency(self) -> list[int]:
+        """The sequences from the least to the most recently used (never-used ones first)."""
+        with self._lock:
+            last_used = dict(self._last_used)
+        context, _ = self._state()
+        return sorted(range(context.n_seq if context else 0), key=lambda seq: last_used.get(seq, 0))
+
+    # -- the loop ------------------------------------------------------------------------
+    def _run(self) -> None:
+        active: dict[int, Generation] = {}
+        try:
+            while True:
+                context, kv_store = self._state()
+                self._admit(active, context, kv_store)
+                if not active:
+                    with self._lock:
+                        if not self._waiting:
+                            self._running = False
+                            return
+                    continue
+                self._step(active, context)
+        except BaseException as exc:  # a native failure ends this batch's generations, not the worker
+            logger.exception("model %s: the batch loop failed", self.model_name)
+            error = exc if isinstance(exc, LLMPoolError) else BackendError(f"llama.cpp generation failed: {exc}")
+            with self._lock:
+                waiting, self._waiting = list(self._waiting), deque()
+                self._running = False
+            for generation in [*active.values(), *waiting]:
+                generation.end(error)
+
+    def _admit(self, active: dict[int, Generation], context, kv_store) -> None:
+        """Give each waiting generation a free sequence, while there is one."""
+        while True:
+            with self._lock:
+                if not self._waiting or (context is not None and len(active) >= context.n_seq):
+                    return
+                generation = self._waiting.popleft()
+            if generation.stopped():
+                generation.end(self._stopped())
+                continue
+            if context is None:
+                generation.end(BackendError(f"model {self.model_name} was unloaded before the request ran"))
+                continue
+            try:
+                tokens = generation.tokenize(context.n_ctx)
+                seq = choose_sequence(context.sequences, [s for s in range(context.n_seq) if s not in active],
+                                      tokens, self._last_used)
+                generation.start(context, seq, kv_store)
+            except Exception as exc:  # this request fails, not the others
+                if not isinstance(exc, LLMPoolError):
+                    logger.exception("model %s: a generation could not start", self.model_name)
+                    exc = BackendError(f"llama.cpp generation failed: {exc}")
+                generation.end(exc)
+                continue
+            active[seq] = generation
+
+    def _step(self, active: dict[int, Generation], context) -> None:
+        """One batch: drop what was stopped, decode a token per answer and prompt chunks in
+        the room left, then sample every sequence that has logits."""
+        for seq, generation in list(active.items()):
+            if generation.stopped():
+                self._release(active, seq).end(self._stopped())
+        if not active:
+            return
+        batch = context.batch
+        batch.clear()
+        appended: dict[int, list[int]] = {}
+        outputs: dict[int, int] = {}  # sequence -> the batch entry whose logits it samples
+        for seq, generation in active.items():
+            if generation.pending is not None:
+                outputs[seq] = batch.add(generation.pending, len(context.sequences[seq]), seq, True)
+                appended[seq] = [generation.pending]
+                generation.pending = None
+        room = context.n_batch - len(batch)
+        for seq, generation in active.items():
+            if room <= 0:
+                break
+            if generation.prefilling:
+                chunk = generation.tokens[generation.prefilled:generation.prefilled + room]
+                last = generation.prefilled + len(chunk) == len(generation.tokens)
+                index = batch.add_run(chunk, generation.prefilled, seq, logits_last=last)
+                if last:
+                    outputs[seq] = index
+                appended[seq] = chunk
+                generation.prefilled += len(chunk)
+                room -= len(chunk)
+        try:
+            context.decode_batch(appended)
+        except LLMPoolError as exc:
+            for seq in appended:
+                self._release(active, seq).end(exc)
+            return
+        for seq, index in outputs.items():
+            generation = active[seq]
+            if generation.accept(context, index):
+                self._release(active, seq)
+                generation.finish()
+
+    def _stopped(self) -> BackendError:
+        """What a stopped generation's stream ends with: seen only after an unload, as a
+        cancelled request has no reader left."""
+        return BackendError(f"model {self.model_name} stopped the request (cancelled, or the model unloaded)")
+
+    def _release(self, active: dict[int, Generation], seq: int) -> Generation:
+        with self._lock:
+            self._last_used[seq] = next(self._clock)
+        return active.pop(seq)
