@@ -1,12 +1,12 @@
 """What a long chat conversation costs on its way from the API to the runtime, in one process.
 
 A ``/v1/chat/completions`` body of ``--messages`` messages and about ``--kib`` KiB of text goes
-through the API's steps (``parse_json``, ``parse_chat_body``, ``GenerationRequest.to_wire``), the
+through the API's steps (``parse_json``, ``parse_chat_body``, ``ForwardedRequest.to_wire``), the
 channel layer's copy (msgpack out and in: what the embedded layer does to every message, and what
-the Redis layer sends) and the runtime's ``GenerationRequest.from_wire``.  ``once`` is the message
+the Redis layer sends) and the runtime's ``request_from_wire``.  ``once`` is the message
 as llm-pool sends it (the conversation once, as the client's body; the runtime builds the typed
-messages again from it); ``twice`` the same request with its typed messages on the wire too, as
-before that change.  Prints one JSON object: the message's size and the median microseconds of
+messages again from it); ``twice`` the same request with its typed messages on the wire too.
+Prints one JSON object: the message's size and the median microseconds of
 each step over ``--rounds`` rounds.  ``--service N`` also sends the body N times, non-streamed and
 one after another, to a stub model at zero delay through ``manage.py serve`` (embedded) and the split
 (Redis on 127.0.0.1:6379), and gives each one's p50 / p99 in ms (the stub reads the whole
@@ -38,7 +38,7 @@ django.setup()
 from bench.common import percentiles, running_service  # noqa: E402
 from models_app.api.limits import parse_json  # noqa: E402
 from models_app.api.chat.protocol import parse_chat_body  # noqa: E402
-from runtime.inputs.request import GenerationRequest  # noqa: E402
+from runtime.inputs.request import request_from_wire  # noqa: E402
 
 
 def conversation(kib: int, messages: int) -> bytes:
@@ -63,14 +63,14 @@ def timed(step, rounds: int) -> tuple[float, object]:
 def measure(raw: bytes, rounds: int, keep_messages: bool) -> dict:
     parse_us, data = timed(lambda: parse_json(raw), rounds)
     typed_us, chat = timed(lambda: parse_chat_body(data, None), rounds)
-    request = chat.generation
-    if keep_messages:  # the typed messages on the wire too, as before
-        request.passthrough = {key: value for key, value in request.passthrough.items() if key != "messages_from_body"}
+    request = chat.forwarded
+    if keep_messages:  # the typed messages on the wire too
+        request.messages_from_body = False
     wire_us, wire = timed(request.to_wire, rounds)
     pack_us, packed = timed(lambda: msgpack.packb(wire), rounds)
     unpack_us, unpacked = timed(lambda: msgpack.unpackb(packed), rounds)
-    rebuild_us, rebuilt = timed(lambda: GenerationRequest.from_wire(unpacked), rounds)
-    assert rebuilt.messages == request.messages and rebuilt.passthrough["body"] == data
+    rebuild_us, rebuilt = timed(lambda: request_from_wire(unpacked), rounds)
+    assert rebuilt.typed.messages == request.typed.messages and rebuilt.body == data
     return {
         "message_kib": round(len(packed) / 1024, 1),
         "parse_json_us": round(parse_us, 1),

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from runtime.observe.activity import RequestObserver, activity_answer
 from runtime.observe.records import RequestRecord
-from runtime.inference.admission import check_request, estimate_prompt_tokens, with_reasoning_effort
+from runtime.inference.admission import engine_request, estimate_prompt_tokens
 from runtime.inference.prefix_marks import prefix_marks
 from runtime.inference.pipeline import Emit, Output, run_on_engine
 from runtime.config import parse_load_body
@@ -28,11 +28,7 @@ from runtime.observe.model_logs import model_logs
 from runtime.paths import state_dir
 from runtime.pool.model_pool import ModelPool
 from runtime.observe.read_models import gpu_model_entry, model_entry
-from runtime.inputs.request import (
-    GENERATE_ADMITTED,
-    GENERATE_WAITING,
-    GenerationRequest,
-)
+from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, ForwardedRequest, typed_request
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.inference.token_count import count_tokens
 from runtime.inference.transcription import run_transcription
@@ -253,15 +249,15 @@ class RuntimeService:
     async def _generate(self, payload: dict, emit: Emit, record: RequestRecord) -> dict:
         controller = self.pool.lookup(payload["model"])  # a name or an alias
         record.model = controller.name
-        request = GenerationRequest.from_wire(payload).resolved(self.pool.settings.engine.decoding)
-        request = with_reasoning_effort(controller.entry, request)
-        check_request(controller.entry, request, self.pool.startup_service["allow_remote_execution"])
+        runs = engine_request(controller.entry, payload, self.pool.settings.engine.decoding,
+                              self.pool.startup_service["allow_remote_execution"])
+        request = typed_request(runs)
         if request.keep_alive_seconds is not None:  # the edge passes one only where the operator allows it
             controller.set_keep_alive(request.keep_alive_seconds)
         ticket = queue_ticket(request, controller.entry.definition, estimate_prompt_tokens(request), record.started,
                               prefix=prefix_marks(request))
         # A forwarded stream opens once its upstream has answered, so the upstream's refusal is a 400.
-        forwarded = controller.entry.spec.forwards_requests(controller.entry.definition) and bool(request.passthrough)
+        forwarded = isinstance(runs, ForwardedRequest)
         output = Output(request, emit, open_on_first_chunk=request.stream and forwarded, record=record)
 
         async def waiting() -> None:  # the model loads for this request: a stream may open now
@@ -276,7 +272,7 @@ class RuntimeService:
             lease = await before_deadline(ticket, dispatched)
             record.leased(lease.replica)
             lease.check()
-            await run_on_engine(controller, lease, output)
+            await run_on_engine(controller, lease, runs, output)
             await output.open_stream()  # a forwarded stream the upstream ended without a chunk
         finally:
             controller.finish(ticket, output.tokens_used(ticket))

@@ -2,7 +2,8 @@
 plain-ASGI front that serves a protocol without Django's request machinery.
 
 Each protocol (``api/responses/``, ``api/chat/``) parses its body into the same
-``GenerationRequest`` and shapes the answer its own way; between the two, ``generate`` is the
+``GenerationRequest`` (chat completions and completions: inside a ``ForwardedRequest`` with the
+client's body) and shapes the answer its own way; between the two, ``generate`` is the
 one path to the runtime (admission, capability checks, scheduler and error codes all live
 there).  ``inference_app`` serves a protocol's ``create`` function straight from ASGI: Django's
 request handling costs a new thread-sensitive executor per request and several thread hops
@@ -36,7 +37,7 @@ from models_app.quotas import admission
 from models_app.transport.messages import OP_EMBED, OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
-from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, GenerationRequest
+from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, InferenceRequest, typed_request
 
 logger = logging.getLogger("llmpool.api")
 
@@ -124,7 +125,7 @@ def runtime_wire(wire: dict) -> dict:
     return {**wire, **extra} if extra else wire
 
 
-async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterator[dict]:
+async def generate(request: InferenceRequest, model: str) -> dict | AsyncIterator[dict]:
     """Run ``request`` in the runtime on ``model``, the model its name means (``Caller.resolve``;
     the request keeps the client's name, which the answer shows): its result (``text``,
     ``finish_reason``, ``usage``), or, for a stream, an iterator of the runtime's messages
@@ -137,7 +138,7 @@ async def generate(request: GenerationRequest, model: str) -> dict | AsyncIterat
     by the stream's iterator; closing it early cancels the request in the runtime.
     """
     wire = runtime_wire({**request.to_wire(), "model": model})
-    if not request.stream:
+    if not typed_request(request).stream:
         result = await placement.call(OP_GENERATE, wire)
         admission.count(model, result["usage"])
         return result

@@ -15,18 +15,20 @@ from models_app import placement
 from models_app.api.inference import Create, parsed, runtime_wire
 from models_app.api.keys import Caller
 from models_app.transport.messages import OP_COUNT_TOKENS
-from runtime.inputs.request import GenerationRequest
+from runtime.inputs.request import InferenceRequest, typed_request, with_typed
 
 
-def token_counter(parse: Callable[[Any, str | None], Any], typed: Callable[[Any], GenerationRequest],
+def token_counter(parse: Callable[[Any, str | None], Any], runtime_request: Callable[[Any], InferenceRequest],
                   shape: Callable[[int], dict]) -> Create:
     """The entry point of a counting endpoint: ``parse(body, fairness_key)`` is the protocol's
-    parser, ``typed(parsed)`` the typed request in what it returns."""
+    parser, ``runtime_request(parsed)`` the request in what it returns (either kind: the runtime
+    checks a count as it would check the generation)."""
 
     async def create(data, caller: Caller) -> dict:
-        request = typed(await parsed(parse, data, caller.fairness_key))
-        model = await caller.resolve(request.model)
-        wire = dataclasses.replace(request, stream=False).to_wire()
+        request = runtime_request(await parsed(parse, data, caller.fairness_key))
+        typed = typed_request(request)
+        model = await caller.resolve(typed.model)
+        wire = with_typed(request, dataclasses.replace(typed, stream=False)).to_wire()
         result = await placement.call(OP_COUNT_TOKENS, runtime_wire({**wire, "model": model}))
         return shape(result["input_tokens"])
 

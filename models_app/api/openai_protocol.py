@@ -24,15 +24,15 @@ from models_app.api.passthrough import forwarded_answer, relay
 
 def openai_create(parse: Callable[[Any, str | None], Any], builder: Callable[[Any], Any]) -> Create:
     """The entry point of a protocol: ``parse(body, fairness_key)`` gives its parsed request
-    (with ``.generation``, the typed request), ``builder(request)`` its answer's builder."""
+    (an ``OpenAIRequest``), ``builder(request)`` its answer's builder."""
 
     async def create(data, caller: Caller) -> dict | AsyncIterator[bytes]:
         request = await parsed(parse, data, caller.fairness_key)
-        resolved = await caller.resolve(request.generation.model)
+        model = request.forwarded.typed.model
+        resolved = await caller.resolve(model)
         shapes = builder(request)
-        outcome = await generate(request.generation, resolved)
-        model = request.generation.model
-        if request.generation.stream:
+        outcome = await generate(request.forwarded, resolved)
+        if request.forwarded.typed.stream:
             return relay(outcome, model, lambda messages: _sse(shapes, messages))
         return forwarded_answer(outcome, model) or shapes.final(outcome)
 
@@ -54,7 +54,7 @@ class OpenAIAnswer:
     def __init__(self, request, *, id_prefix: str, chunk_object: str):
         self.id = f"{id_prefix}{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.model = request.generation.model
+        self.model = request.forwarded.typed.model
         self.include_usage = request.include_usage
         self.chunk_object = chunk_object
 

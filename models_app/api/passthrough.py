@@ -1,10 +1,10 @@
 """Forwarded answers: an upstream server's own JSON, sent on to the client.
 
 A model whose engine forwards the client's body to an OpenAI-compatible server (the managed
-servers and openai_remote: ``GenerationRequest.passthrough``) answers with that server's chunks
+servers and openai_remote, given a ``ForwardedRequest``) answers with that server's chunks
 (the runtime's ``upstream`` events) or its whole answer (the result's ``upstream``).  They reach
 the client as the upstream wrote them, with ``model`` set to the name the client asked for.
-Every protocol whose parser sets a passthrough (chat completions, completions) answers through:
+Every protocol whose parser builds a ``ForwardedRequest`` (chat completions, completions) answers through:
 
 - ``forwarded_answer(result, model)``: the upstream's answer, or None when the model ran the
   typed request itself (then the protocol shapes the result);

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models_app.api import limits
 from runtime.config import json_path
 from runtime.errors import InvalidRequest, LLMPoolError
-from runtime.inputs.request import GenerationRequest
+from runtime.inputs.request import ForwardedRequest, GenerationRequest
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -49,22 +49,52 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
+class OpenAIBody(BaseModel):
+    """The fields chat completions and completions bodies share (what ``openai_request`` reads).
+
+    Fields a body does not declare are kept (``model_extra``) and recorded as refused: an upstream
+    that the body is forwarded to may know them (llama-server's n_probs and grammar, vLLM's top_k ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    n: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: limits.StopSequences = None
+    user: str | None = None
+    # Carried in the typed request (a penalty of 0 changes nothing: left out).
+    seed: int | None = Field(None, ge=limits.MIN_INTEGER, le=limits.MAX_INTEGER)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    # Refused when set to anything that would change the answer (each protocol's ``refuse_changes``).
+    logit_bias: dict[str, float] | None = None
+    # Accepted for client compatibility; they change nothing here.
+    store: bool | None = None
+    metadata: dict | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
 @dataclass
 class OpenAIRequest:
-    """A parsed chat completions or completions request: the typed request and what only the
-    answer's shape needs."""
+    """A parsed chat completions or completions request: the client's body with its typed request
+    (what the runtime gets) and what only the answer's shape needs."""
 
-    generation: GenerationRequest
+    forwarded: ForwardedRequest
     include_usage: bool = False
 
 
-def openai_request(body: BaseModel, fairness_key: str | None, refused: list[LLMPoolError],
-                   **fields) -> OpenAIRequest:
-    """The parsed request of a chat completions or completions ``body``: the typed request of
-    ``fields`` (the protocol's own) and the fields both read alike; ``fairness_key`` as the edge
-    decided it, else the body's ``user``; ``refused`` what the typed path cannot honour."""
+def openai_request(body: OpenAIBody, fairness_key: str | None, refused: list[LLMPoolError], *,
+                   path: str, data: dict, messages_from_body: bool = False, **fields) -> OpenAIRequest:
+    """The parsed request of a chat completions or completions ``body`` (``data`` as the client
+    sent it to ``path``): the typed request of ``fields`` (the protocol's own) and the fields both
+    read alike; ``fairness_key`` as the edge decided it, else the body's ``user``; ``refused`` what
+    the typed request cannot honour; ``messages_from_body`` as ``ForwardedRequest`` says."""
     stream = bool(body.stream)
-    generation = GenerationRequest(
+    typed = GenerationRequest(
         request_id="",  # the runtime client names the exchange
         model=body.model,
         temperature=body.temperature,
@@ -75,11 +105,27 @@ def openai_request(body: BaseModel, fairness_key: str | None, refused: list[LLMP
         seed=body.seed,
         presence_penalty=body.presence_penalty or None,  # a penalty of 0 is none
         frequency_penalty=body.frequency_penalty or None,
-        refused=[error.to_dict() for error in refused],
         **fields,
     )
+    forwarded = ForwardedRequest(typed, path, data, messages_from_body, [error.to_dict() for error in refused])
     options = body.stream_options
-    return OpenAIRequest(generation, stream and options is not None and bool(options.include_usage))
+    return OpenAIRequest(forwarded, stream and options is not None and bool(options.include_usage))
+
+
+def function_tools(functions: list[dict], *, noun: str = "function", name_param: str = "name") -> list[dict] | None:
+    """``functions`` (each ``{"name", ...}``) as the typed request's tools, chat completions' shape
+    (``{"type": "function", "function"}``); None for none.  A second function of one name is a 400
+    naming it (``tools[i].<name_param>``, the protocol's ``noun`` in the message)."""
+    if not functions:
+        return None
+    seen: set[str] = set()
+    for index, function in enumerate(functions):
+        name = function["name"]
+        if name in seen:
+            raise InvalidRequest(f"tools[{index}]: a second {noun} named {name!r}",
+                                 param=f"tools[{index}].{name_param}")
+        seen.add(name)
+    return [{"type": "function", "function": function} for function in functions]
 
 
 def stop_sequences(stop: str | list[str] | None) -> list[str] | None:

@@ -6,9 +6,7 @@ from collections.abc import AsyncIterator
 from models_app.placement import decide, several
 from models_app.placement.inflight import INFLIGHT, SUSPECTS
 from models_app.transport import nodes
-from models_app.transport.messages import REPLY_RESULT
-from models_app.transport.runtime_client import RuntimeClient
-from runtime.errors import RuntimeUnavailable
+from models_app.transport.runtime_client import RuntimeClient, result_of
 
 
 async def view() -> decide.View:
@@ -38,7 +36,7 @@ async def call(op: str, payload: dict | None = None, *, deadline: float | None =
         return await several.call_every(client, op, payload, deadline, where.nodes, where.known)
     if isinstance(where, decide.Spread):
         return await several.call_spread(client, op, payload, deadline, where.nodes)
-    result = await _result(exchange(op, payload, deadline=deadline, client=client, node=where.node))
+    result = await result_of(exchange(op, payload, deadline=deadline, client=client, node=where.node))
     if isinstance(result, dict) and "runtime_state" in result and "name" in result:
         result = {**result, "node": where.node.name}
     return result
@@ -67,12 +65,3 @@ async def exchange(op: str, payload: dict, *, deadline: float | None = None, cli
         INFLIGHT.untrack(keys)
         await messages.aclose()
 
-
-async def _result(messages: AsyncIterator[dict]) -> dict:
-    try:
-        async for message in messages:
-            if message["kind"] == REPLY_RESULT:
-                return message["data"]
-    finally:
-        await messages.aclose()
-    raise RuntimeUnavailable("the runtime closed the exchange without a result")

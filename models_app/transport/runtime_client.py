@@ -37,6 +37,17 @@ from runtime.errors import RuntimeUnavailable, error_from_dict
 _LOST_REPLY = "a reply from the runtime was lost on the way (the channel layer restarted?)"
 
 
+async def result_of(exchange: AsyncIterator[dict]) -> dict:
+    """The result that ends ``exchange`` (its chunks passed over), the exchange closed after it."""
+    try:
+        async for message in exchange:
+            if message["kind"] == REPLY_RESULT:
+                return message["data"]
+    finally:
+        await exchange.aclose()
+    raise RuntimeUnavailable("the runtime closed the exchange without a result")
+
+
 class RuntimeClient:
     def __init__(self, reply_timeout: float | None = None):
         self.layer = get_channel_layer()
@@ -45,14 +56,7 @@ class RuntimeClient:
     async def call(self, channel: str, op: str, payload: dict | None = None, *, deadline: float | None = None,
                    on_silent: Callable[[], None] | None = None) -> dict:
         """One request to ``channel``, one result (heartbeats keep it alive up to ``deadline`` seconds)."""
-        exchange = self.exchange(channel, op, payload or {}, deadline=deadline, on_silent=on_silent)
-        try:
-            async for message in exchange:
-                if message["kind"] == REPLY_RESULT:
-                    return message["data"]
-        finally:
-            await exchange.aclose()
-        raise RuntimeUnavailable("the runtime closed the exchange without a result")
+        return await result_of(self.exchange(channel, op, payload or {}, deadline=deadline, on_silent=on_silent))
 
     async def exchange(self, channel: str, op: str, payload: dict, *, deadline: float | None = None,
                        on_silent: Callable[[], None] | None = None) -> AsyncIterator[dict]:

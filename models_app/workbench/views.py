@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
@@ -205,19 +206,13 @@ async def model_load(request: HttpRequest, name: str) -> HttpResponse:
     form = LoadForm(entry, request.POST)
     if request.POST.get("dry_run") == "true" or request.GET.get("dry_run") == "true":
         return await _load_plan(request, entry, form)
-    status, message, ok = 422, "Please correct the errors below.", False
-    if form.is_valid():
-        try:
-            entry = await services.model_load(name, form.load_body())
-        except LLMPoolError as exc:
-            form.add_runtime_error(exc)
-            status, message = exc.http_status, f"{exc.code}: {exc.message}"
-        else:
-            ok = entry["runtime_state"] != "failed"
-            status = 200
-            message = f"{name} is {entry['runtime_state']}" if ok else f"{name} failed to load: {entry['last_error']}"
-            if ok:
-                form = LoadForm(entry)
+    answer, status, message = await _submitted(form, lambda: services.model_load(name, form.load_body()))
+    ok = answer is not None and answer["runtime_state"] != "failed"
+    if answer is not None:
+        entry = answer
+        message = f"{name} is {entry['runtime_state']}" if ok else f"{name} failed to load: {entry['last_error']}"
+        if ok:
+            form = LoadForm(entry)
     if wants_json(request):
         form_html = await sync_to_async(render_to_string)("llmpool_admin/_load_form.html", {"form": form}, request)
         return JsonResponse({"ok": ok, "message": message, "entry": entry, "form_html": form_html}, status=status)
@@ -225,6 +220,18 @@ async def model_load(request: HttpRequest, name: str) -> HttpResponse:
         messages.add_message(request, messages.SUCCESS if ok else messages.ERROR, message)
         return redirect("llmpool_admin:model", name=name)
     return await _model_response(request, entry, form, status)
+
+
+async def _submitted(form, send: Callable[[], Awaitable[dict]]) -> tuple[dict | None, int, str]:
+    """A form's call to the runtime: ``(its answer, 200, "")``; ``(None, status, message)`` for an
+    invalid form (422) or the runtime's error, which the form then shows beside its fields."""
+    if not form.is_valid():
+        return None, 422, "Please correct the errors below."
+    try:
+        return await send(), 200, ""
+    except LLMPoolError as exc:
+        form.add_runtime_error(exc)
+        return None, exc.http_status, f"{exc.code}: {exc.message}"
 
 
 async def _load_plan(request: HttpRequest, entry: dict, form: LoadForm) -> HttpResponse:
@@ -317,17 +324,12 @@ async def model_reconfigure(request: HttpRequest, name: str) -> HttpResponse:
     except LLMPoolError as exc:
         return _action_error(request, name, exc)
     form = ReconfigureForm(entry, request.POST)
-    status, message, ok = 422, "Please correct the errors below.", False
-    if form.is_valid():
-        try:
-            entry = await services.model_reconfigure(name, form.reconfigure_body())
-        except LLMPoolError as exc:
-            form.add_runtime_error(exc)
-            status, message = exc.http_status, f"{exc.code}: {exc.message}"
-        else:
-            ok, status = True, 200
-            message = _reconfigured_message(name, entry.get("reconfigured") or {})
-            form = ReconfigureForm(entry)
+    answer, status, message = await _submitted(form, lambda: services.model_reconfigure(name, form.reconfigure_body()))
+    ok = answer is not None
+    if ok:
+        entry = answer
+        message = _reconfigured_message(name, entry.get("reconfigured") or {})
+        form = ReconfigureForm(entry)
     if wants_json(request):
         html = await _residency_html(request, entry, form)
         return JsonResponse({"ok": ok, "message": message, "entry": entry, "residency_html": html}, status=status)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from runtime.backends.shared.overrides import TARGET_INFLIGHT, LoadOverride
 from runtime.errors import InvalidLoadRequest
 from runtime.pool.devices import check_device_field
-from runtime.inputs.request import GenerationRequest
+from runtime.inputs.request import ForwardedRequest, GenerationRequest
 from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS
 from runtime.pool.model_files import locate_model_file
 
@@ -147,7 +147,9 @@ class Engine(Protocol):
 
     async def unload(self) -> None: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]: ...
+    # A ForwardedRequest comes only to an engine whose spec forwards (BackendSpec.forwards_requests);
+    # every other engine gets the typed GenerationRequest.
+    def generate(self, request: GenerationRequest | ForwardedRequest) -> AsyncIterator[TextDelta | Finished]: ...
 
     # An engine of an embedding model (BackendSpec.embeddings) also has
     # ``async embed(inputs, *, dimensions=None) -> (vectors, prompt_tokens)``: see runtime.inference.embedding.
@@ -227,7 +229,7 @@ class BackendSpec:
         return False
 
     def forwards_requests(self, definition: CommonDefinition) -> bool:
-        """Whether the engine sends the client's own body (``GenerationRequest.passthrough``)
+        """Whether the engine sends the client's own body (a ``ForwardedRequest``) as it is
         to an OpenAI-compatible upstream, which then judges every field llm-pool does not own."""
         return False
 

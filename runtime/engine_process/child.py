@@ -22,6 +22,8 @@ import socket
 import sys
 import traceback
 from contextlib import aclosing, contextmanager
+from functools import partial
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from runtime.backends import BACKENDS
@@ -52,8 +54,10 @@ class EngineHost:
         self.done = asyncio.Event()  # set once unloaded: the process exits
         self._tasks: set[asyncio.Task] = set()
         self._handlers = {
-            p.LOAD: self._on_load, p.GENERATE: self._on_generate, p.EMBED: self._on_embed,
-            p.COUNT: self._on_count, p.TRANSCRIBE: self._on_transcribe, p.RERANK: self._on_rerank,
+            # A stream's handler is its relay itself: a fault's stack in the output tail stays short.
+            p.LOAD: self._on_load, p.GENERATE: partial(self._relay, self._generation, _generation_frame),
+            p.EMBED: self._on_embed, p.COUNT: self._on_count, p.RERANK: self._on_rerank,
+            p.TRANSCRIBE: partial(self._relay, self._transcription, _transcription_frame),
             p.CANCEL: self._on_cancel, p.STATS: self._on_stats, p.RECONFIGURE: self._on_reconfigure,
             p.SLEEP: self._on_sleep, p.WAKE: self._on_wake, p.UNLOAD: self._on_unload,
         }
@@ -114,26 +118,24 @@ class EngineHost:
         finally:
             del self.generations[request_id]
 
-    async def _on_generate(self, message: dict[str, Any]) -> None:
-        generation_id = message["id"]
-        with self._running(generation_id):
-            request = GenerationRequest.from_wire(message["request"])
-            async with aclosing(self.engine.generate(request)) as events:
-                async for event in events:
-                    if isinstance(event, TextDelta):
-                        delta = {"op": p.DELTA, "id": generation_id, "text": event.text, "tokens": event.tokens}
-                        if event.logprobs is not None:
-                            delta["logprobs"] = event.logprobs
-                        self.outbox.send(delta)
-                    elif isinstance(event, Finished):
-                        self.outbox.send({
-                            "op": p.FINISHED,
-                            "id": generation_id,
-                            "input_tokens": event.input_tokens,
-                            "output_tokens": event.output_tokens,
-                            "finish_reason": event.finish_reason,
-                            "cached_tokens": event.cached_tokens,
-                        })
+    def _generation(self, request: dict[str, Any]) -> AsyncIterator:
+        return self.engine.generate(GenerationRequest.from_wire(request))
+
+    def _transcription(self, request: dict[str, Any]) -> AsyncIterator:
+        """The engine's ``transcribe`` (runtime.inference.transcription)."""
+        return self.engine.transcribe(TranscriptionRequest.from_wire(request))
+
+    async def _relay(self, events_of: Callable[[dict], AsyncIterator], frame_of: Callable[[Any, Any], dict | None],
+                     message: dict[str, Any]) -> None:
+        """Send the frame of each event ``events_of(message["request"])`` yields (``frame_of(id,
+        event)``; None: no frame), cancellable by the runtime while it runs."""
+        request_id = message["id"]
+        with self._running(request_id):
+            async with aclosing(events_of(message["request"])) as stream:
+                async for event in stream:
+                    frame = frame_of(request_id, event)
+                    if frame is not None:
+                        self.outbox.send(frame)
 
     async def _on_embed(self, message: dict[str, Any]) -> None:
         """The engine's ``embed``, cancellable like a generation."""
@@ -141,19 +143,6 @@ class EngineHost:
         with self._running(embed_id):
             vectors, prompt_tokens = await self.engine.embed(message["inputs"], dimensions=message.get("dimensions"))
             self.outbox.send({"op": p.EMBEDDED, "id": embed_id, "vectors": vectors, "prompt_tokens": prompt_tokens})
-
-    async def _on_transcribe(self, message: dict[str, Any]) -> None:
-        """The engine's ``transcribe`` (runtime.inference.transcription), cancellable like a generation."""
-        transcription_id = message["id"]
-        with self._running(transcription_id):
-            request = TranscriptionRequest.from_wire(message["request"])
-            async with aclosing(self.engine.transcribe(request)) as events:
-                async for event in events:
-                    if isinstance(event, TranscriptSegment):
-                        self.outbox.send({"op": p.SEGMENT, "id": transcription_id, "segment": event.to_wire()})
-                    elif isinstance(event, Transcribed):
-                        self.outbox.send({"op": p.TRANSCRIBED, "id": transcription_id,
-                                          "language": event.language, "duration": event.duration})
 
     async def _on_rerank(self, message: dict[str, Any]) -> None:
         """The engine's ``rerank``, cancellable like a generation."""
@@ -216,6 +205,27 @@ class EngineHost:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _generation_frame(request_id, event) -> dict | None:
+    if isinstance(event, TextDelta):
+        delta = {"op": p.DELTA, "id": request_id, "text": event.text, "tokens": event.tokens}
+        if event.logprobs is not None:
+            delta["logprobs"] = event.logprobs
+        return delta
+    if isinstance(event, Finished):
+        return {"op": p.FINISHED, "id": request_id, "input_tokens": event.input_tokens,
+                "output_tokens": event.output_tokens, "finish_reason": event.finish_reason,
+                "cached_tokens": event.cached_tokens}
+    return None
+
+
+def _transcription_frame(request_id, event) -> dict | None:
+    if isinstance(event, TranscriptSegment):
+        return {"op": p.SEGMENT, "id": request_id, "segment": event.to_wire()}
+    if isinstance(event, Transcribed):
+        return {"op": p.TRANSCRIBED, "id": request_id, "language": event.language, "duration": event.duration}
+    return None
 
 
 async def serve(sock: socket.socket) -> None:

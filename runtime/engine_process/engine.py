@@ -30,7 +30,8 @@ import itertools
 import logging
 import signal
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,13 @@ class _Stream:
     async def next_reply(self, op: str) -> dict[str, Any]:
         """The one answer of an embed, a rerank or a count: its ``op`` frame (an error frame or a failure raise)."""
         return await self.next_frame((op,))
+
+    async def next_transcript(self) -> TranscriptSegment | Transcribed:
+        """The next segment of a transcription, or its end."""
+        frame = await self.next_frame((p.SEGMENT, p.TRANSCRIBED))
+        if frame["op"] == p.TRANSCRIBED:
+            return Transcribed(frame["language"], frame["duration"])
+        return TranscriptSegment.from_wire(frame["segment"])
 
     async def next_frame(self, ops: tuple[str, ...]) -> dict[str, Any]:
         """The next frame, one of ``ops`` (an error frame or a failure raise)."""
@@ -253,23 +261,8 @@ class ProcessEngine:
             await self._cancel_remote(request_id, stream)
         self._streams.pop(request_id, None)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
-        generation_id, stream = self._open_stream()
-        finished = False
-        try:
-            await self._send({"op": p.GENERATE, "id": generation_id, "request": request.to_wire()})
-            while True:
-                event = await stream.next_event()
-                if isinstance(event, Finished):
-                    finished = True
-                    yield event
-                    return
-                yield event
-        except LLMPoolError:
-            finished = True  # the child ended this generation (or died)
-            raise
-        finally:
-            await self._close_stream(generation_id, stream, ended=finished)
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
+        return self._streamed({"op": p.GENERATE, "request": request.to_wire()}, _Stream.next_event, Finished)
 
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """Send ``embed`` and await its vectors; a cancelled call cancels it in the child too."""
@@ -281,24 +274,30 @@ class ProcessEngine:
         reply = await self._one_reply({"op": p.RERANK, "query": query, "documents": documents}, p.RERANKED)
         return reply["scores"], reply["prompt_tokens"]
 
-    async def transcribe(self, request: TranscriptionRequest) -> AsyncIterator[TranscriptSegment | Transcribed]:
+    def transcribe(self, request: TranscriptionRequest) -> AsyncIterator[TranscriptSegment | Transcribed]:
         """Send ``transcribe`` and yield its segments, then its end; closing early cancels it in the child."""
-        transcription_id, stream = self._open_stream()
+        return self._streamed({"op": p.TRANSCRIBE, "request": request.to_wire()}, _Stream.next_transcript, Transcribed)
+
+    async def _streamed(self, message: dict[str, Any], next_event: Callable[[_Stream], Awaitable[Any]],
+                        last: type) -> AsyncIterator:
+        """Send ``message`` on a stream of its own and yield what ``next_event`` reads from it, up to
+        and with its ``last`` event; closing early cancels it in the child."""
+        request_id, stream = self._open_stream()
         ended = False
         try:
-            await self._send({"op": p.TRANSCRIBE, "id": transcription_id, "request": request.to_wire()})
+            await self._send({"op": message["op"], "id": request_id, **message})
             while True:
-                frame = await stream.next_frame((p.SEGMENT, p.TRANSCRIBED))
-                if frame["op"] == p.TRANSCRIBED:
+                event = await next_event(stream)
+                if isinstance(event, last):
                     ended = True
-                    yield Transcribed(frame["language"], frame["duration"])
+                    yield event
                     return
-                yield TranscriptSegment.from_wire(frame["segment"])
+                yield event
         except LLMPoolError:
             ended = True  # the child ended it (or died)
             raise
         finally:
-            await self._close_stream(transcription_id, stream, ended=ended)
+            await self._close_stream(request_id, stream, ended=ended)
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """Send ``count`` and await the child's engine's count of ``request``'s prompt tokens."""
@@ -306,19 +305,9 @@ class ProcessEngine:
         return reply["input_tokens"]
 
     async def _one_reply(self, message: dict[str, Any], answer: str) -> dict[str, Any]:
-        """Send ``message`` under a new id and await its one ``answer`` frame."""
-        request_id, stream = self._open_stream()
-        answered = False
-        try:
-            await self._send({**message, "id": request_id})
-            reply = await stream.next_reply(answer)
-            answered = True
-            return reply
-        except LLMPoolError:
-            answered = True  # the child ended it (or died)
-            raise
-        finally:
-            await self._close_stream(request_id, stream, ended=answered)
+        """Send ``message`` under a new id and await its one ``answer`` frame (a stream of one)."""
+        async with aclosing(self._streamed(message, lambda stream: stream.next_reply(answer), dict)) as replies:
+            return await anext(replies)
 
     async def _cancel_remote(self, generation_id: int, stream: _Stream) -> None:
         """Tell the child to stop ``generation_id`` and wait (briefly) until it has; unanswered, the

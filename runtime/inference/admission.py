@@ -1,8 +1,11 @@
 """What a request must satisfy before it is queued, and what it is charged when it is.
 
-``check_request`` refuses (400/403) what the model cannot take, from its
-capabilities (the sampling options included: a seed, penalties or logprobs the engine does not
-honour are 400 invalid_request naming the field); ``with_reasoning_effort`` turns a client's
+``engine_request`` is a generate payload as the model's engine runs it: the service's decoding
+defaults and the client's reasoning effort applied, then checked.  ``check_request`` refuses
+(400/403) what the model cannot take, from its capabilities (the sampling options included: a
+seed, penalties or logprobs the engine does not honour are 400 invalid_request naming the field),
+and decides which kind the engine gets: a ``ForwardedRequest`` where it forwards the client's body,
+else the typed request; ``with_reasoning_effort`` turns a client's
 reasoning effort into the model's thinking mode; ``estimate_prompt_tokens`` is the prompt size
 the fair-share scheduler charges at dispatch, corrected to the engine's count when it ends.
 """
@@ -23,7 +26,16 @@ from runtime.errors import (
     ThinkingUnsupported,
     ToolsUnsupported,
 )
-from runtime.inputs.request import THINKING_DEFAULT, GenerationRequest
+from runtime.inputs.request import (
+    THINKING_DEFAULT,
+    DecodingSettings,
+    ForwardedRequest,
+    GenerationRequest,
+    InferenceRequest,
+    request_from_wire,
+    typed_request,
+    with_typed,
+)
 from runtime.inference.tool_calls import choice_kind
 
 PART_MODALITY = {"input_image": "image", "input_audio": "audio"}
@@ -40,9 +52,22 @@ def estimate_prompt_tokens(request: GenerationRequest) -> int:
     return chars // 4 + 1
 
 
-def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote: bool) -> None:
-    """Reject what the model cannot take (400/403) before it is queued."""
+def engine_request(entry: CatalogEntry, payload: dict, decoding: DecodingSettings,
+                   allow_remote: bool) -> InferenceRequest:
+    """The request of a generate payload as ``entry``'s engine runs it (``check_request``), its
+    typed fields resolved (``decoding``) and the client's reasoning effort applied."""
+    request = request_from_wire(payload)
+    typed = with_reasoning_effort(entry, typed_request(request).resolved(decoding))
+    return check_request(entry, with_typed(request, typed), allow_remote)
+
+
+def check_request(entry: CatalogEntry, request: InferenceRequest, allow_remote: bool) -> InferenceRequest:
+    """Reject what the model cannot take (400/403) before it is queued; answer the kind its engine
+    runs.  An engine that forwards gets a forwarded request as it is (its upstream judges the
+    sampling options, the tools and the conversation); any other runs the typed request, and a
+    forwarded request's first typed refusal is then its 400."""
     spec, definition = entry.spec, entry.definition
+    typed = typed_request(request)
     entry.refuse_remote(allow_remote)
     if not spec.generates(definition):
         raise InvalidRequest(
@@ -50,19 +75,23 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
             "POST /v1/audio/transcriptions and /v1/audio/translations", param="model",
         )
     capabilities = spec.capabilities(definition)
-    raw_prompt = request.prompt is not None
+    raw_prompt = typed.prompt is not None
     if raw_prompt and not capabilities["raw_prompt"]:
         raise RawPromptUnsupported(
             f"model {entry.name} does not take a raw text prompt (backend {definition.backend}); "
             "use /v1/chat/completions or /v1/responses",
             param="prompt",
         )
-    forwards = spec.forwards_requests(definition) and request.passthrough is not None
-    if request.refused and not forwards:
-        raise error_from_dict(request.refused[0])
+    match request:
+        case ForwardedRequest() if spec.forwards_requests(definition):
+            runs, forwards = request, True
+        case ForwardedRequest(typed_refusals=[refusal, *_]):
+            raise error_from_dict(refusal)
+        case _:
+            runs, forwards = typed, False
     if not forwards:
-        _check_sampling_options(entry, request, capabilities["sampling_options"])
-    for message in request.messages:
+        _check_sampling_options(entry, typed, capabilities["sampling_options"])
+    for message in typed.messages:
         for part in message["content"]:
             kind = part.get("type")
             if kind == "input_file" and not capabilities["file_inputs"]:
@@ -76,29 +105,30 @@ def check_request(entry: CatalogEntry, request: GenerationRequest, allow_remote:
                 )
     # A forwarding engine's upstream judges the tools and the conversation; a raw prompt has none.
     if not forwards and not raw_prompt:
-        _check_tools(entry, request, capabilities)
-        turns = [m for m in request.messages if m["role"] in ("user", "assistant")]
+        _check_tools(entry, typed, capabilities)
+        turns = [m for m in typed.messages if m["role"] in ("user", "assistant")]
         if len(turns) > 1 and not capabilities["multi_turn"]:
             raise MultiTurnUnsupported(f"model {entry.name} accepts a single user turn only", param="input")
-        last = [m for m in request.messages if m["role"] in ("user", "assistant", "tool")]
+        last = [m for m in typed.messages if m["role"] in ("user", "assistant", "tool")]
         if not turns or last[-1]["role"] not in ("user", "tool"):
             raise InvalidRequest("the input must end with a user message or a tool result", param="input")
-    thinking = request.thinking or THINKING_DEFAULT
+    thinking = typed.thinking or THINKING_DEFAULT
     if thinking not in capabilities["thinking_modes"]:
         raise ThinkingUnsupported(
             f"model {entry.name} does not accept thinking={thinking!r} "
             f"(accepted: {', '.join(capabilities['thinking_modes'])})",
             param="thinking",
         )
-    response_format = request.response_format
+    response_format = typed.response_format
     if response_format and response_format.get("type") != "text":
         kind = response_format.get("type")
-        if kind not in capabilities["response_formats"] or request.stream:
+        if kind not in capabilities["response_formats"] or typed.stream:
             raise ResponseFormatUnsupported(
                 f"model {entry.name} does not accept response_format {kind!r}"
-                + (" with stream" if request.stream else ""),
+                + (" with stream" if typed.stream else ""),
                 param="response_format",
             )
+    return runs
 
 
 def _check_tools(entry: CatalogEntry, request: GenerationRequest, capabilities: dict) -> None:

@@ -35,6 +35,7 @@ from runtime.inputs.request import (
     GENERATE_TOOL_CALL,
     GENERATE_UPSTREAM,
     GenerationRequest,
+    InferenceRequest,
 )
 from runtime.model.tickets import Ticket
 from runtime.observe.records import RequestRecord
@@ -70,7 +71,7 @@ class AnswerFilters:
 class Output:
     """What a request's engine produced so far, and what has gone out of it."""
 
-    request: GenerationRequest
+    request: GenerationRequest  # the typed fields of either kind
     emit: Emit
     pieces: list[str] = field(default_factory=list)
     deltas: int = 0  # the engine's text events or upstream chunks (a stop sequence's output_tokens)
@@ -166,13 +167,14 @@ class Output:
         return result
 
 
-async def run_on_engine(controller, lease, output: Output) -> None:
-    """Stream the engine's events through the pipeline into ``output`` (the module docstring)."""
+async def run_on_engine(controller, lease, runs: InferenceRequest, output: Output) -> None:
+    """Stream the events of ``runs`` (the kind the model's engine takes: ``check_request``) through
+    the pipeline into ``output``, whose ``request`` is its typed fields (the module docstring)."""
     request = output.request
     entry = controller.entry
     # A raw prompt's continuation is all text: its reasoning tags, if any, are the client's to read.
     tags = None if request.prompt is not None else entry.spec.reasoning_tags(entry.definition, entry.base_dir)
-    events = split_reasoning(lease.engine.generate(request), tags)
+    events = split_reasoning(lease.engine.generate(runs), tags)
     filters = AnswerFilters(tool_parser(lease.engine, request), StopWatch(request.stop))
     try:
         async with request_deadline(controller, lease):

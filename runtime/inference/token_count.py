@@ -1,8 +1,8 @@
 """Counting a request's prompt tokens with the model's own tokenizer and chat template (POST
 /v1/messages/count_tokens, /v1/chat/completions/input_tokens, /v1/responses/input_tokens).
 
-The edge sends the same typed request a generation would (``GenerationRequest`` wire form); the
-runtime takes it through the same checks (``check_request``: a model that would refuse the request
+The edge sends the same request a generation would (either kind's wire form); the runtime takes
+it through the same checks (``engine_request``: a model that would refuse the request
 refuses its count with the same error) and the same admission (a model that is not loaded is 409
 ``model_not_loaded``, a ``load_on_request`` one loads for it) and asks the leased replica's engine.
 A count holds its replica only while the engine tokenizes: it is charged nothing to the caller's
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from runtime.errors import TokenCountUnsupported
-from runtime.inference.admission import check_request, with_reasoning_effort
-from runtime.inputs.request import GenerationRequest
+from runtime.inference.admission import engine_request
+from runtime.inputs.request import GenerationRequest, typed_request
 from runtime.model.tickets import Ticket
 
 if TYPE_CHECKING:
@@ -30,10 +30,9 @@ if TYPE_CHECKING:
 async def count_tokens(pool: ModelPool, payload: dict) -> dict:
     """The runtime's ``count_tokens`` op: a generate payload's ``{"input_tokens"}`` on its model."""
     controller = pool.lookup(payload["model"])  # a name or an alias
-    request = GenerationRequest.from_wire(payload).resolved(pool.settings.engine.decoding)
-    request = with_reasoning_effort(controller.entry, request)
-    check_request(controller.entry, request, pool.startup_service["allow_remote_execution"])
-    return {"input_tokens": await count_on_engine(controller, request)}
+    runs = engine_request(controller.entry, payload, pool.settings.engine.decoding,
+                          pool.startup_service["allow_remote_execution"])
+    return {"input_tokens": await count_on_engine(controller, typed_request(runs))}
 
 
 async def count_on_engine(controller: ModelController, request: GenerationRequest) -> int:

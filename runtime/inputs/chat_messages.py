@@ -3,8 +3,8 @@
 The chat parser at the edge validates a ``/v1/chat/completions`` body (its errors, its
 refusals) and builds the typed messages with ``typed_chat_messages``; the runtime builds
 them again with the same function from the client's own body, which the request carries
-anyway as its ``passthrough``.  So a chat request crosses the channel layer with its
-conversation once, not twice (``GenerationRequest.to_wire``).
+anyway as a ``ForwardedRequest``.  So a chat request crosses the channel layer with its
+conversation once, not twice (``ForwardedRequest.to_wire``).
 
 The input is a validated body's ``messages`` as the client sent them (strict JSON types):
 ``content`` a string, a list of parts or absent; parts ``text``, ``refusal``,

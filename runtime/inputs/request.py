@@ -1,11 +1,21 @@
-"""One typed inference request, from the protocol parser at the edge to the engine.
+"""What engines are handed: a typed inference request, or a client's body to forward.
 
-Each API protocol's parser (``models_app/api/<protocol>/protocol.py``) builds a
-``GenerationRequest`` from its body; it crosses the channel layer as ``to_wire()`` and
-the runtime rebuilds it with ``from_wire``.
-Sampling fields the client left out stay ``None`` until the runtime applies the
-service's decoding defaults (``resolved``, with ``DecodingSettings``: the settings'
-``engine.decoding``), so an engine always gets concrete values.  The events a
+Two kinds of request cross from the protocol parsers at the edge to the engines:
+
+- ``GenerationRequest``, the typed request: what every protocol's parser builds and what a
+  native engine runs.
+- ``ForwardedRequest``, a client's OpenAI body (chat completions, completions) with the typed
+  request parsed from it: an engine that forwards to an OpenAI-compatible server (the managed
+  servers, openai_remote: ``BackendSpec.forwards_requests``) sends the body on as it is; any
+  other engine runs its typed request.  Only the runtime knows which engine a model has, so
+  the parser records what the typed request cannot honour (``typed_refusals``) and the
+  runtime raises the first of them where the typed request is what runs
+  (``runtime.inference.admission.check_request``).
+
+Both cross the channel layer as ``to_wire()``; the runtime rebuilds either with
+``request_from_wire``.  Sampling fields the client left out stay ``None`` until the runtime
+applies the service's decoding defaults (``resolved``, with ``DecodingSettings``: the
+settings' ``engine.decoding``), so an engine always gets concrete values.  The events a
 generate operation streams are named here too.
 """
 from __future__ import annotations
@@ -29,8 +39,8 @@ GENERATE_DELTA = "delta"  # {"event": "delta", "text": ..., "logprobs": [...] wh
 GENERATE_TOOL_CALL = "tool_call"
 GENERATE_REASONING = "reasoning"  # {"event": "reasoning", "text": ...}: the model's reasoning, not its answer
 # {"event": "upstream", "chunk": {...}}: a forwarded stream's chunk, the upstream's JSON as it wrote
-# it (see GenerationRequest.passthrough); a forwarded request that does not stream has its
-# upstream's answer in the result's "upstream".
+# it (see ForwardedRequest); a forwarded request that does not stream has its upstream's answer in
+# the result's "upstream".
 GENERATE_UPSTREAM = "upstream"
 
 THINKING_DEFAULT = "default"
@@ -68,15 +78,7 @@ class GenerationRequest:
     thinking modes; the parser leaves it None when the client chose ``thinking`` itself.
 
     ``prompt`` is a raw text prompt (POST /v1/completions): ``messages`` is then empty and
-    only an engine that runs raw prompts takes it.  ``passthrough`` is the client's own body
-    and the upstream path it was sent to (``{"path": "/v1/chat/completions", "body": {...}}``;
-    ``"messages_from_body": true`` when ``messages`` are ``runtime.inputs.chat_messages`` of the body's),
-    which an engine that forwards to an OpenAI-compatible server (the managed servers,
-    openai_remote) sends on as it is, model name rewritten.  ``refused`` lists what the typed
-    path cannot honour, as error dicts (``code``, ``message``, ``param``): the parser records
-    them instead of raising, because only the runtime knows whether the model's engine
-    forwards the body (then the upstream judges those fields) or runs it itself (then the
-    first one is the request's 400).
+    only an engine that runs raw prompts takes it.
     """
 
     request_id: str
@@ -113,8 +115,6 @@ class GenerationRequest:
     # its model's queue_timeout_seconds).
     priority: str = DEFAULT_PRIORITY
     queue_timeout_seconds: float | None = None
-    passthrough: dict | None = None
-    refused: list[dict] = field(default_factory=list)
 
     def resolved(self, decoding: DecodingSettings | None = None) -> GenerationRequest:
         """A copy with every unset sampling field given the service's default: ``decoding``
@@ -136,21 +136,15 @@ class GenerationRequest:
         """The request as a plain dict (msgpack- and JSON-safe) for the channel layer.
 
         Shallow: its values are the request's own lists and dicts (every field is a plain value),
-        which the channel layer packs anyway; ``dataclasses.asdict`` deep-copied them first, which
-        cost more than the rest of building the message for a long conversation.  A chat request
-        whose messages are built from the client's body (``passthrough["messages_from_body"]``)
-        leaves them out: ``from_wire`` builds them again from the body, so the conversation
-        crosses the channel layer once."""
-        wire = {name: getattr(self, name) for name in _FIELD_NAMES}
-        if _messages_from_body(self.passthrough):
-            del wire["messages"]
-        return wire
+        which the channel layer packs anyway, so nothing is copied twice."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> GenerationRequest:
-        """Rebuild a request from ``to_wire``'s dict; keys this version does not know are dropped."""
+        """The typed request of either kind's wire dict (a forwarded one's messages built from its
+        body where it left them out); keys this version does not know are dropped."""
         fields = {key: value for key, value in data.items() if key in _KNOWN_FIELDS}
-        if "messages" not in fields and _messages_from_body(fields.get("passthrough")):
+        if "messages" not in fields and data.get("passthrough") is not None:
             fields["messages"] = wire_messages(data)
         return cls(**fields)
 
@@ -165,13 +159,80 @@ _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(GenerationRequest))
 _KNOWN_FIELDS = frozenset(_FIELD_NAMES)
 
 
-def _messages_from_body(passthrough: dict | None) -> bool:
-    return passthrough is not None and passthrough.get("messages_from_body") is True
+@dataclass
+class ForwardedRequest:
+    """A client's OpenAI body, which an engine that forwards sends on as it is (its model renamed).
+
+    ``path`` is the upstream path it was sent to (``/v1/chat/completions``, ``/v1/completions``),
+    ``body`` the client's JSON object.  ``typed`` is the same request parsed: what admission, the
+    fair share and the activity read whichever engine runs it, and what a native engine runs.
+    ``messages_from_body``: ``typed.messages`` are ``runtime.inputs.chat_messages`` of the body's,
+    so the wire form carries the conversation once and the runtime builds them again.
+    ``typed_refusals`` lists what the typed request cannot honour, as error dicts (``code``,
+    ``message``, ``param``): an upstream that gets the body judges those fields itself; where the
+    typed request runs instead, the first one is the request's 400.
+    """
+
+    typed: GenerationRequest
+    path: str
+    body: dict
+    messages_from_body: bool = False
+    typed_refusals: list[dict] = field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The typed request's wire dict with the body under ``passthrough`` (``{"path", "body"}``,
+        ``"messages_from_body": true`` when set, then without the typed ``messages``) and the
+        typed refusals under ``refused``."""
+        wire = self.typed.to_wire()
+        forward = {"path": self.path, "body": self.body}
+        if self.messages_from_body:
+            forward[_MESSAGES_FROM_BODY] = True
+            del wire["messages"]
+        wire["passthrough"], wire["refused"] = forward, self.typed_refusals
+        return wire
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ForwardedRequest:
+        forward = data["passthrough"]
+        return cls(GenerationRequest.from_wire(data), forward["path"], forward["body"],
+                   forward.get(_MESSAGES_FROM_BODY) is True, data.get("refused") or [])
+
+
+InferenceRequest = GenerationRequest | ForwardedRequest
+_MESSAGES_FROM_BODY = "messages_from_body"
+
+
+def request_from_wire(data: dict[str, Any]) -> InferenceRequest:
+    """The request of a generate payload, of the kind the edge sent."""
+    if data.get("passthrough") is not None:
+        return ForwardedRequest.from_wire(data)
+    return GenerationRequest.from_wire(data)
+
+
+def typed_request(request: InferenceRequest) -> GenerationRequest:
+    """The typed fields of either kind: what admission, the fair share and the answer's filters read."""
+    match request:
+        case ForwardedRequest(typed=typed):
+            return typed
+        case GenerationRequest():
+            return request
+
+
+def with_typed(request: InferenceRequest, typed: GenerationRequest) -> InferenceRequest:
+    """``request`` of the same kind with ``typed`` as its typed fields (a forwarded body unchanged)."""
+    match request:
+        case ForwardedRequest():
+            return dataclasses.replace(request, typed=typed)
+        case GenerationRequest():
+            return typed
 
 
 def wire_messages(data: dict[str, Any]) -> list[dict]:
-    """The typed messages of ``to_wire``'s dict, built from the client's body where it left them
-    out (what reads the wire form without ``from_wire``, such as the activity's capture, needs this)."""
-    if "messages" in data or not _messages_from_body(data.get("passthrough")):
-        return data.get("messages") or []
-    return typed_chat_messages(data["passthrough"]["body"]["messages"])
+    """The typed messages of either kind's wire dict, built from the client's body where it left
+    them out (what reads the wire form without ``from_wire``, such as the activity's capture, needs this)."""
+    if "messages" in data:
+        return data["messages"] or []
+    forward = data.get("passthrough")
+    if forward is None or forward.get(_MESSAGES_FROM_BODY) is not True:
+        return []
+    return typed_chat_messages(forward["body"]["messages"])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from runtime.backends.base import Engine
 from runtime.errors import LLMPoolError
 from runtime.model.on_demand import not_serving
-from runtime.model.phases import Mark
+from runtime.model.phases import Mark, Phase
 from runtime.model.scheduler import Scheduler
 from runtime.model.tickets import Ticket
 from runtime.model.state import RuntimeState
@@ -114,7 +114,8 @@ class Admission:
     def finish(self, future: asyncio.Future, ticket: Ticket, tokens: int | None) -> None:
         model, writer = self.model, self.writer
         if model.waiters.remove(ticket):
-            writer.turn.withdraw_unwanted_load()
+            if writer.turn.slot_wait_unwanted(writer.load_waiters):  # a load for these requests only
+                writer.withdraw(Phase.AWAITING_SLOT)
             writer.claim.withdraw_wait()
         elif not model.scheduler.on_cancel(ticket):
             model.scheduler.on_done(ticket, tokens)

@@ -158,21 +158,11 @@ class Scheduler:
     def on_request(self, ticket: Ticket) -> None:
         """Queue a request (raising a 429 error when a limit is reached) and dispatch what fits."""
         state = self._key(ticket.fairness_key)
-        if self.queue_depth >= self.fairness.executor_queue_limit:
-            self.rejected_executor_limit += 1
+        refusal = self._queue_full(ticket.fairness_key, state)
+        if refusal is not None:
             state.rejected += 1
             self._settle(ticket.fairness_key, state)
-            raise ExecutorQueueFull(
-                f"the model's queue is full ({self.fairness.executor_queue_limit} pending requests)"
-            )
-        if state.pending + state.waiting >= self.fairness.per_key_queue_limit:
-            self.rejected_per_key_limit += 1
-            state.rejected += 1
-            self._settle(ticket.fairness_key, state)
-            raise FairnessKeyQueueFull(
-                f"fairness key {ticket.fairness_key!r} already has {state.pending + state.waiting} pending requests "
-                f"(limit {self.fairness.per_key_queue_limit})"
-            )
+            raise refusal
         ticket.seq = next(self._seq)
         rank, key = RANKS[ticket.priority], ticket.fairness_key
         lane = self.lanes.get((rank, key))
@@ -191,6 +181,20 @@ class Scheduler:
         self.queue_depth += 1
         self.turns.depth[rank] += 1
         self._dispatch()
+
+    def _queue_full(self, key: str | None, state: KeyState) -> LLMPoolError | None:
+        """The 429 of a request that finds a queue limit reached (counted by limit), else None."""
+        if self.queue_depth >= self.fairness.executor_queue_limit:
+            self.rejected_executor_limit += 1
+            limit = self.fairness.executor_queue_limit
+            return ExecutorQueueFull(f"the model's queue is full ({limit} pending requests)")
+        if state.pending + state.waiting >= self.fairness.per_key_queue_limit:
+            self.rejected_per_key_limit += 1
+            return FairnessKeyQueueFull(
+                f"fairness key {key!r} already has {state.pending + state.waiting} pending requests "
+                f"(limit {self.fairness.per_key_queue_limit})"
+            )
+        return None
 
     def on_done(self, ticket: Ticket, tokens: int | None = None) -> None:
         """An active request ended; ``tokens`` is its real prompt + generated count."""

@@ -4,26 +4,42 @@ A model may switch by itself (docs/settings.md): requests may wait for its load
 (``runtime.model.on_demand``), its TTL unloads it once idle, and its swap group
 (``runtime.pool.groups``) hands out the slots its members load into and asks them to give one
 back (``cmd.GROUP_NOTICES``: a slot granted, swap out, end or resume the turn, warm up).  ``SwapTurn``
-handles those inside the writer's step, deciding from the model's own state, and after every
-command tells the idle clock and the group what the step left (``settle``).
+decides inside the writer's step, from the model's own state, what each notice and the TTL
+timer mean (a ``TurnStep``, which the writer applies), and after every command tells the idle
+clock and the group what the step left (``settle``).
 """
 from __future__ import annotations
 
-from runtime.errors import InsufficientMemory
+from collections.abc import Callable
+from enum import Enum
+
 from runtime.model import commands as cmd
 from runtime.model.phases import Mark, Phase
-from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_TTL, RuntimeState
+from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, RuntimeState
 
 S = RuntimeState
 P = Phase
 
 
-class SwapTurn:
-    """What the idle clock and the swap group were last told, and the model's side of its turn."""
+class TurnStep(Enum):
+    """What a notice of the swap group decides; the writer applies it (``ModelWriter.take_turn``)."""
 
-    def __init__(self, writer):
-        self.writer = writer
-        self.model = writer.model
+    START_ENGINES = "start_engines"  # the slot a load waited for is granted: its engines start
+    RELEASE_SLOT = "release_slot"  # a slot granted to a load withdrawn meanwhile goes back
+    SWAP_OUT = "swap_out"  # the drained member gives its slot: marked swapped out, it unloads
+    DECLINE_SWAP = "decline_swap"  # the member is busy or pinned: the group asks another
+    END_TURN = "end_turn"  # the turn is over: the member yields
+    RESUME_TURN = "resume_turn"  # the turn goes on: a loaded member serves its waiting requests again
+    WARM_UP = "warm_up"  # a free slot: a keep_warm member a swap took loads again
+
+
+class SwapTurn:
+    """What the idle clock and the swap group were last told, and the model's side of its turn.
+    ``post`` sends a command to the model's writer (the TTL timer's)."""
+
+    def __init__(self, model, post: Callable[[cmd.Command], object]):
+        self.model = model
+        self._post = post
         self.idle: bool | None = None  # as last told to the clock (None: tell it again)
         self._drained: bool | None = None  # as last reported to the group
 
@@ -41,10 +57,9 @@ class SwapTurn:
             return None if self.model.keep_alive < 0 else self.model.keep_alive
         return definition.ttl_seconds
 
-    def keep_alive(self, seconds: float) -> None:
-        """A request's keep_alive: the TTL from now on; an idle model's timer is armed again."""
-        self.model.keep_alive = seconds
-        self.idle = None  # the next settle tells the clock afresh
+    def rearm_clock(self) -> None:
+        """The TTL changed (a request's keep_alive): the next ``settle`` tells the clock afresh."""
+        self.idle = None
 
     def settle(self) -> None:
         """After each command: tell the idle clock (TTL) and the swap group what the step left."""
@@ -65,7 +80,7 @@ class SwapTurn:
 
     def _ttl_expired(self, idle_since: float) -> None:
         if not self.model._stopped:
-            self.writer.post(cmd.TtlExpired(idle_since))
+            self._post(cmd.TtlExpired(idle_since))
 
     def expires_at(self) -> float | None:
         """When the TTL unloads the model if nothing comes (epoch seconds), or None."""
@@ -79,48 +94,40 @@ class SwapTurn:
             return False
         return not (state is S.UNLOADING and self.model.reason == REASON_ADMIN)
 
-    def withdraw_unwanted_load(self) -> None:
-        """A load that waits for a group slot for requests only, all gone now, does not happen."""
+    def slot_wait_unwanted(self, load_waiters: list) -> bool:
+        """Whether a load that waits for a group slot for requests only, all gone now (no request,
+        no caller in ``load_waiters``), should not happen; the group then forgets its wish."""
         model = self.model
-        if (
-            model.phases.is_(P.AWAITING_SLOT, S.LOADING) and not model.waiters and not self.writer.load_waiters
+        return (
+            model.phases.is_(P.AWAITING_SLOT, S.LOADING) and not model.waiters and not load_waiters
             and model.group is not None and model.group.withdraw(model.name)
-        ):
-            self.writer.withdraw(P.AWAITING_SLOT)
+        )
 
     # ---- the commands of the TTL timer and the swap group ----------------------------
-    def ttl_expired(self, idle_since: float) -> None:
-        if self.idle and self.model.clock.idle_since == idle_since and self.ttl() is not None:
-            self.writer.start_unload(REASON_TTL)
+    def ttl_ran_out(self, idle_since: float) -> bool:
+        """Whether the TTL timer's command still finds the model idle since then: it unloads."""
+        return bool(self.idle) and self.model.clock.idle_since == idle_since and self.ttl() is not None
 
-    def on_notice(self, notice: cmd.Notice) -> None:
-        """What the swap group tells this member (``cmd.GROUP_NOTICES``), decided from its own state."""
-        model, writer = self.model, self.writer
+    def on_notice(self, notice: cmd.Notice) -> TurnStep | None:
+        """What the swap group's ``notice`` (``cmd.GROUP_NOTICES``) means for this member, from its
+        own state; None: nothing."""
+        model = self.model
         definition = model.entry.definition
         match notice:
             case cmd.Notice.SLOT_GRANTED:
                 if model.phases.is_(P.AWAITING_SLOT, S.LOADING):
-                    writer.start_engines(P.AWAITING_SLOT)
-                elif model.group is not None and model.state not in ACTIVE_STATES:
-                    model.group.release(model.name)  # withdrawn meanwhile
+                    return TurnStep.START_ENGINES
+                if model.group is not None and model.state not in ACTIVE_STATES:
+                    return TurnStep.RELEASE_SLOT
             case cmd.Notice.SWAP_OUT if model.group is not None:
-                if model.drained and not definition.pinned:
-                    model.phases.mark(Mark.SWAPPED_OUT)
-                    model.group.swapping_out(model.name)
-                    writer.start_unload(REASON_GROUP_SWAP)
-                else:
-                    model.group.declined(model.name)
+                return TurnStep.SWAP_OUT if model.drained and not definition.pinned else TurnStep.DECLINE_SWAP
             case cmd.Notice.END_TURN if model.state in (S.LOADING, S.LOADED) and not definition.pinned:
-                model.phases.mark(Mark.YIELDING)
+                return TurnStep.END_TURN
             case cmd.Notice.RESUME_TURN:
-                model.phases.clear(Mark.YIELDING)
-                if model.state is S.LOADED:
-                    model.waiters.release(writer.requests.queue)
+                return TurnStep.RESUME_TURN
             case cmd.Notice.WARM_UP if self._may_warm_up():
-                try:
-                    writer.begin_load(S.UNLOADED, REASON_KEEP_WARM)
-                except InsufficientMemory as exc:
-                    model.last_error = exc.message  # it comes back when there is room (the next warm_up)
+                return TurnStep.WARM_UP
+        return None
 
     def _may_warm_up(self) -> bool:
         """A free slot in the group: a keep_warm model that enabled loaded and a swap took comes back."""

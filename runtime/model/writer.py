@@ -12,11 +12,12 @@ memory claim shared by load and wake (``runtime.model.memory_claim``), the swap-
 idle clock (``runtime.model.switching``), the residency planner and the operation under way
 (``runtime.model.residency``, ``runtime.model.operations``), the admitted requests
 (``runtime.model.leases``) and the reload hold (``runtime.model.reload_hold``).  They decide
-(a ``Claim``, an ``Operation``, a ``ReloadVote``, whether a request may wait or a member swap
-out) and run only inside this writer's step, changing the model through its lifecycle steps
-below (``begin_load``, ``start_engines``, ``start_unload``, ``withdraw`` ...) and the record's
-checked machines.  Each handler sets the record's fields before it makes the transition, so
-listeners see them changed; every transition carries the reason of the operation it belongs to
+(a ``Claim``, an ``Operation``, a ``ReloadVote``, a swap group's ``TurnStep``, whether a request
+may wait) and run only inside this writer's step.  The swap-group turn only decides: the writer
+applies its steps (``take_turn``); the others change the model through the lifecycle steps below
+(``begin_load``, ``start_engines``, ``start_unload``, ``withdraw`` ...) and the record's checked
+machines.  Each handler sets the record's fields before it makes the transition, so listeners
+see them changed; every transition carries the reason of the operation it belongs to
 (``runtime.model.state``'s REASON_*).
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import logging
 import time
 
 from runtime.errors import BackendError, InsufficientMemory, InvalidLoadRequest, ModelStateConflict, ModelUnloading
-from runtime.model import commands as cmd
+from runtime.model import commands as cmd, switching
 from runtime.model.leases import Admission, Lease
 from runtime.model.memory_claim import Claim, MemoryClaim
 from runtime.model.on_demand import OPERATOR_SEES_WHY, not_serving, resolve
@@ -36,7 +37,7 @@ from runtime.model.reload_hold import ReloadHold
 from runtime.model.replicas import load_and_measure, release_replicas
 from runtime.model.residency import ModelEvent, Residency
 from runtime.model.state import REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
-from runtime.model.switching import SwapTurn
+from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_TTL
 
 
 logger = logging.getLogger("llmpool.runtime")
@@ -51,7 +52,7 @@ class ModelWriter:
     def __init__(self, model):
         self.model = model
         self.claim = MemoryClaim(self)
-        self.turn = SwapTurn(self)
+        self.turn = switching.SwapTurn(model, self.post)
         self.requests = Admission(self)
         self.reload = ReloadHold(self)
         self.operations = Operations(self)
@@ -106,18 +107,46 @@ class ModelWriter:
                 self.operations.finished(future, operation, error, measured)
             case cmd.KeepAlive(seconds):
                 future.set_result(None)
-                self.turn.keep_alive(seconds)
+                m.keep_alive = seconds  # the TTL from now on: an idle model's timer is armed again
+                self.turn.rearm_clock()
             case cmd.TtlExpired(idle_since):
                 future.set_result(None)
-                self.turn.ttl_expired(idle_since)
+                if self.turn.ttl_ran_out(idle_since):
+                    self.start_unload(REASON_TTL)
             case cmd.Notice() if command in cmd.GROUP_NOTICES:
                 future.set_result(None)
-                self.turn.on_notice(command)
+                self.take_turn(self.turn.on_notice(command))
             case cmd.Notice():
                 future.set_result(None)
                 self.claim.on_notice(command)
             case _:
                 raise TypeError(f"not a command: {command!r}")
+
+    def take_turn(self, step: switching.TurnStep | None) -> None:
+        """What a swap group's notice decided (``runtime.model.switching``), applied."""
+        m = self.model
+        match step:
+            case switching.TurnStep.START_ENGINES:
+                self.start_engines(P.AWAITING_SLOT)
+            case switching.TurnStep.RELEASE_SLOT:
+                self.release_slot()
+            case switching.TurnStep.SWAP_OUT:
+                m.phases.mark(Mark.SWAPPED_OUT)
+                m.group.swapping_out(m.name)
+                self.start_unload(REASON_GROUP_SWAP)
+            case switching.TurnStep.DECLINE_SWAP:
+                m.group.declined(m.name)
+            case switching.TurnStep.END_TURN:
+                m.phases.mark(Mark.YIELDING)
+            case switching.TurnStep.RESUME_TURN:
+                m.phases.clear(Mark.YIELDING)
+                if m.state is S.LOADED:
+                    m.waiters.release(self.requests.queue)
+            case switching.TurnStep.WARM_UP:
+                try:
+                    self.begin_load(S.UNLOADED, REASON_KEEP_WARM)
+                except InsufficientMemory as exc:
+                    m.last_error = exc.message  # it comes back when there is room (the next warm_up)
 
     def settle(self) -> None:
         """After each command: tell the idle clock (TTL) and the swap group what the step left."""

@@ -8,6 +8,7 @@ test_llama_server.py and test_llama_server_passthrough.py check that its slot is
 from __future__ import annotations
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
+from runtime.inputs.request import ForwardedRequest
 from runtime.backends.shared.forwarding import UpstreamAnswer
 from tests.runtime.helpers import start_pool
 
@@ -17,10 +18,10 @@ def ask(text: str, **fields) -> GenerationRequest:
     return GenerationRequest(request_id="r", messages=[message], temperature=0.0, **fields).resolved()
 
 
-def passed_through(max_tokens: int) -> GenerationRequest:
+def passed_through(max_tokens: int) -> ForwardedRequest:
     body = {"model": "smol", "messages": [{"role": "user", "content": "Say yes."}], "max_tokens": max_tokens,
             "temperature": 0}
-    return ask("Say yes.", passthrough={"path": "/v1/chat/completions", "body": body})
+    return ForwardedRequest(ask("Say yes."), "/v1/chat/completions", body)
 
 
 async def collect(engine, request) -> tuple[str, Finished]:

@@ -178,9 +178,9 @@ def test_upstream_refusals_are_our_400_and_the_request_timeout_still_applies(
 
 def request_for(model: str, request_id: str, **fields) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": "hi there"}], **fields}
-    generation = parse_chat_body(body, None).generation
-    generation.request_id = request_id
-    return generation.to_wire()
+    forwarded = parse_chat_body(body, None).forwarded
+    forwarded.typed.request_id = request_id
+    return forwarded.to_wire()
 
 
 async def test_tokens_are_counted_from_the_upstreams_usage(runtime_service, fake_bin, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 from models_app.api.messages.protocol import parse_count_tokens_body, parse_messages_body
 from models_app.conf import service_settings
 from runtime.errors import FairnessKeyTooLong, InvalidRequest
+from runtime.inputs.request import GenerationRequest
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
@@ -55,7 +56,7 @@ def test_system_blocks_system_turns_tool_results_and_images_in_the_typed_shape()
         {"role": "user", "content": [{"type": "input_text", "text": "and now?"}]},
     ]
     assert request.tools == [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL["input_schema"]}}]
-    assert (request.max_output_tokens, request.passthrough, request.fairness_key) == (64, None, None)
+    assert (request.max_output_tokens, type(request), request.fairness_key) == (64, GenerationRequest, None)
 
 
 @pytest.mark.parametrize(("choice", "typed", "parallel"), [

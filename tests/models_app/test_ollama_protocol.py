@@ -16,6 +16,7 @@ from models_app.api.ollama.protocol import (
     shown_model,
 )
 from runtime.errors import InvalidRequest
+from runtime.inputs.request import GenerationRequest
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\x00" * 24).decode()
 JPEG = base64.b64encode(b"\xff\xd8\xff\xe0" + b"\x00" * 24).decode()
@@ -35,7 +36,7 @@ def test_a_chat_is_the_typed_request_streamed_by_default_and_never_a_passthrough
     call = chat()
     assert call.stream is True and call.model == "m"
     request = call.generation
-    assert request.stream is True and request.passthrough is None
+    assert request.stream is True and type(request) is GenerationRequest
     assert request.messages == [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
     assert chat(stream=False).generation.stream is False
 

@@ -13,7 +13,7 @@ USER = [{"role": "user", "content": "hi"}]
 
 
 def chat(**fields):
-    return parse_chat_body({"model": "m", "messages": USER, **fields}, None).generation
+    return parse_chat_body({"model": "m", "messages": USER, **fields}, None).forwarded.typed
 
 
 def ollama(**options):
@@ -42,4 +42,5 @@ def test_out_of_bounds_is_refused_naming_the_field(fields, param):
 
 
 def test_a_chat_body_with_them_is_no_longer_refused_as_unknown():
-    assert chat(top_k=5).refused == []
+    body = {"model": "m", "messages": USER, "top_k": 5}
+    assert parse_chat_body(body, None).forwarded.typed_refusals == []

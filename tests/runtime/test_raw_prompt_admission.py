@@ -11,7 +11,7 @@ from runtime.backends.base import Finished, TextDelta
 from runtime.backends.stub.spec import StubEngine
 from runtime.pool.catalog import CatalogEntry
 from runtime.errors import InvalidRequest, RawPromptUnsupported
-from runtime.inputs.request import GenerationRequest
+from runtime.inputs.request import ForwardedRequest, GenerationRequest
 
 NATIVE = {"llama_cpp", "vllm", "exllamav3", "ct2", "stub"}
 MINIMAL = {  # a valid definition of each backend
@@ -63,7 +63,8 @@ def test_a_raw_prompt_skips_the_message_checks():
 
 
 def test_a_model_without_raw_prompts_refuses_it_before_anything_else_it_records():
-    request = raw(refused=[InvalidRequest("echo is not supported", param="echo").to_dict()])
+    request = ForwardedRequest(raw(), "/v1/completions", {"model": "m", "prompt": "Once upon a time", "echo": True},
+                               typed_refusals=[InvalidRequest("echo is not supported", param="echo").to_dict()])
     with pytest.raises(RawPromptUnsupported) as refused:
         check_request(entry(raw_prompt=False), request, allow_remote=False)
     assert (refused.value.code, refused.value.http_status, refused.value.param) == ("raw_prompt_unsupported", 400, "prompt")

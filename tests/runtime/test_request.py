@@ -1,9 +1,17 @@
-"""The one typed request: the parser leaves unset sampling to the runtime, which resolves it."""
+"""The two kinds of request: the typed one (the parser leaves unset sampling to the runtime, which resolves
+it) and the forwarded one (a client's body), their wire forms, and which kind an engine gets."""
+import dataclasses
+
 import msgpack
+import pytest
 
 from models_app.api.chat.protocol import parse_chat_body
 from models_app.api.responses.protocol import parse_responses_body
-from runtime.inputs.request import DecodingSettings, GenerationRequest
+from runtime.backends import BACKENDS
+from runtime.errors import InvalidRequest
+from runtime.inference.admission import check_request
+from runtime.inputs.request import DecodingSettings, ForwardedRequest, GenerationRequest, request_from_wire
+from runtime.pool.catalog import CatalogEntry
 
 MESSAGES = [{"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
 
@@ -67,25 +75,45 @@ TYPED_CHAT_MESSAGES = [
 
 
 def test_the_chat_parser_builds_the_typed_messages_of_every_part_and_message_kind():
-    request = parse_chat_body(CHAT_BODY, None).generation
-    assert request.messages == TYPED_CHAT_MESSAGES
-    assert [error["param"] for error in request.refused] == ["messages[5]"]  # the legacy function message
+    request = parse_chat_body(CHAT_BODY, None).forwarded
+    assert request.typed.messages == TYPED_CHAT_MESSAGES
+    assert [error["param"] for error in request.typed_refusals] == ["messages[5]"]  # the legacy function message
 
 
 def test_a_chat_request_crosses_the_wire_with_its_conversation_once_and_comes_back_whole():
-    request = parse_chat_body(CHAT_BODY, None).generation
+    request = parse_chat_body(CHAT_BODY, None).forwarded
     wire = request.to_wire()
     assert "messages" not in wire and wire["passthrough"]["body"] is CHAT_BODY
-    assert GenerationRequest.from_wire(msgpack.unpackb(msgpack.packb(wire))) == request
+    assert request_from_wire(msgpack.unpackb(msgpack.packb(wire))) == request
     long_text = "x" * 100_000
     long_request = parse_chat_body({"model": "m", "messages": [{"role": "user", "content": long_text}]}, None)
-    packed = msgpack.packb(long_request.generation.to_wire())
+    packed = msgpack.packb(long_request.forwarded.to_wire())
     assert len(long_text) < len(packed) < len(long_text) + 2_000
-    assert GenerationRequest.from_wire(msgpack.unpackb(packed)).messages[0]["content"][0]["text"] == long_text
+    assert request_from_wire(msgpack.unpackb(packed)).typed.messages[0]["content"][0]["text"] == long_text
 
 
 def test_a_request_whose_messages_are_its_own_keeps_them_on_the_wire():
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    request = GenerationRequest("r", MESSAGES, passthrough={"path": "/v1/chat/completions", "body": body})
+    request = ForwardedRequest(GenerationRequest("r", MESSAGES), "/v1/chat/completions", body)
     assert request.to_wire()["messages"] == MESSAGES
-    assert GenerationRequest.from_wire(request.to_wire()) == request
+    assert request_from_wire(request.to_wire()) == request
+
+
+def test_the_runtime_hands_a_forwarding_engine_the_body_and_any_other_the_typed_request():
+    forwarded = ForwardedRequest(GenerationRequest("r", MESSAGES).resolved(), "/v1/chat/completions",
+                                 {"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2},
+                                 typed_refusals=[InvalidRequest("n must be 1", param="n").to_dict()])
+    assert check_request(catalog_entry("openai_remote"), forwarded, allow_remote=True) is forwarded
+    with pytest.raises(InvalidRequest) as refused:  # the typed request cannot honour n
+        check_request(catalog_entry("stub"), forwarded, allow_remote=True)
+    assert refused.value.param == "n"
+    honourable = dataclasses.replace(forwarded, typed_refusals=[])
+    assert check_request(catalog_entry("stub"), honourable, allow_remote=True) is honourable.typed
+    assert check_request(catalog_entry("openai_remote"), forwarded.typed, allow_remote=True) is forwarded.typed
+
+
+def catalog_entry(backend: str) -> CatalogEntry:
+    remote = {"remote_base_url": "https://api.example.com/v1", "remote_model": "x"}
+    fields = remote if backend == "openai_remote" else {}
+    definition = BACKENDS[backend].definition_model.model_validate({"backend": backend, **fields})
+    return CatalogEntry(name="m", definition=definition, sources=("settings.json",), base_dir="/")

@@ -20,7 +20,7 @@ chat_completions_app = inference_app(create_chat_completion, CHAT_COMPLETIONS_PA
 
 # POST /v1/chat/completions/input_tokens: the body's prompt tokens (api.input_tokens).
 chat_input_tokens_app = inference_app(
-    token_counter(parse_chat_body, lambda request: request.generation,
+    token_counter(parse_chat_body, lambda request: request.forwarded,
                   lambda tokens: {"object": "chat.completion.input_tokens", "input_tokens": tokens}),
     CHAT_COMPLETIONS_PATH + "/input_tokens",
     limited=False,  # counting takes no engine time: no key's limits apply

@@ -8,9 +8,9 @@ in the typed request, and so are llama-server's ``top_k`` and ``repeat_penalty``
 refuses them for a model whose engine does not honour them (``capabilities.sampling_options``).  ``reasoning_effort`` is carried too (the runtime maps it
 onto the model's thinking modes) unless ``thinking`` is set, which wins.  Fields the typed
 path cannot honour (and that would silently change
-the answer) are recorded in ``GenerationRequest.refused``, with the client's body as
-``passthrough``: a model whose engine forwards the body to an OpenAI-compatible server lets
-that server judge them; any other model answers 400 naming the first of them.
+the answer) are recorded in the ``ForwardedRequest``'s ``typed_refusals``, beside the client's
+body: a model whose engine forwards the body to an OpenAI-compatible server lets that server
+judge them; any other model answers 400 naming the first of them.
 
 Tools: ``tools`` (type function: name, description, JSON-schema parameters, strict),
 ``tool_choice`` (none, auto, required, or a named function, which must be one of the tools)
@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchem
 from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
 from models_app.api.request_body import (
+    OpenAIBody,
     OpenAIRequest,
-    StreamOptions,
+    function_tools,
     json_object,
     openai_request,
     refuse_changes,
@@ -129,21 +130,10 @@ class ChatMessage(BaseModel):
         return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
-class ChatBody(BaseModel):
-    # Fields it does not declare are kept (model_extra) and recorded as refused: an upstream that
-    # the body is forwarded to may know them (llama-server's n_probs and grammar, vLLM's top_k ...).
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
+class ChatBody(OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1, max_length=limits.MAX_MESSAGES)
     max_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     max_completion_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    stop: limits.StopSequences = None
-    user: str | None = None
     response_format: Annotated[dict | None, WithJsonSchema(response_format_schema(("json_schema",)))] = None
     thinking: Literal["default", "enabled", "disabled"] | None = None  # llm-pool's, as on /v1/responses
     tools: list[FunctionTool] | None = Field(None, max_length=limits.MAX_TOOLS)
@@ -155,28 +145,19 @@ class ChatBody(BaseModel):
     parallel_tool_calls: bool | None = None
     functions: list[dict] | None = None
     function_call: str | dict | None = None
-    # Carried in the typed request (a penalty of 0 and logprobs false change nothing: left out).
-    seed: int | None = Field(None, ge=limits.MIN_INTEGER, le=limits.MAX_INTEGER)
+    # Carried in the typed request (logprobs false changes nothing: left out).
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     # llama-server's and vLLM's extensions, carried where the engine has them (0 and 1: none).
     top_k: limits.TopK = None
     repeat_penalty: limits.RepeatPenalty = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     # Refused when set to anything that would change the answer (see _CHANGES_THE_ANSWER).
-    logit_bias: dict[str, float] | None = None
     modalities: list[str] | None = None
     audio: dict | None = None
     web_search_options: dict | None = None
     verbosity: str | None = None
-    # Accepted for client compatibility; they change nothing here.
-    store: bool | None = None
-    metadata: dict | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
+    # Accepted for client compatibility; it changes nothing here.
     prediction: dict | None = None
 
 
@@ -218,7 +199,7 @@ def parse_chat_body(data: Any, fairness_key: str | None) -> OpenAIRequest:
         tools=tools,
         tool_choice=_tool_choice(body.tool_choice, tools),
         parallel_tool_calls=body.parallel_tool_calls,
-        passthrough={"path": CHAT_COMPLETIONS_PATH, "body": data, "messages_from_body": True},
+        path=CHAT_COMPLETIONS_PATH, data=data, messages_from_body=True,
     )
 
 
@@ -244,16 +225,8 @@ def _refuse_legacy_functions(body: ChatBody, refused: list[LLMPoolError]) -> Non
 
 def _tools(body: ChatBody) -> list[dict] | None:
     """The tools in the typed request (chat's own shape, unset fields left out)."""
-    if not body.tools:
-        return None
-    tools = [tool.model_dump(exclude_none=True) for tool in body.tools]
-    seen: set[str] = set()
-    for index, tool in enumerate(tools):
-        name = tool["function"]["name"]
-        if name in seen:
-            raise InvalidRequest(f"tools[{index}]: a second function named {name!r}", param=f"tools[{index}].function.name")
-        seen.add(name)
-    return tools
+    functions = [tool.function.model_dump(exclude_none=True) for tool in body.tools or ()]
+    return function_tools(functions, name_param="function.name")
 
 
 def _tool_choice(choice: str | dict | None, tools: list[dict] | None) -> str | dict | None:

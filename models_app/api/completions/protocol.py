@@ -5,9 +5,9 @@ messages: only a model whose engine runs raw prompts takes it (capability ``raw_
 else the runtime answers 400 ``raw_prompt_unsupported``).  As on chat completions, fields that
 change nothing here are accepted and ignored, and what the typed path cannot honour (several
 prompts, token-id prompts, ``n``/``best_of`` > 1, ``echo``, ``suffix``, ``logit_bias``, fields it
-does not know) is recorded in ``GenerationRequest.refused`` with the client's body as
-``passthrough``: a model whose engine forwards the body lets its upstream judge them; any other
-model answers 400 naming the first of them.  ``seed``, the penalties and ``logprobs`` go into the
+does not know) is recorded in the ``ForwardedRequest``'s ``typed_refusals``, beside the client's
+body: a model whose engine forwards the body lets its upstream judge them; any other model
+answers 400 naming the first of them.  ``seed``, the penalties and ``logprobs`` go into the
 typed request's fields, which the runtime checks against the engine's
 ``capabilities.sampling_options`` (a penalty of 0 is no penalty: left unset).
 """
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import Field, StrictInt, StrictStr
 
 from models_app.api import limits
 from models_app.api.request_body import (
+    OpenAIBody,
     OpenAIRequest,
-    StreamOptions,
     json_object,
     openai_request,
     refuse_changes,
@@ -33,11 +33,7 @@ COMPLETIONS_PATH = "/v1/completions"
 PROMPT_SHAPES = "$.prompt: must be a string, a list of strings, a list of token ids or a list of such lists"
 
 
-class CompletionBody(BaseModel):
-    # Fields it does not declare are kept (model_extra) and recorded as refused: an upstream
-    # that the body is forwarded to may know them (llama-server's n_probs, vLLM's top_k ...).
-    model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
+class CompletionBody(OpenAIBody):
     # Strict members: a list of token ids must not be read as a list of strings, or the reverse.
     # None of them empty (``_refuse_empty_prompt`` says so first, by name).
     prompt: Union[
@@ -47,27 +43,10 @@ class CompletionBody(BaseModel):
         Annotated[list[Annotated[list[StrictInt], Field(min_length=1)]], Field(min_length=1)],
     ]
     max_tokens: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     best_of: int | None = Field(None, ge=1, le=limits.MAX_FIELD_INTEGER)
     echo: bool | None = None
     suffix: str | None = None
-    stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    stop: limits.StopSequences = None
-    user: str | None = None
-    seed: int | None = Field(None, ge=limits.MIN_INTEGER, le=limits.MAX_INTEGER)
     logprobs: int | None = Field(None, ge=0, le=20)  # alternatives per token (chat's top_logprobs bound)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
-    # Accepted for client compatibility; they change nothing here.
-    store: bool | None = None
-    metadata: dict | None = None
-    service_tier: str | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
 
 
 # Refused (recorded) when set to a value that would change the answer.
@@ -92,7 +71,7 @@ def parse_completion_body(data: Any, fairness_key: str | None) -> OpenAIRequest:
     refuse_unknown(body, COMPLETIONS_PATH, refused)
     return openai_request(
         body, fairness_key, refused, messages=[], prompt=prompt, max_output_tokens=body.max_tokens,
-        logprobs=body.logprobs, passthrough={"path": COMPLETIONS_PATH, "body": data},
+        logprobs=body.logprobs, path=COMPLETIONS_PATH, data=data,
     )
 
 

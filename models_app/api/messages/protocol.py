@@ -27,8 +27,8 @@ alike.  The translation, block by block:
 
 ``cache_control`` on any block, ``metadata``, and the fields Claude Code adds that change nothing
 here (``context_management``, ``output_config``, ``service_tier``, ``container``, ``mcp_servers``...)
-are accepted and ignored.  A model whose engine forwards the client's OpenAI body upstream gets the typed request (no
-``passthrough``): an Anthropic body is never sent on as an OpenAI one.
+are accepted and ignored.  A model whose engine forwards the client's OpenAI body upstream gets the
+typed request (never a ``ForwardedRequest``): an Anthropic body is never sent on as an OpenAI one.
 """
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models_app.api import limits
+from models_app.api.request_body import function_tools
 from models_app.conf import service_settings
 from runtime.config import json_path
 from runtime.errors import InvalidRequest
@@ -325,18 +326,14 @@ def _result_parts(block: ToolResultBlock, where: str) -> list[dict]:
 
 def _tools(tools: list[Tool] | None) -> list[dict] | None:
     """The tools in the typed request (chat completions' shape)."""
-    if not tools:
-        return None
-    typed, seen = [], set()
-    for index, tool in enumerate(tools):
-        if tool.name in seen:
-            raise InvalidRequest(f"tools[{index}]: a second tool named {tool.name!r}", param=f"tools[{index}].name")
-        seen.add(tool.name)
-        function = {"name": tool.name, "parameters": tool.input_schema}
-        if tool.description is not None:
-            function["description"] = tool.description
-        typed.append({"type": "function", "function": function})
-    return typed
+    return function_tools([_function(tool) for tool in tools or ()], noun="tool")
+
+
+def _function(tool: Tool) -> dict:
+    function = {"name": tool.name, "parameters": tool.input_schema}
+    if tool.description is not None:
+        function["description"] = tool.description
+    return function
 
 
 def _tool_choice(choice: ToolChoice | None, tools: list[dict] | None) -> tuple[str | dict | None, bool | None]:

@@ -22,7 +22,7 @@ have are ignored, as Ollama's own JSON decoding ignores them.
   pins a model of a shared pool; on, it is the model's TTL from that request until it unloads
   (a number of seconds or a Go duration such as "10m"; 0 unloads it once idle, a negative one keeps it).
 
-The request never carries the client's body as a ``passthrough``: a model whose engine
+The request is a ``GenerationRequest``, never a ``ForwardedRequest``: a model whose engine
 forwards OpenAI bodies gets the typed request, which its engine writes as its own.
 """
 from __future__ import annotations

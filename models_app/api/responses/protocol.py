@@ -33,7 +33,7 @@ from pydantic import (
 
 from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
-from models_app.api.request_body import json_object, validated
+from models_app.api.request_body import function_tools, json_object, validated
 from runtime.errors import InvalidRequest
 from runtime.inputs.request import GenerationRequest
 
@@ -250,16 +250,7 @@ def _messages(items: list) -> list[dict]:
 
 def _tools(tools: list[FunctionTool] | None) -> list[dict] | None:
     """The tools in chat completions' shape (the typed request's), unset fields left out."""
-    if not tools:
-        return None
-    typed, seen = [], set()
-    for index, tool in enumerate(tools):
-        if tool.name in seen:
-            raise InvalidRequest(f"tools[{index}]: a second function named {tool.name!r}", param=f"tools[{index}].name")
-        seen.add(tool.name)
-        function = tool.model_dump(exclude_none=True, exclude={"type"})
-        typed.append({"type": "function", "function": function})
-    return typed
+    return function_tools([tool.model_dump(exclude_none=True, exclude={"type"}) for tool in tools or ()])
 
 
 def _tool_choice(choice: str | dict | None, tools: list[dict] | None) -> str | dict | None:

@@ -3,8 +3,8 @@
 Nothing runs locally.  ``load`` resolves the API key (``remote_api_key``, or the
 environment variable named by ``remote_api_key_env``: a load fails when that
 variable is unset) and opens a pooled ``httpx`` client on ``remote_base_url``;
-``generate`` forwards a request that carries the client's own body (``passthrough``)
-to the same path under ``remote_base_url`` (``runtime.backends.shared.forwarding``: model
+``generate`` forwards a ``ForwardedRequest`` (the client's own body) to the same
+path under ``remote_base_url`` (``runtime.backends.shared.forwarding``: model
 renamed to ``remote_model``), and sends a typed request (/v1/responses) to
 ``<remote_base_url>/chat/completions`` translated.
 
@@ -34,6 +34,7 @@ from runtime.backends.shared.openai_chat import chat_completion, chat_request, u
 from runtime.backends.shared.openai_embeddings import create_embeddings
 from runtime.backends.shared.upstream_rerank import create_rerank
 from runtime.backends.shared.prompts import template_variables
+from runtime.inputs.request import ForwardedRequest, InferenceRequest
 from runtime.errors import InvalidRequest, UpstreamError
 
 
@@ -67,16 +68,16 @@ class OpenaiRemoteEngine:
             await self._client.aclose()
             self._client = None
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
+    async def generate(self, request: InferenceRequest) -> AsyncIterator[TextDelta | Finished]:
         if self._client is None:
             raise UpstreamError(f"model {self.model_name} is not loaded")
         uploads: dict[int, str] = {}
         try:
-            if request.passthrough is not None:
+            if isinstance(request, ForwardedRequest):
                 # remote_base_url ends with the API version (.../v1), which the path begins with.
-                path = request.passthrough["path"].removeprefix("/v1/")
-                thinking = template_variables(request, self.config.get("enable_thinking"))
-                upstream = forward(self._client, path, request.passthrough["body"], self.config["remote_model"],
+                path = request.path.removeprefix("/v1/")
+                thinking = template_variables(request.typed, self.config.get("enable_thinking"))
+                upstream = forward(self._client, path, request.body, self.config["remote_model"],
                                    self.label, UpstreamError, thinking)
                 async with contextlib.aclosing(upstream):  # closing this generator closes the upstream call
                     async for event in upstream:

@@ -92,19 +92,11 @@ def sglang_serve_command(config: dict[str, Any], host: str, port: int, base_dir:
     """The exact ``sglang serve`` argv for one replica of ``config`` (the effective config)."""
     options = [
         "--max-running-requests", str(config["target_inflight"]),
-        *server_spec.flag_args(
-            ("--context-length", config["sglang_context_length"]),
-            ("--mem-fraction-static", config["sglang_mem_fraction_static"]),
-            ("--max-total-tokens", config["sglang_max_total_tokens"]),
-            ("--chunked-prefill-size", config["sglang_chunked_prefill_size"]),
-            ("--kv-cache-dtype", config["sglang_kv_cache_dtype"]),
-            ("--quantization", config["sglang_quantization"]),
-            ("--attention-backend", config["sglang_attention_backend"]),
-            ("--reasoning-parser", config["sglang_reasoning_parser"]),
-            ("--tool-call-parser", config["sglang_tool_call_parser"]),
-        ),
+        *server_spec.named_flags(config, "sglang", "context_length", "mem_fraction_static", "max_total_tokens",
+                                 "chunked_prefill_size", "kv_cache_dtype", "quantization", "attention_backend",
+                                 "reasoning_parser", "tool_call_parser"),
         *_speculative_args(config),
-        *server_spec.flag_args(("--api-key", config["sglang_serve_api_key"])),
+        *server_spec.named_flags(config, "sglang_serve", "api_key"),
     ]
     model_args = ["serve", "--model-path", managed.server_target(config, "sglang_serve", base_dir)]
     return server_spec.server_argv(config, "sglang_serve", host, port, model_args, options)

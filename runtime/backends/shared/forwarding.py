@@ -1,13 +1,13 @@
 """Pass-through: the client's own body sent to an OpenAI-compatible upstream, its answer sent back.
 
-The managed servers and openai_remote forward a request that carries a ``passthrough``
-(``{"path", "body"}``: the client's JSON body and the path it was posted to) instead of
-re-encoding it, so every field the upstream supports (logprobs, tools, n, grammar, n_probs...)
-works as the upstream documents it.  ``forwarded_body`` is what the upstream gets: the client's
-body with ``model`` set to the upstream's name, llm-pool's own fields (``thinking``) left out
-(its choice goes in ``chat_template_kwargs`` where the body has messages, as on the typed path),
-and, for a stream, ``stream_options.include_usage`` forced on, so the upstream's usage counts
-the request's tokens for the fair-share scheduler.
+The managed servers and openai_remote forward a ``ForwardedRequest`` (``path``, ``body``: the
+client's JSON body and the path it was posted to) instead of re-encoding it, so every field the
+upstream supports (logprobs, tools, n, grammar, n_probs...) works as the upstream documents it.
+``forwarded_body`` is what the upstream gets: the client's body with ``model`` set to the
+upstream's name, llm-pool's own fields (``thinking``) left out (its choice goes in
+``chat_template_kwargs`` where the body has messages, as on the typed path), and, for a stream,
+``stream_options.include_usage`` forced on, so the upstream's usage counts the request's tokens
+for the fair-share scheduler.
 
 ``forward`` posts it to the same path on the upstream and yields:
 

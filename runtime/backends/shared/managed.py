@@ -6,8 +6,8 @@ The spec side (the definition fields, the command's shape, ``ManagedServerSpec``
 One replica is one server process (``runtime.supervisor``): ``load`` picks the
 port, builds the exact command line from the effective config (the profile's
 ``build``), starts the server and polls its health endpoint until it answers
-200.  A request that carries the client's own body (``passthrough``: chat
-completions, completions) is forwarded as it is, model renamed
+200.  A ``ForwardedRequest`` (the client's own body: chat completions,
+completions) is forwarded as it is, model renamed
 (``runtime.backends.shared.forwarding``; streamed from a server that notices a client
 that left only while it streams, and given back whole), and the server's chunks
 or answer come back as they are; a typed request (/v1/responses) goes to the server's
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from runtime.backends.base import Finished, GenerationRequest, TextDelta, resolve_model_path
+from runtime.backends.base import Finished, TextDelta, resolve_model_path
 from runtime.backends.shared.forwarding import answer_bound, forward
 from runtime.backends.shared.openai_chat import chat_completion, chat_request, required_for_named
 from runtime.backends.shared.openai_audio import create_transcription
@@ -42,6 +42,7 @@ from runtime.backends.shared.upstream_rerank import create_rerank
 from runtime.backends.shared.prompts import template_variables
 from runtime.backends.shared.upstream import UpstreamClient
 from runtime.errors import BackendError
+from runtime.inputs.request import ForwardedRequest, GenerationRequest, InferenceRequest
 from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.model.load_progress import report as report_progress
@@ -284,7 +285,7 @@ class ManagedServerEngine:
         await process.output_settled()
         self.context["on_engine_failure"](process.exit_report("while loaded"))
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Finished]:
+    async def generate(self, request: InferenceRequest) -> AsyncIterator[TextDelta | Finished]:
         if self._failure is not None:
             raise BackendError(self._failure)
         if self._client is None:
@@ -303,29 +304,30 @@ class ManagedServerEngine:
                 if answered or attempt == 2 or not self.process.running:
                     raise await self._connection_lost(exc) from None
 
-    def _upstream(self, request: GenerationRequest) -> AsyncIterator[Any]:
-        """The server's answer: the client's own body forwarded (``passthrough``) or the typed
-        request as a chat completion."""
+    def _upstream(self, request: InferenceRequest) -> AsyncIterator[Any]:
+        """The server's answer: the client's own body forwarded, or the typed request as a chat
+        completion."""
         thinking = self.config.get("enable_thinking")
-        if request.passthrough is not None:
-            path, body = request.passthrough["path"], request.passthrough["body"]
-            if path == "/v1/chat/completions" and not self.profile.named_tool_choice:
-                body = required_for_named(body)
-            return forward(
-                self._client, path, body, self._served_model, self.label, BackendError,
-                template_variables(request, thinking),
-                stream_upstream=self.profile.streams_upstream(self.config, False, answer_bound(body)),
-            )
-        body = chat_request(
-            request,
-            self._served_model,
-            configured_thinking=thinking,
-            json_schema=self.profile.json_schema,
-            stream=self.profile.streams_upstream(self.config, request.stream, request.max_output_tokens),
-            named_tool_choice=self.profile.named_tool_choice,
-            repeat_penalty_field=self.profile.repeat_penalty_field,
-        )
-        return chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
+        match request:
+            case ForwardedRequest(typed=typed, path=path, body=body):
+                if path == "/v1/chat/completions" and not self.profile.named_tool_choice:
+                    body = required_for_named(body)
+                return forward(
+                    self._client, path, body, self._served_model, self.label, BackendError,
+                    template_variables(typed, thinking),
+                    stream_upstream=self.profile.streams_upstream(self.config, False, answer_bound(body)),
+                )
+            case GenerationRequest():
+                body = chat_request(
+                    request,
+                    self._served_model,
+                    configured_thinking=thinking,
+                    json_schema=self.profile.json_schema,
+                    stream=self.profile.streams_upstream(self.config, request.stream, request.max_output_tokens),
+                    named_tool_choice=self.profile.named_tool_choice,
+                    repeat_penalty_field=self.profile.repeat_penalty_field,
+                )
+                return chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
 
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """POST the server's /v1/embeddings (``embeddings: true``), the model name rewritten to

@@ -32,6 +32,12 @@ def flag_args(*pairs: tuple[str, Any]) -> list[str]:
     return args
 
 
+def named_flags(config: dict[str, Any], prefix: str, *names: str) -> list[str]:
+    """``flag_args`` of the fields ``<prefix>_<name>`` whose flag is their name (``--max-model-len``
+    for ``max_model_len``), as the servers' command lines are derived from their own settings."""
+    return flag_args(*((f"--{name.replace('_', '-')}", config[f"{prefix}_{name}"]) for name in names))
+
+
 def server_argv(
     config: dict[str, Any], prefix: str, host: str, port: int, model_args: list[str], args: list[str]
 ) -> list[str]:
