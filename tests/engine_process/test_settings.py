@@ -36,7 +36,7 @@ def test_unknown_values_are_refused_naming_the_field(field, value):
     assert [problem["path"] for problem in refused.value.details] == [f"$.models.m.{field}"]
 
 
-NATIVE_ENGINES = ["ct2", "exllamav3", "llama_cpp", "vllm"]
+NATIVE_ENGINES = ["ct2", "exllamav3", "llama_cpp", "vllm", "whisper"]
 OUT_OF_PROCESS = {
     "llama_server": ({"model_path": "/m.gguf"}, "each replica is a server process of its own already"),
     "vllm_serve": ({"model_path": "/m"}, "each replica is a server process of its own already"),

@@ -22,11 +22,20 @@ ENVELOPE_FIELDS = {"code", "message", "param"}
 
 
 def _is_schema(node: ast.Dict) -> bool:
-    """A dict of serializer fields (``{"code": serializers.CharField(), ...}``) declares the
-    envelope's OpenAPI schema; it writes no answer."""
-    return all(isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
-               and isinstance(value.func.value, ast.Name) and value.func.value.id == "serializers"
-               for value in node.values)
+    """A dict of serializer fields (``{"code": serializers.CharField(), ...}``) or of JSON schema
+    properties (``{"code": {"type": "string"}, ...}``) declares the envelope's OpenAPI schema; it
+    writes no answer."""
+    return all(_is_field(value) or _is_json_schema(value) for value in node.values)
+
+
+def _is_field(value: ast.expr) -> bool:
+    return (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+            and isinstance(value.func.value, ast.Name) and value.func.value.id == "serializers")
+
+
+def _is_json_schema(value: ast.expr) -> bool:
+    return isinstance(value, ast.Dict) and any(
+        isinstance(key, ast.Constant) and key.value == "type" for key in value.keys)
 
 
 def _builds_envelope(node: ast.Dict) -> bool:
