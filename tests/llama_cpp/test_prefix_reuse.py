@@ -17,7 +17,8 @@ from llama_helpers import SMOLLM2_MODEL, answer_of
 from runtime.backends import BACKENDS
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
-from runtime.backends.llama_cpp.generation import DONE, Generation, sampling_options
+from runtime.backends.llama_cpp.generation import Generation, sampling_options
+from runtime.backends.shared.in_process import DONE, Failure
 from runtime.errors import BackendError
 
 SPEC = BACKENDS["llama_cpp"]
@@ -150,7 +151,8 @@ async def test_a_generation_stopped_mid_prefill_keeps_exactly_the_decoded_chunks
                             events.append, lambda: next(checks), "m")
     engine._batches.submit(generation, engine._worker)
     await on_worker(engine, set_batch, engine.context._lib.llama_n_batch(engine.context.ctx))
-    assert len(events) == 2 and isinstance(events[0], BackendError) and events[1] is DONE  # no token, no Finished
+    assert len(events) == 2 and isinstance(events[0], Failure) and isinstance(events[0].error, BackendError)
+    assert events[1] is DONE  # no token, no Finished
     assert engine.context.tokens == tokens[:256] and cache_positions(engine) == 256
     text, finished = await answer_of(engine, request)
     assert finished.cached_tokens == 256

@@ -27,7 +27,7 @@ from typing import Any
 
 from runtime.backends.base import GenerationRequest
 from runtime.backends.llama_cpp.batching import BatchLoop
-from runtime.backends.llama_cpp.generation import DONE, Generation, sampling_options
+from runtime.backends.llama_cpp.generation import Generation, sampling_options
 from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import (
     ContextSettings,
@@ -40,6 +40,7 @@ from runtime.backends.llama_cpp.native import (
 from runtime.backends.llama_cpp.rerank import PairLayout, context_pooling, score_pairs
 from runtime.backends.llama_cpp.sampling import grammar_of_schema
 from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
+from runtime.backends.shared.in_process import drain
 from runtime.backends.shared.vectors import normalized
 from runtime.errors import (
     BackendError,
@@ -317,12 +318,7 @@ class LlamaCppEngine:
         except RuntimeError:  # unloaded between the check above and now
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded") from None
         try:
-            while True:
-                item = await queue.get()
-                if item is DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
+            async for item in drain(queue):
                 yield item
         finally:
             cancelled.set()

@@ -17,17 +17,15 @@ from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import GgufContext, GgufWeights
 from runtime.backends.llama_cpp.sampling import Sampler, SamplingOptions, token_logprobs
 from runtime.errors import ContextLengthExceeded
+from runtime.backends.shared.in_process import DONE, Failure
 from runtime.inference.stop_sequences import StopWatch
 from runtime.inputs.prompt_formats import RenderedPrompt
 
 logger = logging.getLogger("llmpool.llama_cpp")
 
-DONE = object()  # the last item a generation emits, after its Finished or its error
-
-
 class Generation:
     """One request's answer: its prompt tokens, where the prefill stands, its sampler and the
-    text it has sent.  ``emit`` receives TextDelta events, one Finished (or an exception) and
+    text it has sent.  ``emit`` receives TextDelta events, one Finished (or a Failure) and
     ``DONE``; ``stopped()`` true ends it before its next step (a cancelled request, an unload:
     its sequence then holds exactly the tokens decoded so far, which a later request may reuse)."""
 
@@ -122,7 +120,7 @@ class Generation:
         if self._sampler is not None:
             self._sampler.close()
         if error is not None:
-            self.emit(error)
+            self.emit(Failure(error))
         self.emit(DONE)
 
 

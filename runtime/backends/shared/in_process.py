@@ -50,10 +50,12 @@ class LibrarySpec(BackendSpec):
     def vram_estimate(self, definition, config, replicas, base_dir):
         return artifact_estimate(base_dir, replicas, definition.model_path)
 
-_DONE = object()
+DONE = object()  # the last item a thread puts on a stream's queue
 
 
-class _Failure:
+class Failure:
+    """A thread's error on a stream's queue: the consumer raises it."""
+
     def __init__(self, error: BaseException):
         self.error = error
 
@@ -85,24 +87,30 @@ async def stream_from_thread(produce: Produce, name: str = "engine-stream") -> A
         try:
             produce(emit, stop)
         except BaseException as exc:  # delivered to the consumer, which raises it
-            emit(_Failure(exc))
+            emit(Failure(exc))
         else:
-            emit(_DONE)
+            emit(DONE)
         finally:
             loop.call_soon_threadsafe(finished.set_result, None)
 
     threading.Thread(target=run, name=name, daemon=True).start()
     try:
-        while True:
-            item = await items.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failure):
-                raise item.error
+        async for item in drain(items):
             yield item
     finally:
         stop.set()
         await asyncio.shield(finished)
+
+
+async def drain(items: asyncio.Queue) -> AsyncIterator:
+    """Yield what a thread put on ``items`` until it put ``DONE``; a ``Failure`` it put raises its error."""
+    while True:
+        item = await items.get()
+        if item is DONE:
+            return
+        if isinstance(item, Failure):
+            raise item.error
+        yield item
 
 
 async def generate_in_thread(produce: Produce, *, name: str, engine: str) -> AsyncIterator:
