@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.shared.common_fields import (
     QWEN3,
     FamilyDefinition,
-    require_model_target,
+    LibraryFields,
     thinking_for_families,
 )
 from runtime.backends.ct2.engine import Ct2Engine, import_ctranslate2
@@ -33,20 +33,14 @@ Ct2ComputeType = Literal[
 ]
 
 
-class Ct2Definition(FamilyDefinition):
+class Ct2Definition(LibraryFields, FamilyDefinition):
     backend: Literal["ct2"]
-    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     ct2_compute_type: Ct2ComputeType = "default"
     ct2_inter_threads: int = Field(1, ge=1)
     ct2_intra_threads: int = Field(0, ge=0)  # 0: CTranslate2 picks
     ct2_max_batch_size: int = Field(0, ge=0)  # 0: no limit
     # Folder holding the Hugging Face tokenizer files; null: the model folder.
     ct2_tokenizer_path: str | None = None
-
-    @model_validator(mode="after")
-    def _has_model(self):
-        require_model_target(self)
-        return self
 
 
 class Ct2Spec(LibrarySpec, engine=Ct2Engine, library=import_ctranslate2):

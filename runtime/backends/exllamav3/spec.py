@@ -11,14 +11,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.shared.common_fields import (
     GEMMA4,
     QWEN3,
     FamilyDefinition,
-    require_model_target,
+    LibraryFields,
     thinking_for_families,
 )
 from runtime.backends.exllamav3.engine import ExllamaEngine, import_exllamav3
@@ -43,9 +43,8 @@ def parse_cache_quant(value: str) -> tuple[int, int]:
     return k_bits, v_bits
 
 
-class Exllamav3Definition(FamilyDefinition):
+class Exllamav3Definition(LibraryFields, FamilyDefinition):
     backend: Literal["exllamav3"]
-    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     exllama_cache_size: int = Field(8192, ge=256, multiple_of=256)
     exllama_cache_quant: str | None = None
     exllama_max_rq_tokens: int = Field(2048, ge=1)
@@ -59,11 +58,6 @@ class Exllamav3Definition(FamilyDefinition):
         if value is not None:
             parse_cache_quant(value)
         return value
-
-    @model_validator(mode="after")
-    def _has_model(self):
-        require_model_target(self)
-        return self
 
 
 def _bits_constraint() -> dict:

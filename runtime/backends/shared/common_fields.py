@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from runtime.backends.base import (
     THINKING_ALL,
@@ -41,6 +41,18 @@ class FamilyDefinition(CommonDefinition):
         if value is not None and value not in FAMILY_PROMPT_FORMATS:
             raise ValueError(f"prompt_format must be one of {', '.join(FAMILY_PROMPT_FORMATS)}")
         return value
+
+
+class LibraryFields(CommonDefinition):
+    """A model a Python library loads (ct2, exllamav3, vllm, whisper): ``model_path`` names it, and
+    it runs in an engine process by default, so a native fault kills that process only."""
+
+    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
+
+    @model_validator(mode="after")
+    def _has_model(self):
+        require_model_target(self)
+        return self
 
 
 def _flag_name(arg: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from runtime.backends.base import SAMPLING_OPTIONS
 from runtime.backends.shared.in_process import LibrarySpec
@@ -17,7 +17,7 @@ from runtime.backends.shared.common_fields import (
     GEMMA4,
     QWEN3,
     FamilyDefinition,
-    require_model_target,
+    LibraryFields,
     server_parts,
     thinking_for_families,
 )
@@ -75,14 +75,8 @@ class VllmFields(FamilyDefinition):
     vllm_reasoning_parser: str | None = None
 
 
-class VllmDefinition(VllmFields):
+class VllmDefinition(LibraryFields, VllmFields):
     backend: Literal["vllm"]
-    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
-
-    @model_validator(mode="after")
-    def _has_model(self):
-        require_model_target(self)
-        return self
 
 
 def _optional_string(name: str, fmt: str, examples: list[str]) -> LoadOverride:

@@ -12,29 +12,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from runtime.backends.base import CommonDefinition
 from runtime.backends.ct2.spec import Ct2ComputeType
-from runtime.backends.shared.common_fields import require_model_target
+from runtime.backends.shared.common_fields import LibraryFields
 from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.whisper.engine import WhisperEngine, import_faster_whisper
 
 
-class WhisperDefinition(CommonDefinition):
+class WhisperDefinition(LibraryFields):
     backend: Literal["whisper"]
-    isolation: Literal["process", "none"] = "process"  # a native fault kills the engine process only
     whisper_compute_type: Ct2ComputeType = "default"
     whisper_cpu_threads: int = Field(0, ge=0, le=1024)  # 0: CTranslate2 picks (OMP_NUM_THREADS, else 4)
     # 1: greedy decoding (fastest); OpenAI's whisper and faster-whisper default to 5.
     whisper_beam_size: int = Field(5, ge=1, le=16)
     # Skip the silence first (Silero VAD, which faster-whisper ships): faster on long recordings.
     whisper_vad_filter: bool = False
-
-    @model_validator(mode="after")
-    def _has_model(self):
-        require_model_target(self)
-        return self
 
 
 class WhisperSpec(LibrarySpec, engine=WhisperEngine, library=import_faster_whisper):
