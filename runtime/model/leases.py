@@ -39,6 +39,15 @@ class Lease:
             raise self.failure
 
 
+def stalled(lease: Lease, engines: list[Engine]) -> bool:
+    """Whether a request whose timeout ran out holds an engine that did not stop within the grace
+    of its cancel (``stalled``, an engine process only) and that serves the current load still:
+    it is taken out of dispatch and killed."""
+    engine = lease.engine
+    return (getattr(engine, "stalled", False) and lease.replica < len(engines)
+            and engines[lease.replica] is engine)
+
+
 class Leases:
     """Each queued request's dispatch future and each running one's lease; ``engine(replica)``
     is the engine a replica index names now."""

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from runtime import gpu
 from runtime.backends.base import Engine
+from runtime.errors import InvalidLoadRequest
 from runtime.pool.catalog import CatalogEntry
 from runtime.engine_process.engine import ProcessEngine
 from runtime.model import commands as cmd
@@ -20,6 +21,18 @@ from runtime.model.memory_claim import measure_engines, process_rss_mib
 from runtime.paths import state_dir
 
 logger = logging.getLogger("llmpool.runtime")
+
+
+def checked_load_body(entry: CatalogEntry, overrides: dict, replicas: int | None) -> tuple[int, dict]:
+    """A load's replica count and accepted overrides (400 invalid_load_request otherwise)."""
+    definition = entry.definition
+    count = definition.replicas if replicas is None else replicas
+    if count > definition.replica_max:
+        raise InvalidLoadRequest(
+            f"replicas={count} exceeds replica_max={definition.replica_max} of model {entry.name}",
+            param="replicas",
+        )
+    return count, entry.spec.validate_overrides(definition, overrides)
 
 
 class ReplicaLoadError(Exception):

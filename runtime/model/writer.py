@@ -7,18 +7,15 @@ synchronous, so nothing can interleave between the read of a state and the trans
 follows it; long work (loading replicas, releasing them, a reconfigure, sleep or wake) runs in a
 side task that reports back through the inbox as another command.
 
-It owns small collaborators, composed (each one's bookkeeping set in its own ``__init__``): the
-memory claim shared by load and wake (``runtime.model.memory_claim``), the swap-group turn and
-idle clock (``runtime.model.switching``), the residency planner and the operation under way
+It owns small collaborators, composed, none holding a reference to it: the memory claim shared
+by load and wake (``runtime.model.memory_claim``), the swap-group turn and idle clock
+(``runtime.model.switching``), the residency planner and the operation under way
 (``runtime.model.residency``, ``runtime.model.operations``), the admitted requests
-(``runtime.model.leases``) and the reload hold (``runtime.model.reload_hold``).  They decide
-(a ``Claim``, an ``Operation``, a ``ReloadVote``, a swap group's ``TurnStep``, whether a request
-may wait) and run only inside this writer's step.  The swap-group turn only decides: the writer
-applies its steps (``take_turn``); the others change the model through the lifecycle steps below
-(``begin_load``, ``start_engines``, ``start_unload``, ``withdraw`` ...) and the record's checked
-machines.  Each handler sets the record's fields before it makes the transition, so listeners
-see them changed; every transition carries the reason of the operation it belongs to
-(``runtime.model.state``'s REASON_*).
+(``runtime.model.leases``) and the reload hold (``runtime.model.reload_hold``).  They decide (a
+``Claim``, a ``TurnStep``, a ``ReloadVote`` ...) inside this writer's step, and this writer alone
+applies what they decide: the transitions, the phase moves and the record's fields.  Each handler
+sets the record's fields before it makes the transition, so listeners see them changed; every
+transition carries the reason of its operation (``runtime.model.state``'s REASON_*).
 """
 from __future__ import annotations
 
@@ -27,16 +24,15 @@ import logging
 import time
 
 from runtime.errors import BackendError, InsufficientMemory, InvalidLoadRequest, ModelStateConflict, ModelUnloading
-from runtime.model import commands as cmd, switching
-from runtime.model.leases import Admission, Lease
+from runtime.model import commands as cmd, reload_hold, switching
+from runtime.model.leases import Admission, stalled
 from runtime.model.memory_claim import Claim, MemoryClaim
 from runtime.model.on_demand import OPERATOR_SEES_WHY, not_serving, resolve
 from runtime.model.operations import Operations
 from runtime.model.phases import LOADED_PHASES, Mark, Phase
-from runtime.model.reload_hold import ReloadHold
-from runtime.model.replicas import load_and_measure, release_replicas
+from runtime.model.replicas import checked_load_body, load_and_measure, release_replicas
 from runtime.model.residency import ModelEvent, Residency
-from runtime.model.state import REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
+from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
 from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_TTL
 
 
@@ -54,7 +50,7 @@ class ModelWriter:
         self.claim = MemoryClaim(self)
         self.turn = switching.SwapTurn(model, self.post)
         self.requests = Admission(self)
-        self.reload = ReloadHold(self)
+        self.reload = reload_hold.ReloadHold()
         self.operations = Operations(self)
         self.residency = Residency(model, self.claim, lambda: self.operations.current)
         self.work: asyncio.Task | None = None  # the side task under way (a load, a release, an operation)
@@ -72,7 +68,7 @@ class ModelWriter:
             case cmd.Load(overrides, replicas, reason):
                 self._on_load(future, overrides, replicas, reason)
             case cmd.Plan(overrides, replicas):
-                future.set_result(self.claim.dry_run(m.state, *self.checked_load_body(overrides, replicas)))
+                future.set_result(self.claim.dry_run(m.state, *checked_load_body(m.entry, overrides, replicas)))
             case cmd.LoadProgress(stage, fraction):
                 if m.phases.is_(P.STARTING, S.LOADING):  # not a late report of a load that ended
                     m.load_progress = {"stage": stage, "fraction": None if fraction is None else round(fraction, 4)}
@@ -85,18 +81,22 @@ class ModelWriter:
                 self._on_unload_finished(future, errors)
             case cmd.TimedOut(lease, limit):
                 future.set_result(None)
-                self._on_timed_out(lease, limit)
+                if m.state in (S.LOADED, S.UNLOADING) and stalled(lease, m.engines):  # killed, it fails as a crash would
+                    m.scheduler.retire(lease.replica)
+                    lease.engine.kill(f"a request ran past request_timeout_seconds={limit:g}")
             case cmd.EngineFailed(message, replica):
                 future.set_result(None)
                 self._on_engine_failed(message, replica)
             case cmd.FailedReleased():
                 self._on_failed_released(future)
             case cmd.HoldForReload(entry):
-                self.reload.hold(future, entry)
+                m.phases.mark(Mark.RELOAD_HELD)
+                future.set_result(reload_hold.vote(m.entry, entry, m.state))
             case cmd.CommitReload(entry, fairness, group):
-                self.reload.commit(future, entry, fairness, group)
+                self._commit_reload(entry, fairness, group)
+                self._end_reload_hold(future)
             case cmd.ReleaseReload():
-                self.reload.release(future)
+                self._end_reload_hold(future)
             case cmd.Reconfigure(body):
                 self.operations.reconfigure(future, body)
             case cmd.Sleep():
@@ -168,18 +168,27 @@ class ModelWriter:
         self.claim.release()
         return [*self.reload.waiters(), *self.load_waiters, *self.unload_waiters]
 
-    # ---- load ----------------------------------------------------------------------
-    def checked_load_body(self, overrides: dict, replicas: int | None) -> tuple[int, dict]:
-        """A load's replica count and accepted overrides (400 invalid_load_request otherwise)."""
+    # ---- a settings reload (runtime.model.reload_hold) -----------------------------------
+    def _commit_reload(self, entry, fairness, group) -> None:
         m = self.model
-        definition = m.entry.definition
-        count = definition.replicas if replicas is None else replicas
-        if count > definition.replica_max:
-            raise InvalidLoadRequest(
-                f"replicas={count} exceeds replica_max={definition.replica_max} of model {m.name}",
-                param="replicas",
-            )
-        return count, m.entry.spec.validate_overrides(definition, overrides)
+        if not reload_hold.keeps_measurements(m.entry, entry):
+            m.vram.forget()  # measured for a definition that no longer exists
+        m.entry = entry
+        m.group = group
+        self.turn.tell_again()  # a new ttl_seconds, a new group
+        if m.state not in ACTIVE_STATES:
+            m.replicas = entry.definition.replicas
+        m.scheduler.fairness = fairness
+
+    def _end_reload_hold(self, future: asyncio.Future) -> None:
+        """The reload ended: the loads it held run again (against the new entry, if any)."""
+        self.model.phases.clear(Mark.RELOAD_HELD)
+        for load, waiter in self.reload.take():
+            self.model.requeue(load, waiter)
+        self.load_for_waiters()
+        future.set_result(None)
+
+    # ---- load ----------------------------------------------------------------------
 
     def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None, reason: str) -> None:
         m = self.model
@@ -197,7 +206,7 @@ class ModelWriter:
             return
         if state is S.UNLOADING:
             raise ModelStateConflict(f"model {m.name} is unloading; load it again once it is unloaded")
-        count, accepted = self.checked_load_body(overrides, replicas)
+        count, accepted = checked_load_body(m.entry, overrides, replicas)
         plan = self.claim.checked_plan(accepted, count, reason)  # insufficient_memory: nothing changes
         if reason == REASON_ADMIN:
             m.phases.clear(Mark.SWAPPED_OUT)  # the operator decides again what it is loaded for
@@ -370,19 +379,6 @@ class ModelWriter:
             m.waiters.fail(not_serving(m.name, S.FAILED))
         self.load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
-
-    def _on_timed_out(self, lease: Lease, limit: float) -> None:
-        """A request's timeout ran out: an engine that did not stop within the grace of its cancel
-        (``stalled``, an engine process only) is taken out of dispatch and killed; its death then
-        fails the replica as a crash would (``engine_failed``)."""
-        m = self.model
-        engine = lease.engine
-        if m.state not in (S.LOADED, S.UNLOADING) or not getattr(engine, "stalled", False):
-            return
-        if lease.replica >= len(m.engines) or m.engines[lease.replica] is not engine:
-            return  # an engine of an earlier load
-        m.scheduler.retire(lease.replica)
-        engine.kill(f"a request ran past request_timeout_seconds={limit:g}")
 
     def _on_engine_failed(self, message: str, replica: int | None) -> None:
         """A replica's engine died: while other replicas serve, that replica alone fails
