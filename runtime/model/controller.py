@@ -341,7 +341,7 @@ class ModelController:
                 if not future.done():
                     future.set_exception(exc)
             try:
-                self.writer.settle()
+                self.writer.turn.settle()  # the idle clock (TTL) and the swap group learn what the step left
             except Exception:
                 logger.exception("model %s: settling after %s failed", self.name, type(command).__name__)
         finally:

@@ -191,8 +191,7 @@ class Operations:
         if model.scheduler.inflight:
             return
         operation.task = asyncio.get_running_loop().create_task(self._run(operation, model.serving_engines))
-        if self.writer.work is None:
-            self.writer.work = operation.task  # an unload meanwhile waits for it
+        self.writer.side.adopt(operation.task)  # an unload meanwhile waits for it
 
     async def _run(self, operation: Operation, engines: list) -> None:
         try:
@@ -207,8 +206,7 @@ class Operations:
     def finished(self, future, operation: Operation, error: Exception | None, measured) -> None:
         future.set_result(None)
         model, writer = self.model, self.writer
-        if writer.work is operation.task:
-            writer.work = None
+        writer.side.ended(operation.task)
         self.current = None
         loaded = model.state is S.LOADED
         if error is None and loaded:

@@ -1,21 +1,14 @@
 """The single writer of one model: every command, one at a time, in one ``match``.
 
 ``ModelWriter`` runs inside its controller's task (``runtime.model.controller``) and is the only
-code that changes the model's record: its state, sub-phase and marks (``runtime.model.phases``),
-last_error, load_override, replicas, engines, scheduler and measured VRAM.  Handlers are
-synchronous, so nothing can interleave between the read of a state and the transition that
-follows it; long work (loading replicas, releasing them, a reconfigure, sleep or wake) runs in a
-side task that reports back through the inbox as another command.
-
-It owns small collaborators, composed, none holding a reference to it: the memory claim shared
-by load and wake (``runtime.model.memory_claim``), the swap-group turn and idle clock
-(``runtime.model.switching``), the residency planner and the operation under way
-(``runtime.model.residency``, ``runtime.model.operations``), the admitted requests
-(``runtime.model.leases``) and the reload hold (``runtime.model.reload_hold``).  They decide (a
-``Claim``, a ``TurnStep``, a ``ReloadVote`` ...) inside this writer's step, and this writer alone
-applies what they decide: the transitions, the phase moves and the record's fields.  Each handler
-sets the record's fields before it makes the transition, so listeners see them changed; every
-transition carries the reason of its operation (``runtime.model.state``'s REASON_*).
+code that changes the model's record (state, sub-phase and marks, last_error, load_override,
+replicas, engines, scheduler, measured VRAM).  Handlers are synchronous, so nothing interleaves
+between the read of a state and the transition that follows it; slow work runs in a side task
+(``runtime.model.side_work``) that reports back as another command.  Its collaborators
+(docs/architecture.md lists them) decide inside its step and return what they decided (a
+``Claim``, a ``TurnStep``, a request's ``Entry``, a ``ReloadVote`` ...); the writer applies it.
+Fields are set before the transition, so listeners see them; every transition carries the
+reason of its operation (``runtime.model.state``'s REASON_*).
 """
 from __future__ import annotations
 
@@ -25,13 +18,15 @@ import time
 
 from runtime.errors import BackendError, InsufficientMemory, InvalidLoadRequest, ModelStateConflict, ModelUnloading
 from runtime.model import commands as cmd, reload_hold, switching
-from runtime.model.leases import Admission, stalled
+from runtime.model.leases import Entry, entry_for, stalled
 from runtime.model.memory_claim import Claim, MemoryClaim
 from runtime.model.on_demand import OPERATOR_SEES_WHY, not_serving, resolve
 from runtime.model.operations import Operations
 from runtime.model.phases import LOADED_PHASES, Mark, Phase
-from runtime.model.replicas import checked_load_body, load_and_measure, release_replicas
+from runtime.model.replicas import checked_load_body, release_replicas
+from runtime.model.side_work import SideWork
 from runtime.model.residency import ModelEvent, Residency
+from runtime.model.tickets import Ticket
 from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
 from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_TTL
 
@@ -49,11 +44,10 @@ class ModelWriter:
         self.model = model
         self.claim = MemoryClaim(self)
         self.turn = switching.SwapTurn(model, self.post)
-        self.requests = Admission(self)
         self.reload = reload_hold.ReloadHold()
         self.operations = Operations(self)
         self.residency = Residency(model, self.claim, lambda: self.operations.current)
-        self.work: asyncio.Task | None = None  # the side task under way (a load, a release, an operation)
+        self.side = SideWork(self.post)  # the slow work under way: a load, a release, an operation
         self.load_waiters: list[asyncio.Future] = []
         self.unload_waiters: list[asyncio.Future] = []
 
@@ -62,9 +56,9 @@ class ModelWriter:
         m = self.model
         match command:
             case cmd.Admit(ticket):
-                self.requests.admit(future, ticket)
+                self._admit(future, ticket)
             case cmd.Finish(ticket, tokens):
-                self.requests.finish(future, ticket, tokens)
+                self._finish(future, ticket, tokens)
             case cmd.Load(overrides, replicas, reason):
                 self._on_load(future, overrides, replicas, reason)
             case cmd.Plan(overrides, replicas):
@@ -141,16 +135,12 @@ class ModelWriter:
             case switching.TurnStep.RESUME_TURN:
                 m.phases.clear(Mark.YIELDING)
                 if m.state is S.LOADED:
-                    m.waiters.release(self.requests.queue)
+                    m.waiters.release(self.queue)
             case switching.TurnStep.WARM_UP:
                 try:
                     self.begin_load(S.UNLOADED, REASON_KEEP_WARM)
                 except InsufficientMemory as exc:
                     m.last_error = exc.message  # it comes back when there is room (the next warm_up)
-
-    def settle(self) -> None:
-        """After each command: tell the idle clock (TTL) and the swap group what the step left."""
-        self.turn.settle()
 
     def post(self, command: cmd.Command) -> asyncio.Future:
         return self.model._post(command)
@@ -159,22 +149,49 @@ class ModelWriter:
         """The model is no longer served: its side task ends, its engines and its memory go.
         Answers the futures of the callers still waiting for a load or an unload."""
         m = self.model
-        if self.work is not None:
-            self.work.cancel()
-            await asyncio.gather(self.work, return_exceptions=True)
+        await self.side.cancel()
         await release_replicas(m.engines)
         m.engines = []
         m.failed_replicas = {}
         self.claim.release()
         return [*self.reload.waiters(), *self.load_waiters, *self.unload_waiters]
 
+    # ---- requests ------------------------------------------------------------------------
+    def queue(self, ticket: Ticket) -> asyncio.Future:
+        """Put a request in the scheduler (its 429s raise); the future it will be dispatched by."""
+        return self.model.leases.queue(ticket, self.model.scheduler)
+
+    def _admit(self, future: asyncio.Future, ticket: Ticket) -> None:
+        """Queue the request, make it wait for a load, or refuse it; a refused one changes nothing."""
+        m = self.model
+        match entry_for(m.name, m.state, m.phases.has(Mark.YIELDING), self.turn.may_wait(m.state)):
+            case Entry.QUEUE:
+                future.set_result(self.queue(ticket))
+            case Entry.WAIT:
+                future.set_result(m.waiters.add(ticket))
+                self.load_for_waiters()
+        m.clock.touch()
+        self.operations.wake_for_request()  # a sleeping model wakes for it (runtime.model.operations)
+
+    def _finish(self, future: asyncio.Future, ticket: Ticket, tokens: int | None) -> None:
+        m = self.model
+        if m.waiters.remove(ticket):
+            if self.turn.slot_wait_unwanted(self.load_waiters):  # a load for these requests only
+                self.withdraw(P.AWAITING_SLOT)
+            self.claim.withdraw_wait()
+        elif not m.scheduler.on_cancel(ticket):
+            m.scheduler.on_done(ticket, tokens)
+        m.leases.forget(ticket)
+        self.release_when_idle()
+        self.operations.when_idle()  # a reconfigure or sleep waiting for the active requests
+        future.set_result(None)
+
     # ---- a settings reload (runtime.model.reload_hold) -----------------------------------
     def _commit_reload(self, entry, fairness, group) -> None:
         m = self.model
         if not reload_hold.keeps_measurements(m.entry, entry):
             m.vram.forget()  # measured for a definition that no longer exists
-        m.entry = entry
-        m.group = group
+        m.entry, m.group = entry, group
         self.turn.tell_again()  # a new ttl_seconds, a new group
         if m.state not in ACTIVE_STATES:
             m.replicas = entry.definition.replicas
@@ -252,20 +269,12 @@ class ModelWriter:
         m.phases.move(phase, P.STARTING)
         # The engines see where the load was placed (config["placement"]: CUDA_VISIBLE_DEVICES, main_gpu).
         overrides = {**m.load_override, "placement": m.placement}
-        self.work = asyncio.get_running_loop().create_task(self._load_engines(overrides, m.replicas))
-
-    async def _load_engines(self, overrides: dict, count: int) -> None:
-        m = self.model
-        self.post(await load_and_measure(m.entry, overrides, count, m.placement, m.engine_failed,
-                                         self._report_load_progress))
-
-    def _report_load_progress(self, stage: str, fraction: float | None) -> None:
-        self.post(cmd.LoadProgress(stage, fraction))
+        self.side.load(m.entry, overrides, m.replicas, m.placement, m.engine_failed)
 
     def _on_load_finished(self, future, engines, error: str | None, observed_mib: int | None,
                           measured_mib: int | None) -> None:
         m = self.model
-        self.work = None
+        self.side.ended()
         if engines is not None:
             m.engines = engines
             m.failed_replicas = {}
@@ -276,7 +285,7 @@ class ModelWriter:
             m.scheduler.open(len(engines), target, cached, routing.load_factor)
             m.machine.transition(S.LOADING, S.LOADED, m.reason)
             m.phases.move(P.STARTING, P.SERVING)
-            m.waiters.release(self.requests.queue)  # they waited for this turn, even if the group ended it
+            m.waiters.release(self.queue)  # they waited for this turn, even if the group ended it
         else:
             m.last_error = self.claim.failed(error, m.replicas) or error
             m.load_override = {}
@@ -296,10 +305,7 @@ class ModelWriter:
         m.machine.transition(S.LOADING, S.UNLOADED, m.reason)
         m.phases.move(P.AWAITING_MEMORY, P.IDLE)
         m.waiters.fail(error)
-        for waiter in self.load_waiters:
-            if not waiter.done():
-                waiter.set_exception(error)
-        self.load_waiters.clear()
+        resolve(self.load_waiters, error=error)
 
     def load_for_waiters(self) -> None:
         m = self.model
@@ -350,23 +356,14 @@ class ModelWriter:
 
     def release_when_idle(self) -> None:
         m = self.model
-        if m.state is S.UNLOADING and m.scheduler.inflight == 0 and self.work is None:
-            self.work = asyncio.get_running_loop().create_task(self._release_engines(m.engines, cmd.UnloadFinished))
-
-    async def _release_engines(self, engines: list, report) -> None:
-        """Release ``engines``; ``report(errors)`` is the command that tells the writer."""
-        self.post(report(await release_replicas(engines)))
+        if m.state is S.UNLOADING and m.scheduler.inflight == 0 and self.side.task is None:
+            self.side.release(m.engines, cmd.UnloadFinished)
 
     def _on_unload_finished(self, future, errors: list[str]) -> None:
         m = self.model
-        self.work = None
+        self.side.ended()
         m.engines = []
-        m.failed_replicas = {}
-        m.scheduler.reset()
-        m.load_override = {}
-        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
-        m.replicas = m.entry.definition.replicas
-        m.phases.clear(Mark.YIELDING)
+        self._forget_load()
         self.claim.release()
         if errors:
             m.last_error = "unload failed: " + "; ".join(errors)
@@ -379,6 +376,16 @@ class ModelWriter:
             m.waiters.fail(not_serving(m.name, S.FAILED))
         self.load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
+
+    def _forget_load(self) -> None:
+        """What the load that ended (unloaded, or failed while loaded) set goes."""
+        m = self.model
+        m.failed_replicas = {}
+        m.scheduler.reset()
+        m.load_override = {}
+        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
+        m.replicas = m.entry.definition.replicas
+        m.phases.clear(Mark.YIELDING)
 
     def _on_engine_failed(self, message: str, replica: int | None) -> None:
         """A replica's engine died: while other replicas serve, that replica alone fails
@@ -398,19 +405,14 @@ class ModelWriter:
         failure = BackendError(f"model {m.name} failed while loaded; {OPERATOR_SEES_WHY}")
         m.scheduler.close(failure)
         m.leases.fail(failure)
-        m.scheduler.reset()
         engines, m.engines = m.engines, []
-        m.failed_replicas = {}
-        m.load_override = {}
-        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
-        m.replicas = m.entry.definition.replicas
-        m.phases.clear(Mark.YIELDING)
+        self._forget_load()
         m.reason = REASON_ENGINE_FAILURE
         m.machine.transition(S.LOADED, S.FAILED, REASON_ENGINE_FAILURE)
         m.phases.move(LOADED_PHASES, P.IDLE)
         m.waiters.fail(not_serving(m.name, S.FAILED))
         self.operations.when_idle()  # a reconfigure, sleep or wake not yet running does not happen
-        self.work = asyncio.get_running_loop().create_task(self._release_engines(engines, lambda _errors: cmd.FailedReleased()))
+        self.side.release(engines, lambda _errors: cmd.FailedReleased())
 
     def _fail_replica(self, replica: int, message: str) -> None:
         """One replica failed while the others serve on: nothing more is dispatched to it, its
@@ -429,8 +431,8 @@ class ModelWriter:
 
     def _on_failed_released(self, future) -> None:
         m = self.model
-        if self.work is not None and self.work.done():  # a new load may already be running
-            self.work = None
+        if self.side.task is not None and self.side.task.done():  # a new load may already be running
+            self.side.ended()
         if m.state is S.FAILED:  # its engines are gone now: so is its claim on the group's slot
             self.release_slot()
             self.claim.release()
