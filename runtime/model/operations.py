@@ -214,7 +214,7 @@ class Operations:
             model.phases.move(RUNNING, operation.ends_in)
             logger.info("model %s %s in %.1f ms %s", model.name, EVENT_KINDS[operation.kind], details["duration_ms"],
                         details.get("changed", ""))
-            writer.emit(ModelEvent(model.name, EVENT_KINDS[operation.kind], time.time(), details))
+            model.machine.emit(ModelEvent(model.name, EVENT_KINDS[operation.kind], time.time(), details))
             residency.settle(operation.callers, details)
         elif error is None:
             residency.settle(operation.callers, ModelUnloading(f"model {model.name} is {model.state.value}"))

@@ -16,19 +16,19 @@ import asyncio
 import logging
 import time
 
-from runtime.errors import BackendError, InsufficientMemory, InvalidLoadRequest, ModelStateConflict, ModelUnloading
+from runtime.errors import BackendError, InsufficientMemory, ModelStateConflict, ModelUnloading
 from runtime.model import commands as cmd, reload_hold, switching
 from runtime.model.leases import Entry, entry_for, stalled
-from runtime.model.memory_claim import Claim, MemoryClaim
+from runtime.model.memory_claim import Claim, MemoryClaim, MemoryStep
 from runtime.model.on_demand import OPERATOR_SEES_WHY, not_serving, resolve
 from runtime.model.operations import Operations
 from runtime.model.phases import LOADED_PHASES, Mark, Phase
-from runtime.model.replicas import checked_load_body, release_replicas
+from runtime.model.replicas import LoadGate, checked_load_body, load_gate, release_replicas
 from runtime.model.side_work import SideWork
 from runtime.model.residency import ModelEvent, Residency
 from runtime.model.tickets import Ticket
 from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
-from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_TTL
+from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_MEMORY_EVICTION, REASON_TTL
 
 
 logger = logging.getLogger("llmpool.runtime")
@@ -42,7 +42,7 @@ class ModelWriter:
 
     def __init__(self, model):
         self.model = model
-        self.claim = MemoryClaim(self)
+        self.claim = MemoryClaim(model)
         self.turn = switching.SwapTurn(model, self.post)
         self.reload = reload_hold.ReloadHold()
         self.operations = Operations(self)
@@ -112,7 +112,7 @@ class ModelWriter:
                 self.take_turn(self.turn.on_notice(command))
             case cmd.Notice():
                 future.set_result(None)
-                self.claim.on_notice(command)
+                self.on_memory(self.claim.on_notice(command))
             case _:
                 raise TypeError(f"not a command: {command!r}")
 
@@ -142,17 +142,40 @@ class ModelWriter:
                 except InsufficientMemory as exc:
                     m.last_error = exc.message  # it comes back when there is room (the next warm_up)
 
+    def on_memory(self, step: MemoryStep | None) -> None:
+        """What a memory manager's notice decided (``runtime.model.memory_claim``), applied."""
+        m = self.model
+        match step:
+            case MemoryStep.EVICT:
+                m.phases.clear(Mark.SWAPPED_OUT)
+                self.start_unload(REASON_MEMORY_EVICTION)
+            case MemoryStep.DECLINE:
+                m.memory.declined(m.name)
+            case MemoryStep.LOAD_GOES:
+                self.after_memory(P.AWAITING_MEMORY)  # the models evicted for it are released
+            case MemoryStep.REPLAN_LOAD:
+                try:
+                    claim = self.claim.replan()
+                except InsufficientMemory as exc:
+                    self.refuse_load(exc)
+                    return
+                self.claimed(P.AWAITING_MEMORY, claim)
+            case MemoryStep.WAKE_GOES | MemoryStep.REPLAN_WAKE:
+                self.operations.memory_ready(replan=step is MemoryStep.REPLAN_WAKE)
+            case MemoryStep.RELIEVE:
+                self.operations.relieve()
+            case MemoryStep.GROW:
+                self.operations.grow()
+
     def post(self, command: cmd.Command) -> asyncio.Future:
         return self.model._post(command)
 
     async def stop(self) -> list[asyncio.Future]:
-        """The model is no longer served: its side task ends, its engines and its memory go.
-        Answers the futures of the callers still waiting for a load or an unload."""
+        """The model is no longer served: its work, engines and memory go; the waiting callers' futures."""
         m = self.model
         await self.side.cancel()
         await release_replicas(m.engines)
-        m.engines = []
-        m.failed_replicas = {}
+        m.engines, m.failed_replicas = [], {}
         self.claim.release()
         return [*self.reload.waiters(), *self.load_waiters, *self.unload_waiters]
 
@@ -178,7 +201,8 @@ class ModelWriter:
         if m.waiters.remove(ticket):
             if self.turn.slot_wait_unwanted(self.load_waiters):  # a load for these requests only
                 self.withdraw(P.AWAITING_SLOT)
-            self.claim.withdraw_wait()
+            if self.claim.wait_unwanted(self.load_waiters):
+                self.withdraw(P.AWAITING_MEMORY)
         elif not m.scheduler.on_cancel(ticket):
             m.scheduler.on_done(ticket, tokens)
         m.leases.forget(ticket)
@@ -206,33 +230,23 @@ class ModelWriter:
         future.set_result(None)
 
     # ---- load ----------------------------------------------------------------------
-
     def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None, reason: str) -> None:
         m = self.model
-        if m.phases.has(Mark.RELOAD_HELD):
-            self.reload.hold_load(cmd.Load(overrides, replicas, reason), future)
-            return
-        state = m.state
-        if state in (S.LOADED, S.LOADING):
-            if (overrides and overrides != m.load_override) or (replicas is not None and replicas != m.replicas):
-                raise InvalidLoadRequest(
-                    f"model {m.name} is {state.value}; replicas and load overrides may only be changed "
-                    "while it is unloaded or failed (unload it first)"
-                )
-            future.set_result(None)
-            return
-        if state is S.UNLOADING:
-            raise ModelStateConflict(f"model {m.name} is unloading; load it again once it is unloaded")
-        count, accepted = checked_load_body(m.entry, overrides, replicas)
-        plan = self.claim.checked_plan(accepted, count, reason)  # insufficient_memory: nothing changes
-        if reason == REASON_ADMIN:
-            m.phases.clear(Mark.SWAPPED_OUT)  # the operator decides again what it is loaded for
-        self.load_waiters.append(future)
-        self.begin_load(state, reason, accepted, count, plan)
+        match load_gate(m, overrides, replicas):
+            case LoadGate.HOLD:
+                self.reload.hold_load(cmd.Load(overrides, replicas, reason), future)
+            case LoadGate.DONE:
+                future.set_result(None)
+            case LoadGate.BEGIN:
+                count, accepted = checked_load_body(m.entry, overrides, replicas)
+                plan = self.claim.checked_plan(accepted, count, reason)  # insufficient_memory: nothing changes
+                if reason == REASON_ADMIN:
+                    m.phases.clear(Mark.SWAPPED_OUT)  # the operator decides again what it is loaded for
+                self.load_waiters.append(future)
+                self.begin_load(m.state, reason, accepted, count, plan)
 
-    def begin_load(
-        self, state: RuntimeState, reason: str, overrides: dict | None = None, count: int | None = None, plan=False
-    ) -> None:
+    def begin_load(self, state: RuntimeState, reason: str, overrides: dict | None = None, count: int | None = None,
+                   plan=False) -> None:
         """state -> loading; the engines load at once, or once the memory they need is free and
         the swap group grants a slot.  ``plan``: the memory plan made already (False: make it;
         refused, it raises InsufficientMemory before anything changes)."""
@@ -276,8 +290,7 @@ class ModelWriter:
         m = self.model
         self.side.ended()
         if engines is not None:
-            m.engines = engines
-            m.failed_replicas = {}
+            m.engines, m.failed_replicas = engines, {}
             m.vram.observe(observed_mib, len(engines))
             self.claim.loaded(measured_mib, len(m.serving_engines))
             target, routing = m.effective_target_inflight, m.entry.routing
@@ -389,11 +402,8 @@ class ModelWriter:
 
     def _on_engine_failed(self, message: str, replica: int | None) -> None:
         """A replica's engine died: while other replicas serve, that replica alone fails
-        (``_fail_replica``); otherwise loaded -> failed: queued requests get backend_error,
-        active ones fail on their own.
-
-        While unloading the release already under way finishes the job, so nothing changes.
-        """
+        (``_fail_replica``); otherwise loaded -> failed: queued requests get backend_error, active
+        ones fail on their own.  While unloading, the release under way finishes the job."""
         m = self.model
         if m.state is not S.LOADED or replica in m.failed_replicas:
             return
@@ -426,8 +436,8 @@ class ModelWriter:
         m.scheduler.retire(replica)
         self.claim.replica_failed(serving)
         logger.warning("model %s: replica %d failed, %d serve on: %s", m.name, replica + 1, serving - 1, message)
-        self.emit(ModelEvent(m.name, "replica_failed", time.time(),
-                             {"replica": replica + 1, "reason": REASON_ENGINE_FAILURE, "error": message}))
+        m.machine.emit(ModelEvent(m.name, "replica_failed", time.time(),
+                                  {"replica": replica + 1, "reason": REASON_ENGINE_FAILURE, "error": message}))
 
     def _on_failed_released(self, future) -> None:
         m = self.model
@@ -437,8 +447,3 @@ class ModelWriter:
             self.release_slot()
             self.claim.release()
         future.set_result(None)
-
-    def emit(self, event: ModelEvent) -> None:
-        """A change of the loaded model that is not a transition, to the same listeners."""
-        for listener in self.model.machine.listeners:
-            listener(event)
