@@ -268,11 +268,11 @@ class ModelController:
 
     def wake_plan(self, reason: str):
         """The memory plan of waking now (``Residency.wake_plan``), changing nothing."""
-        return self.writer.residency.wake_plan(reason)
+        return self.writer.operations.planner.wake_plan(reason)
 
     def memory_relief(self, device: str) -> list[dict]:
         """What this idle model could give back on ``device`` while loaded (``Residency.memory_relief``)."""
-        return self.writer.residency.memory_relief(device)
+        return self.writer.operations.planner.memory_relief(device)
 
     def memory_view(self) -> dict | None:
         """The admin entry's ``memory`` (``MemoryClaim.view``)."""

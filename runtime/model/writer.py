@@ -25,7 +25,7 @@ from runtime.model.operations import Operations
 from runtime.model.phases import LOADED_PHASES, Mark, Phase
 from runtime.model.replicas import LoadGate, checked_load_body, load_gate, release_replicas
 from runtime.model.side_work import SideWork
-from runtime.model.residency import ModelEvent, Residency
+from runtime.model.residency import ModelEvent
 from runtime.model.tickets import Ticket
 from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
 from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_MEMORY_EVICTION, REASON_TTL
@@ -45,9 +45,8 @@ class ModelWriter:
         self.claim = MemoryClaim(model)
         self.turn = switching.SwapTurn(model, self.post)
         self.reload = reload_hold.ReloadHold()
-        self.operations = Operations(self)
-        self.residency = Residency(model, self.claim, lambda: self.operations.current)
         self.side = SideWork(self.post)  # the slow work under way: a load, a release, an operation
+        self.operations = Operations(model, self.claim, self.side, self.post)
         self.load_waiters: list[asyncio.Future] = []
         self.unload_waiters: list[asyncio.Future] = []
 
@@ -99,6 +98,7 @@ class ModelWriter:
                 self.operations.wake(future)
             case cmd.OperationFinished(operation, error, measured):
                 self.operations.finished(future, operation, error, measured)
+                self.release_when_idle()  # an unload that waited for the operation's run
             case cmd.KeepAlive(seconds):
                 future.set_result(None)
                 m.keep_alive = seconds  # the TTL from now on: an idle model's timer is armed again
