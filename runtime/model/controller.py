@@ -268,11 +268,11 @@ class ModelController:
 
     def wake_plan(self, reason: str):
         """The memory plan of waking now (``Residency.wake_plan``), changing nothing."""
-        return self.writer.residency.wake_plan(reason)
+        return self.writer.operations.planner.wake_plan(reason)
 
     def memory_relief(self, device: str) -> list[dict]:
         """What this idle model could give back on ``device`` while loaded (``Residency.memory_relief``)."""
-        return self.writer.residency.memory_relief(device)
+        return self.writer.operations.planner.memory_relief(device)
 
     def memory_view(self) -> dict | None:
         """The admin entry's ``memory`` (``MemoryClaim.view``)."""
@@ -341,7 +341,7 @@ class ModelController:
                 if not future.done():
                     future.set_exception(exc)
             try:
-                self.writer.settle()
+                self.writer.turn.settle()  # the idle clock (TTL) and the swap group learn what the step left
             except Exception:
                 logger.exception("model %s: settling after %s failed", self.name, type(command).__name__)
         finally:

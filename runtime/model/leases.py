@@ -1,17 +1,17 @@
 """The requests a model's writer admits: the futures they are dispatched by and the leases they
-hold (``Leases``, the scheduler's effects ``start`` and ``reject``), and the handlers of ``Admit``
-and ``Finish`` inside the writer's step (``Admission``).
+hold (``Leases``, the scheduler's effects ``start`` and ``reject``), and where the writer puts a
+request it admits (``entry_for``: queue it, make it wait for a load, or refuse it).
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 from runtime.backends.base import Engine
 from runtime.errors import LLMPoolError
 from runtime.model.on_demand import not_serving
-from runtime.model.phases import Mark, Phase
 from runtime.model.scheduler import Scheduler
 from runtime.model.tickets import Ticket
 from runtime.model.state import RuntimeState
@@ -37,6 +37,15 @@ class Lease:
         """Raise the engine's failure, if it failed while this request held it."""
         if self.failure is not None:
             raise self.failure
+
+
+def stalled(lease: Lease, engines: list[Engine]) -> bool:
+    """Whether a request whose timeout ran out holds an engine that did not stop within the grace
+    of its cancel (``stalled``, an engine process only) and that serves the current load still:
+    it is taken out of dispatch and killed."""
+    engine = lease.engine
+    return (getattr(engine, "stalled", False) and lease.replica < len(engines)
+            and engines[lease.replica] is engine)
 
 
 class Leases:
@@ -86,40 +95,18 @@ class Leases:
             dispatched.set_exception(error)
 
 
-class Admission:
-    """A model's requests inside its writer's step: ``Admit`` and ``Finish``."""
+class Entry(Enum):
+    """Where the writer puts a request it admits."""
 
-    def __init__(self, writer):
-        self.writer = writer
-        self.model = writer.model
+    QUEUE = "queue"  # the scheduler's queue: the model serves
+    WAIT = "wait"  # the waiters of a load (``runtime.model.on_demand``): it loads on their behalf
 
-    def queue(self, ticket: Ticket) -> asyncio.Future:
-        """Put a request in the scheduler (its 429s raise); the future it will be dispatched by."""
-        return self.model.leases.queue(ticket, self.model.scheduler)
 
-    def admit(self, future: asyncio.Future, ticket: Ticket) -> None:
-        """Queue the request, make it wait for a load, or refuse it; a refused one changes nothing."""
-        model, writer = self.model, self.writer
-        state = model.state
-        if state is S.LOADED and not model.phases.has(Mark.YIELDING):
-            future.set_result(self.queue(ticket))
-        elif writer.turn.may_wait(state):
-            future.set_result(model.waiters.add(ticket))
-            writer.load_for_waiters()
-        else:
-            raise not_serving(model.name, S.UNLOADING if state is S.LOADED else state)
-        model.clock.touch()
-        writer.operations.wake_for_request()  # a sleeping model wakes for it (runtime.model.operations)
-
-    def finish(self, future: asyncio.Future, ticket: Ticket, tokens: int | None) -> None:
-        model, writer = self.model, self.writer
-        if model.waiters.remove(ticket):
-            if writer.turn.slot_wait_unwanted(writer.load_waiters):  # a load for these requests only
-                writer.withdraw(Phase.AWAITING_SLOT)
-            writer.claim.withdraw_wait()
-        elif not model.scheduler.on_cancel(ticket):
-            model.scheduler.on_done(ticket, tokens)
-        model.leases.forget(ticket)
-        writer.release_when_idle()
-        writer.operations.when_idle()  # a reconfigure or sleep waiting for the active requests
-        future.set_result(None)
+def entry_for(name: str, state: RuntimeState, yielding: bool, may_wait: bool) -> Entry:
+    """Where a request for model ``name`` goes, in ``state`` (``yielding``: its group turn is over;
+    ``may_wait``: the swap turn lets it wait); refused, it raises and changes nothing."""
+    if state is S.LOADED and not yielding:
+        return Entry.QUEUE
+    if may_wait:
+        return Entry.WAIT
+    raise not_serving(name, S.UNLOADING if state is S.LOADED else state)

@@ -10,9 +10,10 @@ collaborator and acted on by the same ``act``.  After the load the claim charges
 measured (``loaded``), and the charge goes when the engines are released (``release``).
 
 The claim holds its own bookkeeping (the plan acted on, the effective config's key, the
-placement) and handles what the memory manager tells the model (``cmd.MEMORY_NOTICES``) inside
-the writer's step, through the writer's lifecycle steps: a model asked to make room decides from its own state (idle, unpinned and loaded, it
-unloads with reason ``memory_eviction``; otherwise it declines and the loader plans again).
+placement) and decides, inside the writer's step and from the model's own state, what the memory
+manager's notices (``cmd.MEMORY_NOTICES``) mean: a ``MemoryStep`` that the writer applies.  A
+model asked to make room unloads with reason ``memory_eviction`` when it is idle, unpinned and
+loaded; otherwise it declines and the loader plans again.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import logging
 
 from runtime.errors import InsufficientMemory
 from runtime.model import commands as cmd
-from runtime.model.phases import Mark, Phase
-from runtime.model.state import REASON_ADMIN, REASON_MEMORY_EVICTION, REASON_REQUEST, RuntimeState
+from runtime.model.phases import Phase
+from runtime.model.state import REASON_ADMIN, REASON_REQUEST, RuntimeState
 from runtime.pool.devices import measure_process_memory
 from runtime.pool.memory_plan import Plan
 
@@ -41,13 +42,25 @@ class Claim(str, enum.Enum):
     MAKE_ROOM = "make_room"  # evicted or relieved models give memory back first
 
 
+class MemoryStep(enum.Enum):
+    """What a notice of the memory manager decides; the writer applies it (``ModelWriter.on_memory``)."""
+
+    EVICT = "evict"  # idle, unpinned and loaded: it unloads to make room
+    DECLINE = "decline"  # busy or pinned: the manager asks another, or the loader plans again
+    LOAD_GOES = "load_goes"  # the room a waiting load asked for is free: it goes on
+    REPLAN_LOAD = "replan_load"  # memory changed under a waiting load: it is planned again (``replan``)
+    WAKE_GOES = "wake_goes"  # the room a waiting wake asked for is free: it runs
+    REPLAN_WAKE = "replan_wake"  # memory changed under a waiting wake: it is planned again
+    RELIEVE = "relieve"  # asked to make room: the operations sleep or shrink it while idle
+    GROW = "grow"  # memory was freed: a model shrunk under pressure may grow back
+
+
 class MemoryClaim:
     """The writer's side of the memory manager.  The model (``owner``, its controller) is what the
     manager reads (its entry, group and state)."""
 
-    def __init__(self, writer):
-        self.writer = writer
-        self.owner = writer.model
+    def __init__(self, owner):
+        self.owner = owner
         self.memory = self.owner.memory  # the pool's MemoryManager, or None (a controller outside a pool)
         self.placement: list[str] | None = None  # the devices of the current (or last) load
         self.plan: Plan | None = None  # the plan the current (or last) load acted on
@@ -128,47 +141,49 @@ class MemoryClaim:
             self.memory.release(self.name)
 
     # ---- what the memory manager tells the model (in the writer's step) -----------------
-    def on_notice(self, notice: cmd.Notice) -> None:
-        """What the memory manager tells this model (``cmd.MEMORY_NOTICES``), decided from its own state."""
-        model, writer = self.owner, self.writer
+    def on_notice(self, notice: cmd.Notice) -> MemoryStep | None:
+        """What the memory manager's ``notice`` (``cmd.MEMORY_NOTICES``) means for this model, from
+        its own state; None: nothing."""
+        model = self.owner
+        loaded, load_waits = model.state is S.LOADED, model.phases.is_(P.AWAITING_MEMORY, S.LOADING)
         match notice:
             case cmd.Notice.MEMORY_EVICT:
-                if model.state is S.LOADED and model.memory_idle() and not model.entry.definition.pinned:
-                    model.phases.clear(Mark.SWAPPED_OUT)
-                    writer.start_unload(REASON_MEMORY_EVICTION)
-                elif self.memory is not None:
-                    self.memory.declined(self.name)
+                if loaded and model.memory_idle() and not model.entry.definition.pinned:
+                    return MemoryStep.EVICT
+                if self.memory is not None:
+                    return MemoryStep.DECLINE
             case cmd.Notice.MEMORY_READY:
-                if model.state is S.LOADED:
-                    writer.operations.memory_ready(replan=False)  # a wake: it runs
-                elif model.phases.is_(P.AWAITING_MEMORY, S.LOADING):
-                    writer.after_memory(P.AWAITING_MEMORY)  # the models evicted for it are released
+                if loaded:
+                    return MemoryStep.WAKE_GOES
+                if load_waits:
+                    return MemoryStep.LOAD_GOES
             case cmd.Notice.MEMORY_REPLAN if self.memory is not None:
-                if model.state is S.LOADED:
-                    writer.operations.memory_ready(replan=True)
-                elif model.phases.is_(P.AWAITING_MEMORY, S.LOADING):
-                    self._replan()
+                if loaded:
+                    return MemoryStep.REPLAN_WAKE
+                if load_waits:
+                    return MemoryStep.REPLAN_LOAD
             case cmd.Notice.MEMORY_RELIEVE:
-                writer.operations.relieve()
+                return MemoryStep.RELIEVE
             case cmd.Notice.MEMORY_GROW:
-                writer.operations.grow()
+                return MemoryStep.GROW
+        return None
 
-    def _replan(self) -> None:
-        """Memory was given back, a model became idle, or a model refused eviction: plan the load again."""
+    def replan(self) -> Claim:
+        """Memory was given back, a model became idle, or a model refused eviction: the waiting
+        load is planned again and acted on; refused, it raises InsufficientMemory."""
         model = self.owner
         self.memory.release(self.name)  # the old reservation, if any, does not count against itself
         plan = self.plan_load(model.load_override, model.replicas, model.reason)
         if plan.action == "refuse":
-            self.writer.refuse_load(self.refusal(plan))
-            return
-        self.writer.claimed(P.AWAITING_MEMORY, self.act_for_load(plan))
+            raise self.refusal(plan)
+        return self.act_for_load(plan)
 
-    def withdraw_wait(self) -> None:
-        """A request-triggered load that waits for memory, all its requests gone: it does not happen."""
+    def wait_unwanted(self, load_waiters: list) -> bool:
+        """Whether a request-triggered load that waits for memory, all its requests gone (no caller
+        in ``load_waiters`` either), should not happen."""
         model = self.owner
-        if (model.phases.is_(P.AWAITING_MEMORY, S.LOADING) and not model.waiters and not self.writer.load_waiters
-                and model.reason == REASON_REQUEST):
-            self.writer.withdraw(P.AWAITING_MEMORY)
+        return (model.phases.is_(P.AWAITING_MEMORY, S.LOADING) and not model.waiters and not load_waiters
+                and model.reason == REASON_REQUEST)
 
     # ---- after the load ----------------------------------------------------------------
     def loaded(self, measured_mib: int | None, serving: int) -> None:

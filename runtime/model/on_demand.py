@@ -32,10 +32,14 @@ def not_serving(name: str, state: RuntimeState) -> LLMPoolError:
     return ModelNotLoaded(f"model {name} is not loaded; load it through the admin API first")
 
 
-def resolve(waiters: list[asyncio.Future], result: Any = None) -> None:
-    """Answer every waiter still waiting with ``result``; the list is emptied."""
+def resolve(waiters: list[asyncio.Future], result: Any = None, error: Exception | None = None) -> None:
+    """Answer every waiter still waiting with ``result`` (or raise ``error`` in it); the list is emptied."""
     for waiter in waiters:
-        if not waiter.done():
+        if waiter.done():
+            continue
+        if error is not None:
+            waiter.set_exception(error)
+        else:
             waiter.set_result(result)
     waiters.clear()
 

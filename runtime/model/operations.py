@@ -13,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from runtime.errors import BackendError, InsufficientMemory, LLMPoolError, ModelUnloading, NotSleepable
 from runtime.model import commands as cmd
 from runtime.model import residency
-from runtime.model.memory_claim import Claim
+from runtime.model.memory_claim import Claim, MemoryClaim
 from runtime.model.phases import Phase
 from runtime.model.residency import EVENT_KINDS, REASON_MEMORY_PRESSURE, ROLLBACK_ERRORS, ModelEvent, Operation
+from runtime.model.side_work import SideWork
 from runtime.model.state import REASON_ADMIN, REASON_REQUEST, RuntimeState
 
 logger = logging.getLogger("llmpool.runtime")
@@ -32,14 +34,17 @@ RUNNING = frozenset({P.OPERATING, P.WAKING})
 class Operations:
     """The operation under way (``current``) and its steps inside the writer's step."""
 
-    def __init__(self, writer):
-        self.writer = writer
-        self.model = writer.model
+    def __init__(self, model, claim: MemoryClaim, side: SideWork, post: Callable[[cmd.Command], object]):
+        self.model = model
+        self.claim = claim  # the model's memory claim, shared with its loads
+        self.side = side  # the writer's side work: an operation's run is its task
+        self._post = post  # a command to the writer: the run's outcome, an engine failure
         self.current: Operation | None = None
+        self.planner = residency.Residency(model, claim, lambda: self.current)
 
     # ---- the admin's commands ----------------------------------------------------------
     def reconfigure(self, future, body: dict) -> None:
-        operation = self.writer.residency.reconfigure_operation(body, REASON_ADMIN)
+        operation = self.planner.reconfigure_operation(body, REASON_ADMIN)
         if operation is None:
             future.set_result({"duration_ms": 0.0, "changed": {}, "reason": REASON_ADMIN})
             return
@@ -53,7 +58,7 @@ class Operations:
         if self.current is not None and self.current.kind == "sleep":
             self.current.callers.append(future)
             return
-        self.writer.residency.check_operable("sleep")
+        self.planner.check_operable("sleep")
         if model.residency == "sleeping":
             future.set_result({"duration_ms": 0.0, "reason": REASON_ADMIN})
             return
@@ -63,7 +68,7 @@ class Operations:
         if self.current is not None and self.current.kind == "wake":
             self.current.callers.append(future)
             return
-        self.writer.residency.check_operable("wake")
+        self.planner.check_operable("wake")
         if self.model.residency == "active":
             future.set_result({"duration_ms": 0.0, "reason": REASON_ADMIN})
             return
@@ -74,14 +79,14 @@ class Operations:
     def _claim_wake(self, operation: Operation) -> Claim:
         """Act on the wake's plan with the model's memory claim: reserve the awake charge and go,
         make room first, or wait; refused, raise InsufficientMemory having changed nothing."""
-        plan = self.writer.residency.wake_plan(operation.reason)
+        plan = self.planner.wake_plan(operation.reason)
         if plan is None:
             return Claim.GO
         if plan.action == "refuse":
-            raise self.writer.residency.wake_refusal(plan)
+            raise self.planner.wake_refusal(plan)
         if plan.action != "wait" and operation.asleep_mib is None:
-            operation.asleep_mib = self.writer.claim.charge_mib()
-        return self.writer.claim.act(plan, "wake")
+            operation.asleep_mib = self.claim.charge_mib()
+        return self.claim.act(plan, "wake")
 
     def memory_ready(self, *, replan: bool) -> None:
         """``MEMORY_READY`` (``replan`` false) / ``MEMORY_REPLAN`` for a wake that waits for memory."""
@@ -140,7 +145,7 @@ class Operations:
         if not self._idle() or model.entry.definition.pinned:
             memory.declined(model.name)
             return
-        operation = self.writer.residency.relief_operation(item["action"], item.get("to"))
+        operation = self.planner.relief_operation(item["action"], item.get("to"))
         if operation is None:
             memory.relieved(model.name, False)
             return
@@ -152,12 +157,12 @@ class Operations:
         model, memory = self.model, self.model.memory
         if memory is None or model.name not in memory.shrunk:
             return
-        if self.writer.residency.grow_to is None:
+        if self.planner.grow_to is None:
             memory.shrunk.discard(model.name)
             return
         if not self._idle() or model.residency != "active":
             return
-        operation = self.writer.residency.grow_operation()
+        operation = self.planner.grow_operation()
         if operation is not None:
             self._begin(operation)
 
@@ -191,8 +196,7 @@ class Operations:
         if model.scheduler.inflight:
             return
         operation.task = asyncio.get_running_loop().create_task(self._run(operation, model.serving_engines))
-        if self.writer.work is None:
-            self.writer.work = operation.task  # an unload meanwhile waits for it
+        self.side.adopt(operation.task)  # an unload meanwhile waits for it
 
     async def _run(self, operation: Operation, engines: list) -> None:
         try:
@@ -200,15 +204,14 @@ class Operations:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.writer.post(cmd.OperationFinished(operation, exc, None))
+            self._post(cmd.OperationFinished(operation, exc, None))
             return
-        self.writer.post(cmd.OperationFinished(operation, None, measured))
+        self._post(cmd.OperationFinished(operation, None, measured))
 
     def finished(self, future, operation: Operation, error: Exception | None, measured) -> None:
         future.set_result(None)
-        model, writer = self.model, self.writer
-        if writer.work is operation.task:
-            writer.work = None
+        model = self.model
+        self.side.ended(operation.task)
         self.current = None
         loaded = model.state is S.LOADED
         if error is None and loaded:
@@ -216,7 +219,7 @@ class Operations:
             model.phases.move(RUNNING, operation.ends_in)
             logger.info("model %s %s in %.1f ms %s", model.name, EVENT_KINDS[operation.kind], details["duration_ms"],
                         details.get("changed", ""))
-            writer.emit(ModelEvent(model.name, EVENT_KINDS[operation.kind], time.time(), details))
+            model.machine.emit(ModelEvent(model.name, EVENT_KINDS[operation.kind], time.time(), details))
             residency.settle(operation.callers, details)
         elif error is None:
             residency.settle(operation.callers, ModelUnloading(f"model {model.name} is {model.state.value}"))
@@ -226,7 +229,7 @@ class Operations:
             if loaded:
                 model.phases.move(RUNNING, operation.resting)
                 if not isinstance(error, ROLLBACK_ERRORS):  # no configuration left to serve with
-                    writer.post(cmd.EngineFailed(f"{operation.kind} failed: {failure.message}"))
+                    self._post(cmd.EngineFailed(f"{operation.kind} failed: {failure.message}"))
         if operation.reason == REASON_MEMORY_PRESSURE and model.memory is not None:
             model.memory.relieved(model.name, error is None and loaded)  # its loader plans again
         if model.state is S.LOADED:
@@ -234,11 +237,10 @@ class Operations:
                 model.scheduler.resume()
             else:
                 self.wake_for_request()  # requests that came while it fell asleep
-        writer.release_when_idle()
 
     def _succeeded(self, operation: Operation, measured: int | None) -> dict:
         """Apply a successful operation to the model (its overrides, its charge); its event's details."""
-        model, planner = self.model, self.writer.residency
+        model, planner = self.model, self.planner
         details = {"duration_ms": round((time.monotonic() - operation.began) * 1000, 1), "reason": operation.reason}
         if operation.for_model is not None:
             details["for_model"] = operation.for_model
@@ -248,8 +250,8 @@ class Operations:
             details["changed"] = operation.changed
             details["mode"] = planner.reconfigure_mode(operation)
             if operation.memory_key is not None:
-                self.writer.claim.key = operation.memory_key
-            self.writer.claim.loaded(measured, len(model.serving_engines))  # the new configuration's figure is learned
+                self.claim.key = operation.memory_key
+            self.claim.loaded(measured, len(model.serving_engines))  # the new configuration's figure is learned
         elif model.memory is not None and model.placement:
             planner.charge_after(operation.kind, measured)
         return details

@@ -1,10 +1,11 @@
 """A model's side of a settings reload (``ModelPool.reload``): its vote, and the hold on its loads.
 
-Every writer votes (``HoldForReload``): from its own state and the entry it would get, whether
-the model is removed, updated or unchanged, whether it is active, and its conflict.  The vote
-also holds the model: a load that arrives until the reload ends waits (it would make the model
-active after its vote).  ``CommitReload`` takes the new entry, fairness settings and group, then
-releases the hold like ``ReleaseReload``: the held loads run again, against the new entry.
+Every writer votes (``HoldForReload``): ``vote`` decides, from the model's state and the entry it
+would get, whether the model is removed, updated or unchanged, whether it is active, and its
+conflict.  The vote also holds the model (the writer marks it ``reload_held``): a load that
+arrives until the reload ends waits in ``ReloadHold`` (it would make the model active after its
+vote).  ``CommitReload`` takes the new entry, fairness settings and group, then releases the hold
+like ``ReleaseReload``: the writer takes the held loads back and runs them against the new entry.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import asyncio
 from dataclasses import dataclass
 
 from runtime.model import commands as cmd
-from runtime.model.phases import Mark
 from runtime.model.state import ACTIVE_STATES, RuntimeState
 from runtime.pool.catalog import CatalogEntry
 
@@ -55,11 +55,10 @@ def vote(current: CatalogEntry, entry: CatalogEntry | None, state: RuntimeState)
 
 
 class ReloadHold:
-    """The loads held while a reload is planned, and the reload's commands in the writer's step."""
+    """The loads held while a reload is planned; the writer marks the model, applies the commit
+    and requeues what ``take`` hands back."""
 
-    def __init__(self, writer):
-        self.writer = writer
-        self.model = writer.model
+    def __init__(self):
         self._held: list[tuple[cmd.Load, asyncio.Future]] = []
 
     def hold_load(self, load: cmd.Load, future: asyncio.Future) -> None:
@@ -68,26 +67,12 @@ class ReloadHold:
     def waiters(self) -> list[asyncio.Future]:
         return [future for _, future in self._held]
 
-    def hold(self, future: asyncio.Future, entry: CatalogEntry | None) -> None:
-        self.model.phases.mark(Mark.RELOAD_HELD)
-        future.set_result(vote(self.model.entry, entry, self.model.state))
+    def take(self) -> list[tuple[cmd.Load, asyncio.Future]]:
+        """The held loads, to run again now that the reload ended (the hold is empty after)."""
+        held, self._held = self._held, []
+        return held
 
-    def commit(self, future: asyncio.Future, entry: CatalogEntry, fairness, group) -> None:
-        model = self.model
-        if not model.entry.same_definition(entry, ignore=RELOAD_SAFE_FIELDS):
-            model.vram.forget()  # measured for a definition that no longer exists
-        model.entry = entry
-        model.group = group
-        self.writer.turn.tell_again()  # a new ttl_seconds, a new group
-        if model.state not in ACTIVE_STATES:
-            model.replicas = entry.definition.replicas
-        model.scheduler.fairness = fairness
-        self.release(future)
 
-    def release(self, future: asyncio.Future) -> None:
-        self.model.phases.clear(Mark.RELOAD_HELD)
-        for load, waiter in self._held:
-            self.model.requeue(load, waiter)
-        self._held.clear()
-        self.writer.load_for_waiters()
-        future.set_result(None)
+def keeps_measurements(current: CatalogEntry, entry: CatalogEntry) -> bool:
+    """Whether the VRAM measured for ``current`` still holds for ``entry`` (only reload-safe fields changed)."""
+    return current.same_definition(entry, ignore=RELOAD_SAFE_FIELDS)

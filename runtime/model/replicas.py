@@ -9,17 +9,61 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from enum import Enum
 
 from runtime import gpu
 from runtime.backends.base import Engine
+from runtime.errors import InvalidLoadRequest, ModelStateConflict
 from runtime.pool.catalog import CatalogEntry
 from runtime.engine_process.engine import ProcessEngine
 from runtime.model import commands as cmd
 from runtime.model.load_progress import ProgressCallback, replica_reporter
 from runtime.model.memory_claim import measure_engines, process_rss_mib
+from runtime.model.phases import Mark
+from runtime.model.state import RuntimeState
 from runtime.paths import state_dir
 
 logger = logging.getLogger("llmpool.runtime")
+
+S = RuntimeState
+
+
+class LoadGate(Enum):
+    """What a ``Load`` command does, from the model's record (the writer applies it)."""
+
+    HOLD = "hold"  # a settings reload holds the model: the load waits until it ends
+    DONE = "done"  # loaded or loading already, as asked: nothing to do
+    BEGIN = "begin"  # the load begins (checked and planned first)
+
+
+def load_gate(model, overrides: dict, replicas: int | None) -> LoadGate:
+    """What a load with ``overrides`` and ``replicas`` does to ``model`` (its controller); a load
+    that changes a loaded model, or one during an unload, raises having changed nothing."""
+    if model.phases.has(Mark.RELOAD_HELD):
+        return LoadGate.HOLD
+    state = model.state
+    if state in (S.LOADED, S.LOADING):
+        if (overrides and overrides != model.load_override) or (replicas is not None and replicas != model.replicas):
+            raise InvalidLoadRequest(
+                f"model {model.name} is {state.value}; replicas and load overrides may only be changed "
+                "while it is unloaded or failed (unload it first)"
+            )
+        return LoadGate.DONE
+    if state is S.UNLOADING:
+        raise ModelStateConflict(f"model {model.name} is unloading; load it again once it is unloaded")
+    return LoadGate.BEGIN
+
+
+def checked_load_body(entry: CatalogEntry, overrides: dict, replicas: int | None) -> tuple[int, dict]:
+    """A load's replica count and accepted overrides (400 invalid_load_request otherwise)."""
+    definition = entry.definition
+    count = definition.replicas if replicas is None else replicas
+    if count > definition.replica_max:
+        raise InvalidLoadRequest(
+            f"replicas={count} exceeds replica_max={definition.replica_max} of model {entry.name}",
+            param="replicas",
+        )
+    return count, entry.spec.validate_overrides(definition, overrides)
 
 
 class ReplicaLoadError(Exception):

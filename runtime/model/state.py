@@ -77,6 +77,10 @@ class StateMachine:
         event = TransitionEvent(self.model, expected, new, time.time(), reason)
         self.state = new
         logger.info("model %s: %s -> %s (reason %s)", self.model, expected.value, new.value, reason or "-")
+        self.emit(event)
+        return event
+
+    def emit(self, event) -> None:
+        """A transition, or a change of the loaded model that is not one (a ``ModelEvent``), to the listeners."""
         for listener in self.listeners:
             listener(event)
-        return event

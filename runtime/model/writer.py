@@ -1,24 +1,14 @@
 """The single writer of one model: every command, one at a time, in one ``match``.
 
 ``ModelWriter`` runs inside its controller's task (``runtime.model.controller``) and is the only
-code that changes the model's record: its state, sub-phase and marks (``runtime.model.phases``),
-last_error, load_override, replicas, engines, scheduler and measured VRAM.  Handlers are
-synchronous, so nothing can interleave between the read of a state and the transition that
-follows it; long work (loading replicas, releasing them, a reconfigure, sleep or wake) runs in a
-side task that reports back through the inbox as another command.
-
-It owns small collaborators, composed (each one's bookkeeping set in its own ``__init__``): the
-memory claim shared by load and wake (``runtime.model.memory_claim``), the swap-group turn and
-idle clock (``runtime.model.switching``), the residency planner and the operation under way
-(``runtime.model.residency``, ``runtime.model.operations``), the admitted requests
-(``runtime.model.leases``) and the reload hold (``runtime.model.reload_hold``).  They decide
-(a ``Claim``, an ``Operation``, a ``ReloadVote``, a swap group's ``TurnStep``, whether a request
-may wait) and run only inside this writer's step.  The swap-group turn only decides: the writer
-applies its steps (``take_turn``); the others change the model through the lifecycle steps below
-(``begin_load``, ``start_engines``, ``start_unload``, ``withdraw`` ...) and the record's checked
-machines.  Each handler sets the record's fields before it makes the transition, so listeners
-see them changed; every transition carries the reason of the operation it belongs to
-(``runtime.model.state``'s REASON_*).
+code that changes the model's record (state, sub-phase and marks, last_error, load_override,
+replicas, engines, scheduler, measured VRAM).  Handlers are synchronous, so nothing interleaves
+between the read of a state and the transition that follows it; slow work runs in a side task
+(``runtime.model.side_work``) that reports back as another command.  Its collaborators
+(docs/architecture.md lists them) decide inside its step and return what they decided (a
+``Claim``, a ``TurnStep``, a request's ``Entry``, a ``ReloadVote`` ...); the writer applies it.
+Fields are set before the transition, so listeners see them; every transition carries the
+reason of its operation (``runtime.model.state``'s REASON_*).
 """
 from __future__ import annotations
 
@@ -26,18 +16,19 @@ import asyncio
 import logging
 import time
 
-from runtime.errors import BackendError, InsufficientMemory, InvalidLoadRequest, ModelStateConflict, ModelUnloading
-from runtime.model import commands as cmd, switching
-from runtime.model.leases import Admission, Lease
-from runtime.model.memory_claim import Claim, MemoryClaim
+from runtime.errors import BackendError, InsufficientMemory, ModelStateConflict, ModelUnloading
+from runtime.model import commands as cmd, reload_hold, switching
+from runtime.model.leases import Entry, entry_for, stalled
+from runtime.model.memory_claim import Claim, MemoryClaim, MemoryStep
 from runtime.model.on_demand import OPERATOR_SEES_WHY, not_serving, resolve
 from runtime.model.operations import Operations
 from runtime.model.phases import LOADED_PHASES, Mark, Phase
-from runtime.model.reload_hold import ReloadHold
-from runtime.model.replicas import load_and_measure, release_replicas
-from runtime.model.residency import ModelEvent, Residency
-from runtime.model.state import REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
-from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_TTL
+from runtime.model.replicas import LoadGate, checked_load_body, load_gate, release_replicas
+from runtime.model.side_work import SideWork
+from runtime.model.residency import ModelEvent
+from runtime.model.tickets import Ticket
+from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
+from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_MEMORY_EVICTION, REASON_TTL
 
 
 logger = logging.getLogger("llmpool.runtime")
@@ -51,13 +42,11 @@ class ModelWriter:
 
     def __init__(self, model):
         self.model = model
-        self.claim = MemoryClaim(self)
+        self.claim = MemoryClaim(model)
         self.turn = switching.SwapTurn(model, self.post)
-        self.requests = Admission(self)
-        self.reload = ReloadHold(self)
-        self.operations = Operations(self)
-        self.residency = Residency(model, self.claim, lambda: self.operations.current)
-        self.work: asyncio.Task | None = None  # the side task under way (a load, a release, an operation)
+        self.reload = reload_hold.ReloadHold()
+        self.side = SideWork(self.post)  # the slow work under way: a load, a release, an operation
+        self.operations = Operations(model, self.claim, self.side, self.post)
         self.load_waiters: list[asyncio.Future] = []
         self.unload_waiters: list[asyncio.Future] = []
 
@@ -66,13 +55,13 @@ class ModelWriter:
         m = self.model
         match command:
             case cmd.Admit(ticket):
-                self.requests.admit(future, ticket)
+                self._admit(future, ticket)
             case cmd.Finish(ticket, tokens):
-                self.requests.finish(future, ticket, tokens)
+                self._finish(future, ticket, tokens)
             case cmd.Load(overrides, replicas, reason):
                 self._on_load(future, overrides, replicas, reason)
             case cmd.Plan(overrides, replicas):
-                future.set_result(self.claim.dry_run(m.state, *self.checked_load_body(overrides, replicas)))
+                future.set_result(self.claim.dry_run(m.state, *checked_load_body(m.entry, overrides, replicas)))
             case cmd.LoadProgress(stage, fraction):
                 if m.phases.is_(P.STARTING, S.LOADING):  # not a late report of a load that ended
                     m.load_progress = {"stage": stage, "fraction": None if fraction is None else round(fraction, 4)}
@@ -85,18 +74,22 @@ class ModelWriter:
                 self._on_unload_finished(future, errors)
             case cmd.TimedOut(lease, limit):
                 future.set_result(None)
-                self._on_timed_out(lease, limit)
+                if m.state in (S.LOADED, S.UNLOADING) and stalled(lease, m.engines):  # killed, it fails as a crash would
+                    m.scheduler.retire(lease.replica)
+                    lease.engine.kill(f"a request ran past request_timeout_seconds={limit:g}")
             case cmd.EngineFailed(message, replica):
                 future.set_result(None)
                 self._on_engine_failed(message, replica)
             case cmd.FailedReleased():
                 self._on_failed_released(future)
             case cmd.HoldForReload(entry):
-                self.reload.hold(future, entry)
+                m.phases.mark(Mark.RELOAD_HELD)
+                future.set_result(reload_hold.vote(m.entry, entry, m.state))
             case cmd.CommitReload(entry, fairness, group):
-                self.reload.commit(future, entry, fairness, group)
+                self._commit_reload(entry, fairness, group)
+                self._end_reload_hold(future)
             case cmd.ReleaseReload():
-                self.reload.release(future)
+                self._end_reload_hold(future)
             case cmd.Reconfigure(body):
                 self.operations.reconfigure(future, body)
             case cmd.Sleep():
@@ -105,6 +98,7 @@ class ModelWriter:
                 self.operations.wake(future)
             case cmd.OperationFinished(operation, error, measured):
                 self.operations.finished(future, operation, error, measured)
+                self.release_when_idle()  # an unload that waited for the operation's run
             case cmd.KeepAlive(seconds):
                 future.set_result(None)
                 m.keep_alive = seconds  # the TTL from now on: an idle model's timer is armed again
@@ -118,7 +112,7 @@ class ModelWriter:
                 self.take_turn(self.turn.on_notice(command))
             case cmd.Notice():
                 future.set_result(None)
-                self.claim.on_notice(command)
+                self.on_memory(self.claim.on_notice(command))
             case _:
                 raise TypeError(f"not a command: {command!r}")
 
@@ -141,72 +135,118 @@ class ModelWriter:
             case switching.TurnStep.RESUME_TURN:
                 m.phases.clear(Mark.YIELDING)
                 if m.state is S.LOADED:
-                    m.waiters.release(self.requests.queue)
+                    m.waiters.release(self.queue)
             case switching.TurnStep.WARM_UP:
                 try:
                     self.begin_load(S.UNLOADED, REASON_KEEP_WARM)
                 except InsufficientMemory as exc:
                     m.last_error = exc.message  # it comes back when there is room (the next warm_up)
 
-    def settle(self) -> None:
-        """After each command: tell the idle clock (TTL) and the swap group what the step left."""
-        self.turn.settle()
+    def on_memory(self, step: MemoryStep | None) -> None:
+        """What a memory manager's notice decided (``runtime.model.memory_claim``), applied."""
+        m = self.model
+        match step:
+            case MemoryStep.EVICT:
+                m.phases.clear(Mark.SWAPPED_OUT)
+                self.start_unload(REASON_MEMORY_EVICTION)
+            case MemoryStep.DECLINE:
+                m.memory.declined(m.name)
+            case MemoryStep.LOAD_GOES:
+                self.after_memory(P.AWAITING_MEMORY)  # the models evicted for it are released
+            case MemoryStep.REPLAN_LOAD:
+                try:
+                    claim = self.claim.replan()
+                except InsufficientMemory as exc:
+                    self.refuse_load(exc)
+                    return
+                self.claimed(P.AWAITING_MEMORY, claim)
+            case MemoryStep.WAKE_GOES | MemoryStep.REPLAN_WAKE:
+                self.operations.memory_ready(replan=step is MemoryStep.REPLAN_WAKE)
+            case MemoryStep.RELIEVE:
+                self.operations.relieve()
+            case MemoryStep.GROW:
+                self.operations.grow()
 
     def post(self, command: cmd.Command) -> asyncio.Future:
         return self.model._post(command)
 
     async def stop(self) -> list[asyncio.Future]:
-        """The model is no longer served: its side task ends, its engines and its memory go.
-        Answers the futures of the callers still waiting for a load or an unload."""
+        """The model is no longer served: its work, engines and memory go; the waiting callers' futures."""
         m = self.model
-        if self.work is not None:
-            self.work.cancel()
-            await asyncio.gather(self.work, return_exceptions=True)
+        await self.side.cancel()
         await release_replicas(m.engines)
-        m.engines = []
-        m.failed_replicas = {}
+        m.engines, m.failed_replicas = [], {}
         self.claim.release()
         return [*self.reload.waiters(), *self.load_waiters, *self.unload_waiters]
 
-    # ---- load ----------------------------------------------------------------------
-    def checked_load_body(self, overrides: dict, replicas: int | None) -> tuple[int, dict]:
-        """A load's replica count and accepted overrides (400 invalid_load_request otherwise)."""
-        m = self.model
-        definition = m.entry.definition
-        count = definition.replicas if replicas is None else replicas
-        if count > definition.replica_max:
-            raise InvalidLoadRequest(
-                f"replicas={count} exceeds replica_max={definition.replica_max} of model {m.name}",
-                param="replicas",
-            )
-        return count, m.entry.spec.validate_overrides(definition, overrides)
+    # ---- requests ------------------------------------------------------------------------
+    def queue(self, ticket: Ticket) -> asyncio.Future:
+        """Put a request in the scheduler (its 429s raise); the future it will be dispatched by."""
+        return self.model.leases.queue(ticket, self.model.scheduler)
 
+    def _admit(self, future: asyncio.Future, ticket: Ticket) -> None:
+        """Queue the request, make it wait for a load, or refuse it; a refused one changes nothing."""
+        m = self.model
+        match entry_for(m.name, m.state, m.phases.has(Mark.YIELDING), self.turn.may_wait(m.state)):
+            case Entry.QUEUE:
+                future.set_result(self.queue(ticket))
+            case Entry.WAIT:
+                future.set_result(m.waiters.add(ticket))
+                self.load_for_waiters()
+        m.clock.touch()
+        self.operations.wake_for_request()  # a sleeping model wakes for it (runtime.model.operations)
+
+    def _finish(self, future: asyncio.Future, ticket: Ticket, tokens: int | None) -> None:
+        m = self.model
+        if m.waiters.remove(ticket):
+            if self.turn.slot_wait_unwanted(self.load_waiters):  # a load for these requests only
+                self.withdraw(P.AWAITING_SLOT)
+            if self.claim.wait_unwanted(self.load_waiters):
+                self.withdraw(P.AWAITING_MEMORY)
+        elif not m.scheduler.on_cancel(ticket):
+            m.scheduler.on_done(ticket, tokens)
+        m.leases.forget(ticket)
+        self.release_when_idle()
+        self.operations.when_idle()  # a reconfigure or sleep waiting for the active requests
+        future.set_result(None)
+
+    # ---- a settings reload (runtime.model.reload_hold) -----------------------------------
+    def _commit_reload(self, entry, fairness, group) -> None:
+        m = self.model
+        if not reload_hold.keeps_measurements(m.entry, entry):
+            m.vram.forget()  # measured for a definition that no longer exists
+        m.entry, m.group = entry, group
+        self.turn.tell_again()  # a new ttl_seconds, a new group
+        if m.state not in ACTIVE_STATES:
+            m.replicas = entry.definition.replicas
+        m.scheduler.fairness = fairness
+
+    def _end_reload_hold(self, future: asyncio.Future) -> None:
+        """The reload ended: the loads it held run again (against the new entry, if any)."""
+        self.model.phases.clear(Mark.RELOAD_HELD)
+        for load, waiter in self.reload.take():
+            self.model.requeue(load, waiter)
+        self.load_for_waiters()
+        future.set_result(None)
+
+    # ---- load ----------------------------------------------------------------------
     def _on_load(self, future: asyncio.Future, overrides: dict, replicas: int | None, reason: str) -> None:
         m = self.model
-        if m.phases.has(Mark.RELOAD_HELD):
-            self.reload.hold_load(cmd.Load(overrides, replicas, reason), future)
-            return
-        state = m.state
-        if state in (S.LOADED, S.LOADING):
-            if (overrides and overrides != m.load_override) or (replicas is not None and replicas != m.replicas):
-                raise InvalidLoadRequest(
-                    f"model {m.name} is {state.value}; replicas and load overrides may only be changed "
-                    "while it is unloaded or failed (unload it first)"
-                )
-            future.set_result(None)
-            return
-        if state is S.UNLOADING:
-            raise ModelStateConflict(f"model {m.name} is unloading; load it again once it is unloaded")
-        count, accepted = self.checked_load_body(overrides, replicas)
-        plan = self.claim.checked_plan(accepted, count, reason)  # insufficient_memory: nothing changes
-        if reason == REASON_ADMIN:
-            m.phases.clear(Mark.SWAPPED_OUT)  # the operator decides again what it is loaded for
-        self.load_waiters.append(future)
-        self.begin_load(state, reason, accepted, count, plan)
+        match load_gate(m, overrides, replicas):
+            case LoadGate.HOLD:
+                self.reload.hold_load(cmd.Load(overrides, replicas, reason), future)
+            case LoadGate.DONE:
+                future.set_result(None)
+            case LoadGate.BEGIN:
+                count, accepted = checked_load_body(m.entry, overrides, replicas)
+                plan = self.claim.checked_plan(accepted, count, reason)  # insufficient_memory: nothing changes
+                if reason == REASON_ADMIN:
+                    m.phases.clear(Mark.SWAPPED_OUT)  # the operator decides again what it is loaded for
+                self.load_waiters.append(future)
+                self.begin_load(m.state, reason, accepted, count, plan)
 
-    def begin_load(
-        self, state: RuntimeState, reason: str, overrides: dict | None = None, count: int | None = None, plan=False
-    ) -> None:
+    def begin_load(self, state: RuntimeState, reason: str, overrides: dict | None = None, count: int | None = None,
+                   plan=False) -> None:
         """state -> loading; the engines load at once, or once the memory they need is free and
         the swap group grants a slot.  ``plan``: the memory plan made already (False: make it;
         refused, it raises InsufficientMemory before anything changes)."""
@@ -243,23 +283,14 @@ class ModelWriter:
         m.phases.move(phase, P.STARTING)
         # The engines see where the load was placed (config["placement"]: CUDA_VISIBLE_DEVICES, main_gpu).
         overrides = {**m.load_override, "placement": m.placement}
-        self.work = asyncio.get_running_loop().create_task(self._load_engines(overrides, m.replicas))
-
-    async def _load_engines(self, overrides: dict, count: int) -> None:
-        m = self.model
-        self.post(await load_and_measure(m.entry, overrides, count, m.placement, m.engine_failed,
-                                         self._report_load_progress))
-
-    def _report_load_progress(self, stage: str, fraction: float | None) -> None:
-        self.post(cmd.LoadProgress(stage, fraction))
+        self.side.load(m.entry, overrides, m.replicas, m.placement, m.engine_failed)
 
     def _on_load_finished(self, future, engines, error: str | None, observed_mib: int | None,
                           measured_mib: int | None) -> None:
         m = self.model
-        self.work = None
+        self.side.ended()
         if engines is not None:
-            m.engines = engines
-            m.failed_replicas = {}
+            m.engines, m.failed_replicas = engines, {}
             m.vram.observe(observed_mib, len(engines))
             self.claim.loaded(measured_mib, len(m.serving_engines))
             target, routing = m.effective_target_inflight, m.entry.routing
@@ -267,7 +298,7 @@ class ModelWriter:
             m.scheduler.open(len(engines), target, cached, routing.load_factor)
             m.machine.transition(S.LOADING, S.LOADED, m.reason)
             m.phases.move(P.STARTING, P.SERVING)
-            m.waiters.release(self.requests.queue)  # they waited for this turn, even if the group ended it
+            m.waiters.release(self.queue)  # they waited for this turn, even if the group ended it
         else:
             m.last_error = self.claim.failed(error, m.replicas) or error
             m.load_override = {}
@@ -287,10 +318,7 @@ class ModelWriter:
         m.machine.transition(S.LOADING, S.UNLOADED, m.reason)
         m.phases.move(P.AWAITING_MEMORY, P.IDLE)
         m.waiters.fail(error)
-        for waiter in self.load_waiters:
-            if not waiter.done():
-                waiter.set_exception(error)
-        self.load_waiters.clear()
+        resolve(self.load_waiters, error=error)
 
     def load_for_waiters(self) -> None:
         m = self.model
@@ -341,23 +369,14 @@ class ModelWriter:
 
     def release_when_idle(self) -> None:
         m = self.model
-        if m.state is S.UNLOADING and m.scheduler.inflight == 0 and self.work is None:
-            self.work = asyncio.get_running_loop().create_task(self._release_engines(m.engines, cmd.UnloadFinished))
-
-    async def _release_engines(self, engines: list, report) -> None:
-        """Release ``engines``; ``report(errors)`` is the command that tells the writer."""
-        self.post(report(await release_replicas(engines)))
+        if m.state is S.UNLOADING and m.scheduler.inflight == 0 and self.side.task is None:
+            self.side.release(m.engines, cmd.UnloadFinished)
 
     def _on_unload_finished(self, future, errors: list[str]) -> None:
         m = self.model
-        self.work = None
+        self.side.ended()
         m.engines = []
-        m.failed_replicas = {}
-        m.scheduler.reset()
-        m.load_override = {}
-        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
-        m.replicas = m.entry.definition.replicas
-        m.phases.clear(Mark.YIELDING)
+        self._forget_load()
         self.claim.release()
         if errors:
             m.last_error = "unload failed: " + "; ".join(errors)
@@ -371,26 +390,20 @@ class ModelWriter:
         self.load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
 
-    def _on_timed_out(self, lease: Lease, limit: float) -> None:
-        """A request's timeout ran out: an engine that did not stop within the grace of its cancel
-        (``stalled``, an engine process only) is taken out of dispatch and killed; its death then
-        fails the replica as a crash would (``engine_failed``)."""
+    def _forget_load(self) -> None:
+        """What the load that ended (unloaded, or failed while loaded) set goes."""
         m = self.model
-        engine = lease.engine
-        if m.state not in (S.LOADED, S.UNLOADING) or not getattr(engine, "stalled", False):
-            return
-        if lease.replica >= len(m.engines) or m.engines[lease.replica] is not engine:
-            return  # an engine of an earlier load
-        m.scheduler.retire(lease.replica)
-        engine.kill(f"a request ran past request_timeout_seconds={limit:g}")
+        m.failed_replicas = {}
+        m.scheduler.reset()
+        m.load_override = {}
+        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
+        m.replicas = m.entry.definition.replicas
+        m.phases.clear(Mark.YIELDING)
 
     def _on_engine_failed(self, message: str, replica: int | None) -> None:
         """A replica's engine died: while other replicas serve, that replica alone fails
-        (``_fail_replica``); otherwise loaded -> failed: queued requests get backend_error,
-        active ones fail on their own.
-
-        While unloading the release already under way finishes the job, so nothing changes.
-        """
+        (``_fail_replica``); otherwise loaded -> failed: queued requests get backend_error, active
+        ones fail on their own.  While unloading, the release under way finishes the job."""
         m = self.model
         if m.state is not S.LOADED or replica in m.failed_replicas:
             return
@@ -402,19 +415,14 @@ class ModelWriter:
         failure = BackendError(f"model {m.name} failed while loaded; {OPERATOR_SEES_WHY}")
         m.scheduler.close(failure)
         m.leases.fail(failure)
-        m.scheduler.reset()
         engines, m.engines = m.engines, []
-        m.failed_replicas = {}
-        m.load_override = {}
-        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
-        m.replicas = m.entry.definition.replicas
-        m.phases.clear(Mark.YIELDING)
+        self._forget_load()
         m.reason = REASON_ENGINE_FAILURE
         m.machine.transition(S.LOADED, S.FAILED, REASON_ENGINE_FAILURE)
         m.phases.move(LOADED_PHASES, P.IDLE)
         m.waiters.fail(not_serving(m.name, S.FAILED))
         self.operations.when_idle()  # a reconfigure, sleep or wake not yet running does not happen
-        self.work = asyncio.get_running_loop().create_task(self._release_engines(engines, lambda _errors: cmd.FailedReleased()))
+        self.side.release(engines, lambda _errors: cmd.FailedReleased())
 
     def _fail_replica(self, replica: int, message: str) -> None:
         """One replica failed while the others serve on: nothing more is dispatched to it, its
@@ -428,19 +436,14 @@ class ModelWriter:
         m.scheduler.retire(replica)
         self.claim.replica_failed(serving)
         logger.warning("model %s: replica %d failed, %d serve on: %s", m.name, replica + 1, serving - 1, message)
-        self.emit(ModelEvent(m.name, "replica_failed", time.time(),
-                             {"replica": replica + 1, "reason": REASON_ENGINE_FAILURE, "error": message}))
+        m.machine.emit(ModelEvent(m.name, "replica_failed", time.time(),
+                                  {"replica": replica + 1, "reason": REASON_ENGINE_FAILURE, "error": message}))
 
     def _on_failed_released(self, future) -> None:
         m = self.model
-        if self.work is not None and self.work.done():  # a new load may already be running
-            self.work = None
+        if self.side.task is not None and self.side.task.done():  # a new load may already be running
+            self.side.ended()
         if m.state is S.FAILED:  # its engines are gone now: so is its claim on the group's slot
             self.release_slot()
             self.claim.release()
         future.set_result(None)
-
-    def emit(self, event: ModelEvent) -> None:
-        """A change of the loaded model that is not a transition, to the same listeners."""
-        for listener in self.model.machine.listeners:
-            listener(event)
