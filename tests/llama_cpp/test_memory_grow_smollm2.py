@@ -34,7 +34,9 @@ async def test_a_shrunk_model_grows_back_when_memory_frees(tmp_path):
         await floor.load({}, None)
         awake = pool.memory.charges["floor"].mib["cpu"]
         [shrink] = [o["frees_mib"] for o in floor.memory_relief("cpu") if o["action"] == "shrink"]
-        budget = pool.memory.used("cpu") + NEW_MIB - shrink // 2
+        # Room for the stub only once the floor shrinks, and for the floor to grow back once the stub
+        # is gone, with a margin for what the shrink and the growth measure (a few MiB either way).
+        budget = pool.memory.used("cpu") + NEW_MIB - shrink // 4
         pool.memory.configure(MemorySettings.model_validate({"devices": {"cpu": {"budget_mib": budget}},
                                                              "eviction": "idle_lru"}))
         events.clear()
