@@ -169,3 +169,33 @@ def test_a_paused_scheduler_starts_no_waiting_request_until_it_resumes():
     assert effects.log[-1] == ("start", "c1", 0)
     scheduler.resume()
     assert effects.log[-1] == ("start", "c2", 0)
+
+
+def test_a_request_waiting_for_its_replica_keeps_its_class_and_deadline():
+    scheduler, effects = make()
+    now = [0.0]
+    scheduler.clock = lambda: now[0]
+    c1 = turn("c", 1)
+    run(scheduler, c1)
+    c2 = turn("c", 2)
+    c2.priority, c2.deadline = "interactive", 5.0
+    assert run(scheduler, c2) is None and c2.waits_for == 0
+    assert scheduler.turns.depth == [0, 0, 0]  # out of its class's lane while it waits
+    assert scheduler.key_report()[0]["pending"] == 1
+    now[0] = 6.0  # past its deadline when its replica frees: dropped, never started
+    finish(scheduler, c1)
+    assert effects.log[-1] == ("reject", "c2", "queue_deadline_exceeded")
+    assert (scheduler.queue_depth, scheduler.inflight) == (0, 0)
+    assert scheduler.keys == {} or scheduler.key_report()[0]["pending"] == 0
+
+
+def test_a_waiting_request_requeued_from_a_failed_replica_returns_to_its_class():
+    scheduler, effects = make()
+    c1 = turn("c", 1)
+    run(scheduler, c1)
+    c2 = turn("c", 2)
+    c2.priority = "batch"
+    assert run(scheduler, c2) is None
+    scheduler.retire(0)  # its replica failed: back in the batch lane, then routed to replica 1
+    assert effects.log[-1] == ("start", "c2", 1)
+    assert scheduler.turns.depth == [0, 0, 0] and scheduler.queue_depth == 0
