@@ -29,6 +29,22 @@ def vllm_model(fake_bin: Path, folder: Path, **fields) -> dict:
     }
 
 
+def smollm2_server(llama_server_binary: str, smollm2_gguf: str) -> dict:
+    """SmolLM2 on the cached llama-server build, one slot of 2,048 tokens."""
+    return {
+        "backend": "llama_server", "model_path": smollm2_gguf, "llama_server_binary": llama_server_binary,
+        "llama_server_n_ctx": 2048, "llama_server_startup_timeout_seconds": 60.0, "target_inflight": 1,
+    }
+
+
+def librarian(shelves: int) -> str:
+    """A system prompt of about ``shelves`` x 20 tokens that a conversation's later turns repeat."""
+    return "You are the librarian of a small town. Answer in one short sentence. " + " ".join(
+        f"Shelf {i} holds the books whose authors' names start with letter {chr(65 + i % 26)}."
+        for i in range(1, shelves + 1)
+    )
+
+
 def process_state(pid: int) -> str | None:
     """The /proc state letter of ``pid`` (R, S, Z...), or None when it is gone."""
     try:

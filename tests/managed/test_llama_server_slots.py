@@ -12,21 +12,16 @@ import httpx
 import pytest
 
 from runtime.backends.llama_server.slots import SlotStore, content_name
+from tests.managed.helpers import librarian, smollm2_server
 
-SYSTEM = "You are the librarian of a small town. Answer in one short sentence. " + " ".join(
-    f"Shelf {i} holds the books whose authors' names start with letter {chr(65 + i % 26)}." for i in range(1, 31)
-)
+SYSTEM = librarian(30)
 FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
 
 
 @pytest.fixture
 def smol(live_service, llama_server_binary, smollm2_gguf, tmp_path):
     """A service with SmolLM2 on llama-server: (an HTTP client, the KV store's folder)."""
-    model = {
-        "backend": "llama_server", "model_path": smollm2_gguf, "llama_server_binary": llama_server_binary,
-        "llama_server_n_ctx": 2048, "llama_server_startup_timeout_seconds": 60.0, "target_inflight": 1,
-    }
-    service = live_service({"smol": model}, env={"LLMPOOL_STATE_DIR": str(tmp_path / "state")})
+    service = live_service({"smol": smollm2_server(llama_server_binary, smollm2_gguf)}, env={"LLMPOOL_STATE_DIR": str(tmp_path / "state")})
     with service.client(timeout=120) as http:
         yield http, tmp_path / "state" / "kv"
     assert service.stop() == 0
