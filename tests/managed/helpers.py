@@ -37,6 +37,11 @@ def smollm2_server(llama_server_binary: str, smollm2_gguf: str) -> dict:
     }
 
 
+def smollm2_service(live_service, llama_server_binary: str, smollm2_gguf: str, state: Path):
+    """A live service with ``smollm2_server`` as model ``smol``, its state (and saved caches) in ``state``."""
+    return live_service({"smol": smollm2_server(llama_server_binary, smollm2_gguf)}, env={"LLMPOOL_STATE_DIR": str(state)})
+
+
 def librarian(shelves: int) -> str:
     """A system prompt of about ``shelves`` x 20 tokens that a conversation's later turns repeat."""
     return "You are the librarian of a small town. Answer in one short sentence. " + " ".join(

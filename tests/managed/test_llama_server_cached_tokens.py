@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.managed.helpers import librarian, smollm2_server, sse_events
+from tests.managed.helpers import librarian, smollm2_service, sse_events
 
 SYSTEM = librarian(15)
 FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
@@ -15,7 +15,7 @@ FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
 
 @pytest.fixture
 def http(live_service, llama_server_binary, smollm2_gguf, tmp_path):
-    service = live_service({"smol": smollm2_server(llama_server_binary, smollm2_gguf)}, env={"LLMPOOL_STATE_DIR": str(tmp_path / "state")})
+    service = smollm2_service(live_service, llama_server_binary, smollm2_gguf, tmp_path / "state")
     with service.client(timeout=120) as client:
         assert client.post("/v1/admin/models/smol/load").json()["runtime_state"] == "loaded"
         yield client
