@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from models_app.api import limits
 from runtime.config import json_path
@@ -42,6 +42,19 @@ def validated(model: type[Body], data: dict, *, where: Callable[[tuple], tuple] 
             raise InvalidRequest(shapes[field], param=field) from exc
         path = json_path(where(problem["loc"]))
         raise InvalidRequest(f"{path}: {problem['msg']}", param=path.removeprefix("$.")) from exc
+
+
+def text_shorthand(part_type: str):
+    """A message's ``content`` validator (run before the field's own): a string becomes one text
+    part of ``part_type``, so no union of shapes hides an invalid body's real problem behind a
+    "should be a valid string" for the other shape; a user message's "" is no content, as [] is,
+    and both are refused by the list's minimum."""
+    def shorthand(cls, value, info: ValidationInfo):
+        if value == "" and info.data.get("role") == "user":
+            return []
+        return [{"type": part_type, "text": value}] if isinstance(value, str) else value
+
+    return field_validator("content", mode="before")(classmethod(shorthand))
 
 
 class StreamOptions(BaseModel):

@@ -3,7 +3,8 @@
 ``ModelController`` is what the pool holds for a model.  Its fields (the state, the engines,
 the scheduler, last_error ...) are the model's record: callers in any task read them between
 commands, and only the model's writer (``runtime.model.writer.ModelWriter``, one per
-controller, handling one command at a time in one asyncio task) changes them.  Callers send
+controller, handling one command at a time in one asyncio task) changes them, itself or through
+the record's update methods (``forget_load``, ``adopt_entry``), which it alone calls.  Callers send
 typed commands (``runtime.model.commands``) through the methods below and await the answer;
 nothing but the writer acts on a command.
 """
@@ -17,13 +18,13 @@ from typing import Any
 from runtime.backends.base import Engine
 from runtime.config import FairnessSettings
 from runtime.errors import InsufficientMemory, LLMPoolError, ModelLoading, UnknownModel
-from runtime.model import commands as cmd
+from runtime.model import commands as cmd, reload_hold
 from runtime.model.leases import Lease, Leases
 from runtime.model.on_demand import IdleClock, Waiters, Waiting
-from runtime.model.phases import PAUSED_PHASES, Phase, PhaseMachine
+from runtime.model.phases import PAUSED_PHASES, Mark, Phase, PhaseMachine
 from runtime.model.scheduler import Scheduler
 from runtime.model.tickets import Ticket
-from runtime.model.state import REASON_ADMIN, REASON_STARTUP, RuntimeState, StateMachine, TransitionEvent
+from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_STARTUP, RuntimeState, StateMachine, TransitionEvent
 from runtime.model.writer import ModelWriter
 from runtime.pool.catalog import CatalogEntry
 from runtime.pool.groups import SwapGroup
@@ -296,6 +297,25 @@ class ModelController:
     @property
     def effective_target_inflight(self) -> int:
         return self.entry.spec.effective_target_inflight(self.configured_target_inflight)
+
+    # ---- record updates the writer makes in its step ------------------------------------
+    def forget_load(self) -> None:
+        """What the load that ended (unloaded, or failed while loaded) set goes."""
+        self.failed_replicas = {}
+        self.scheduler.reset()
+        self.load_override = {}
+        self.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
+        self.replicas = self.entry.definition.replicas
+        self.phases.clear(Mark.YIELDING)
+
+    def adopt_entry(self, entry: CatalogEntry, fairness: FairnessSettings, group: SwapGroup | None) -> None:
+        """A settings reload's new definition, fairness and group (``runtime.model.reload_hold``)."""
+        if not reload_hold.keeps_measurements(self.entry, entry):
+            self.vram.forget()  # measured for a definition that no longer exists
+        self.entry, self.group = entry, group
+        if self.state not in ACTIVE_STATES:
+            self.replicas = entry.definition.replicas
+        self.scheduler.fairness = fairness
 
     # ---- the mailbox --------------------------------------------------------------------
     def _post(self, command: cmd.Command) -> asyncio.Future:

@@ -104,6 +104,11 @@ class SwapTurn:
         )
 
     # ---- the commands of the TTL timer and the swap group ----------------------------
+    def release_slot(self) -> None:
+        """The group's slot this model holds or was granted goes back (no group: nothing)."""
+        if self.model.group is not None:
+            self.model.group.release(self.model.name)
+
     def ttl_ran_out(self, idle_since: float) -> bool:
         """Whether the TTL timer's command still finds the model idle since then: it unloads."""
         return bool(self.idle) and self.model.clock.idle_since == idle_since and self.ttl() is not None

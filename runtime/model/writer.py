@@ -6,7 +6,7 @@ replicas, engines, scheduler, measured VRAM).  Handlers are synchronous, so noth
 between the read of a state and the transition that follows it; slow work runs in a side task
 (``runtime.model.side_work``) that reports back as another command.  Its collaborators
 (docs/architecture.md lists them) decide inside its step and return what they decided (a
-``Claim``, a ``TurnStep``, a request's ``Entry``, a ``ReloadVote`` ...); the writer applies it.
+``Claim``, a ``TurnStep``, an ``OpStep``, a request's ``Entry`` ...); the writer applies it.
 Fields are set before the transition, so listeners see them; every transition carries the
 reason of its operation (``runtime.model.state``'s REASON_*).
 """
@@ -21,13 +21,13 @@ from runtime.model import commands as cmd, reload_hold, switching
 from runtime.model.leases import Entry, entry_for, stalled
 from runtime.model.memory_claim import Claim, MemoryClaim, MemoryStep
 from runtime.model.on_demand import OPERATOR_SEES_WHY, not_serving, resolve
-from runtime.model.operations import Operations
+from runtime.model.operations import Operations, OpStep
 from runtime.model.phases import LOADED_PHASES, Mark, Phase
 from runtime.model.replicas import LoadGate, checked_load_body, load_gate, release_replicas
 from runtime.model.side_work import SideWork
 from runtime.model.residency import ModelEvent
 from runtime.model.tickets import Ticket
-from runtime.model.state import ACTIVE_STATES, REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
+from runtime.model.state import REASON_ADMIN, REASON_ENGINE_FAILURE, REASON_REQUEST, RuntimeState
 from runtime.model.state import REASON_GROUP_SWAP, REASON_KEEP_WARM, REASON_MEMORY_EVICTION, REASON_TTL
 
 
@@ -46,7 +46,7 @@ class ModelWriter:
         self.turn = switching.SwapTurn(model, self.post)
         self.reload = reload_hold.ReloadHold()
         self.side = SideWork(self.post)  # the slow work under way: a load, a release, an operation
-        self.operations = Operations(model, self.claim, self.side, self.post)
+        self.operations = Operations(model, self.claim, self.post)
         self.load_waiters: list[asyncio.Future] = []
         self.unload_waiters: list[asyncio.Future] = []
 
@@ -86,18 +86,21 @@ class ModelWriter:
                 m.phases.mark(Mark.RELOAD_HELD)
                 future.set_result(reload_hold.vote(m.entry, entry, m.state))
             case cmd.CommitReload(entry, fairness, group):
-                self._commit_reload(entry, fairness, group)
+                m.adopt_entry(entry, fairness, group)
+                self.turn.tell_again()  # a new ttl_seconds, a new group
                 self._end_reload_hold(future)
             case cmd.ReleaseReload():
                 self._end_reload_hold(future)
             case cmd.Reconfigure(body):
-                self.operations.reconfigure(future, body)
+                self.operate(self.operations.reconfigure(future, body))
             case cmd.Sleep():
-                self.operations.sleep(future)
+                self.operate(self.operations.sleep(future))
             case cmd.Wake():
-                self.operations.wake(future)
+                self.operate(self.operations.wake(future))
             case cmd.OperationFinished(operation, error, measured):
-                self.operations.finished(future, operation, error, measured)
+                future.set_result(None)
+                self.side.ended(operation.task)
+                self.operate(self.operations.finished(operation, error, measured))
                 self.release_when_idle()  # an unload that waited for the operation's run
             case cmd.KeepAlive(seconds):
                 future.set_result(None)
@@ -123,7 +126,7 @@ class ModelWriter:
             case switching.TurnStep.START_ENGINES:
                 self.start_engines(P.AWAITING_SLOT)
             case switching.TurnStep.RELEASE_SLOT:
-                self.release_slot()
+                self.turn.release_slot()
             case switching.TurnStep.SWAP_OUT:
                 m.phases.mark(Mark.SWAPPED_OUT)
                 m.group.swapping_out(m.name)
@@ -161,11 +164,34 @@ class ModelWriter:
                     return
                 self.claimed(P.AWAITING_MEMORY, claim)
             case MemoryStep.WAKE_GOES | MemoryStep.REPLAN_WAKE:
-                self.operations.memory_ready(replan=step is MemoryStep.REPLAN_WAKE)
+                self.operate(self.operations.memory_ready(replan=step is MemoryStep.REPLAN_WAKE))
             case MemoryStep.RELIEVE:
-                self.operations.relieve()
+                self.operate(self.operations.relieve())
             case MemoryStep.GROW:
-                self.operations.grow()
+                self.operate(self.operations.grow())
+
+    def operate(self, step: OpStep | None) -> None:
+        """What the operation under way decided (``runtime.model.operations``), applied, and what follows."""
+        m, operations = self.model, self.operations
+        while step is not None:
+            if step.pause:
+                m.scheduler.pause()
+            if step.reconfigured is not None:
+                m.load_override = step.reconfigured.overrides
+            if step.move is not None:
+                m.phases.move(*step.move)
+            if step.event is not None:
+                m.machine.emit(step.event)
+            if step.reject is not None:
+                m.scheduler.reject_queued(step.reject)
+            if step.run is not None:
+                step.run.task = asyncio.get_running_loop().create_task(operations.run(step.run, m.serving_engines))
+                self.side.adopt(step.run.task)  # an unload meanwhile waits for it
+            if step.failed is not None:
+                self.post(cmd.EngineFailed(step.failed))
+            if step.resume:
+                m.scheduler.resume()
+            step = step.then() if step.then is not None else None
 
     def post(self, command: cmd.Command) -> asyncio.Future:
         return self.model._post(command)
@@ -194,7 +220,7 @@ class ModelWriter:
                 future.set_result(m.waiters.add(ticket))
                 self.load_for_waiters()
         m.clock.touch()
-        self.operations.wake_for_request()  # a sleeping model wakes for it (runtime.model.operations)
+        self.operate(self.operations.wake_for_request())  # a sleeping model wakes for it
 
     def _finish(self, future: asyncio.Future, ticket: Ticket, tokens: int | None) -> None:
         m = self.model
@@ -207,20 +233,10 @@ class ModelWriter:
             m.scheduler.on_done(ticket, tokens)
         m.leases.forget(ticket)
         self.release_when_idle()
-        self.operations.when_idle()  # a reconfigure or sleep waiting for the active requests
+        self.operate(self.operations.when_idle())  # a reconfigure or sleep waiting for the active requests
         future.set_result(None)
 
     # ---- a settings reload (runtime.model.reload_hold) -----------------------------------
-    def _commit_reload(self, entry, fairness, group) -> None:
-        m = self.model
-        if not reload_hold.keeps_measurements(m.entry, entry):
-            m.vram.forget()  # measured for a definition that no longer exists
-        m.entry, m.group = entry, group
-        self.turn.tell_again()  # a new ttl_seconds, a new group
-        if m.state not in ACTIVE_STATES:
-            m.replicas = entry.definition.replicas
-        m.scheduler.fairness = fairness
-
     def _end_reload_hold(self, future: asyncio.Future) -> None:
         """The reload ended: the loads it held run again (against the new entry, if any)."""
         self.model.phases.clear(Mark.RELOAD_HELD)
@@ -305,7 +321,7 @@ class ModelWriter:
             m.replicas = m.entry.definition.replicas
             m.machine.transition(S.LOADING, S.FAILED, m.reason)
             m.phases.move(P.STARTING, P.IDLE)
-            self.release_slot()
+            self.turn.release_slot()
             m.waiters.fail(not_serving(m.name, S.FAILED))
         resolve(self.load_waiters)
         future.set_result(None)
@@ -335,11 +351,6 @@ class ModelWriter:
         m.machine.transition(S.LOADING, S.UNLOADED, REASON_REQUEST)
         m.phases.move(phase, P.IDLE)
 
-    def release_slot(self) -> None:
-        m = self.model
-        if m.group is not None:
-            m.group.release(m.name)
-
     # ---- unload and failure ----------------------------------------------------------
     def _on_unload(self, future: asyncio.Future) -> None:
         """The admin unload: requests are refused from then on (waiting ones too), as the contract says."""
@@ -364,7 +375,7 @@ class ModelWriter:
         m.machine.transition(S.LOADED, S.UNLOADING, reason)
         m.phases.move(LOADED_PHASES, P.IDLE)
         m.scheduler.close(ModelUnloading(f"model {m.name} is unloading"))
-        self.operations.when_idle()  # a reconfigure, sleep or wake not yet running does not happen
+        self.operate(self.operations.when_idle())  # a reconfigure, sleep or wake not yet running does not happen
         self.release_when_idle()
 
     def release_when_idle(self) -> None:
@@ -376,7 +387,7 @@ class ModelWriter:
         m = self.model
         self.side.ended()
         m.engines = []
-        self._forget_load()
+        m.forget_load()
         self.claim.release()
         if errors:
             m.last_error = "unload failed: " + "; ".join(errors)
@@ -384,21 +395,11 @@ class ModelWriter:
         else:
             m.machine.transition(S.UNLOADING, S.UNLOADED, m.reason)
         resolve(self.unload_waiters, m.state)
-        self.release_slot()
+        self.turn.release_slot()
         if m.state is S.FAILED:
             m.waiters.fail(not_serving(m.name, S.FAILED))
         self.load_for_waiters()  # requests that came during an automatic unload load it again
         future.set_result(None)
-
-    def _forget_load(self) -> None:
-        """What the load that ended (unloaded, or failed while loaded) set goes."""
-        m = self.model
-        m.failed_replicas = {}
-        m.scheduler.reset()
-        m.load_override = {}
-        m.keep_alive = None  # a request's keep_alive lasts while the model stays loaded
-        m.replicas = m.entry.definition.replicas
-        m.phases.clear(Mark.YIELDING)
 
     def _on_engine_failed(self, message: str, replica: int | None) -> None:
         """A replica's engine died: while other replicas serve, that replica alone fails
@@ -416,12 +417,12 @@ class ModelWriter:
         m.scheduler.close(failure)
         m.leases.fail(failure)
         engines, m.engines = m.engines, []
-        self._forget_load()
+        m.forget_load()
         m.reason = REASON_ENGINE_FAILURE
         m.machine.transition(S.LOADED, S.FAILED, REASON_ENGINE_FAILURE)
         m.phases.move(LOADED_PHASES, P.IDLE)
         m.waiters.fail(not_serving(m.name, S.FAILED))
-        self.operations.when_idle()  # a reconfigure, sleep or wake not yet running does not happen
+        self.operate(self.operations.when_idle())  # a reconfigure, sleep or wake not yet running does not happen
         self.side.release(engines, lambda _errors: cmd.FailedReleased())
 
     def _fail_replica(self, replica: int, message: str) -> None:
@@ -444,6 +445,6 @@ class ModelWriter:
         if self.side.task is not None and self.side.task.done():  # a new load may already be running
             self.side.ended()
         if m.state is S.FAILED:  # its engines are gone now: so is its claim on the group's slot
-            self.release_slot()
+            self.turn.release_slot()
             self.claim.release()
         future.set_result(None)

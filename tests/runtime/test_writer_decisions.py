@@ -1,20 +1,24 @@
 """The decisions the model writer's collaborators return, read from a fake model's record: where an
 admitted request goes (leases.entry_for), what a Load does (replicas.load_gate), which stalled
-engine a timeout kills (leases.stalled) and what a memory notice means (MemoryClaim.on_notice).
+engine a timeout kills (leases.stalled), what a memory notice means (MemoryClaim.on_notice) and
+what a reconfigure, sleep or wake does next (Operations' OpStep).
 The writer applying them is covered by the transition sequences of test_controller, test_phases,
 test_swap_groups and test_memory_placement."""
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
 
-from runtime.errors import InvalidLoadRequest, ModelNotLoaded, ModelStateConflict, ModelUnloading
+from runtime.errors import BackendError, InvalidLoadRequest, ModelNotLoaded, ModelStateConflict, ModelUnloading
 from runtime.model import commands as cmd
 from runtime.model.leases import Entry, Lease, entry_for, stalled
 from runtime.model.memory_claim import MemoryClaim, MemoryStep
+from runtime.model.operations import RUNNING, Operations, OpStep
 from runtime.model.phases import Mark, Phase, PhaseMachine
 from runtime.model.replicas import LoadGate, load_gate
+from runtime.model.residency import Operation
 from runtime.model.state import REASON_REQUEST, RuntimeState
 
 S = RuntimeState
@@ -101,3 +105,65 @@ def test_a_waiting_load_its_requests_left_is_unwanted():
     assert not claim.wait_unwanted([object()])  # an admin caller still waits for it
     waiting.waiters.append(object())
     assert not claim.wait_unwanted([])
+
+
+class Operated(Record):
+    """A loaded model's record as the operations read it: its queue, engines and residency."""
+
+    def __init__(self, phase: Phase, *, inflight: int = 0, queued: int = 0):
+        super().__init__(S.LOADED, phase, memory=None)
+        self.scheduler = SimpleNamespace(inflight=inflight, queue_depth=queued)
+        self.serving_engines = [object()]
+        self.placement = None
+
+    @property
+    def residency(self) -> str:
+        return "sleeping" if self.phases.phase is P.ASLEEP else "active"
+
+
+def operations_of(model: Operated, operation: Operation | None = None) -> Operations:
+    posted: list = []
+    operations = Operations(model, SimpleNamespace(), posted.append)
+    operations.current = operation
+    return operations
+
+
+def test_an_operation_runs_once_its_model_is_idle_and_changes_nothing_itself():
+    sleep = Operation("sleep", "admin", P.SERVING)
+    busy = Operated(P.OPERATING, inflight=1)
+    assert operations_of(busy, sleep).when_idle() is None  # it waits for the active request
+    idle = Operated(P.OPERATING)
+    step = operations_of(idle, sleep).when_idle()
+    assert step == OpStep(run=sleep)
+    assert idle.phases.phase is P.OPERATING and sleep.task is None  # the writer starts the run
+
+
+async def test_a_finished_sleep_decides_the_move_the_event_and_the_reopening():
+    caller = asyncio.get_running_loop().create_future()
+    sleep = Operation("sleep", "admin", P.SERVING, [caller])
+    model = Operated(P.OPERATING)
+    operations = operations_of(model, sleep)
+    step = operations.finished(sleep, None, None)
+    assert step.move == (RUNNING, P.ASLEEP) and step.event.kind == "slept" and not step.resume
+    assert step.then == operations.reopen
+    assert model.phases.phase is P.OPERATING  # not moved: the writer applies the step
+    assert operations.current is None and caller.result()["reason"] == "admin"
+    model.phases.phase = P.ASLEEP
+    assert operations.reopen() is None  # asleep with nothing queued: the queue stays paused
+    model.phases.phase = P.SERVING
+    assert operations.reopen() == OpStep(resume=True)
+
+
+async def test_a_failed_reconfigure_goes_back_and_reports_an_engine_failure_unless_rolled_back():
+    model = Operated(P.OPERATING)
+    broken = Operation("reconfigure", "admin", P.SERVING, [asyncio.get_running_loop().create_future()])
+    step = operations_of(model, broken).finished(broken, RuntimeError("boom"), None)
+    assert step.move == (RUNNING, P.SERVING) and step.failed == "reconfigure failed: boom"
+    assert step.reconfigured is None and step.event is None
+    with pytest.raises(BackendError):
+        broken.callers[0].result()
+    rolled_back = Operation("reconfigure", "admin", P.SERVING, [asyncio.get_running_loop().create_future()])
+    step = operations_of(model, rolled_back).finished(rolled_back, InvalidLoadRequest("no"), None)
+    assert step.move == (RUNNING, P.SERVING) and step.failed is None
+    with pytest.raises(InvalidLoadRequest):
+        rolled_back.callers[0].result()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
@@ -37,6 +37,7 @@ from models_app.api.request_body import (
     openai_request,
     refuse_changes,
     refuse_unknown,
+    text_shorthand,
     validated,
 )
 from runtime.errors import InvalidRequest, LLMPoolError, ToolsUnsupported
@@ -120,14 +121,7 @@ class ChatMessage(BaseModel):
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: str | None = None
     function_call: dict | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _string_content(cls, value, info: ValidationInfo):
-        # A user message's "" is no content, as [] is: both are refused by the list's minimum.
-        if value == "" and info.data.get("role") == "user":
-            return []
-        return [{"type": "text", "text": value}] if isinstance(value, str) else value
+    _string_content = text_shorthand("text")
 
 
 class ChatBody(OpenAIBody):

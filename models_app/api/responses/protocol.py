@@ -26,14 +26,13 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
-    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
 
 from models_app.api import limits
 from models_app.api.openapi import response_format_schema, tool_choice_schema
-from models_app.api.request_body import function_tools, json_object, validated
+from models_app.api.request_body import function_tools, json_object, text_shorthand, validated
 from runtime.errors import InvalidRequest
 from runtime.inputs.request import GenerationRequest
 
@@ -78,15 +77,7 @@ class InputMessage(BaseModel):
     id: str | None = None
     status: str | None = None
 
-    # Shorthands become the full form before validation, so no union of shapes hides the real problem
-    # of an invalid body behind a "should be a valid string" for the other shape.  A user message's
-    # "" is no content, as [] is: both are refused by the list's minimum.
-    @field_validator("content", mode="before")
-    @classmethod
-    def _string_content(cls, value, info: ValidationInfo):
-        if value == "" and info.data.get("role") == "user":
-            return []
-        return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
+    _string_content = text_shorthand("input_text")  # a string, or a user's "", as on chat
 
 
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
