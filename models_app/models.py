@@ -25,7 +25,8 @@ class InferenceKey(models.Model):
     kept: the secret is random and 256 bits long, so a slow hash would add nothing.
 
     The limit fields are enforced at the edge (``models_app.quotas``, docs/api.md); ``priority``
-    is the class the key's requests queue in (docs/scheduling.md)."""
+    is the class the key's requests queue in, ``queue_timeout_seconds`` the longest they wait
+    before they start, and ``weight`` their share in the token-fair order (docs/scheduling.md)."""
 
     name = models.CharField(max_length=128, unique=True)
     key_sha256 = models.CharField(max_length=64, unique=True)
@@ -38,6 +39,7 @@ class InferenceKey(models.Model):
     priority = models.CharField(max_length=16, default="default")
     fairness_key = models.CharField(max_length=256, null=True)
     weight = models.FloatField(null=True)
+    queue_timeout_seconds = models.FloatField(null=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # Last: the name hides the module ``models`` for the rest of the class body.

@@ -8,7 +8,7 @@ from django.db import close_old_connections
 from django.db.models import Sum
 
 from models_app import placement
-from models_app.quotas.policy import LIMIT_NAMES
+from runtime.key_terms import LIMIT_NAMES
 from models_app.models import CatalogModel, InferenceKey, KeyRingVersion, KeyUsage
 from models_app.transport.messages import OP_ACTIVITY, OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
 
@@ -106,7 +106,8 @@ def key_ring_rows(known_version: int | None) -> tuple[int, list[dict] | None]:
     version = key_ring_version()
     if version == known_version:
         return version, None
-    fields = ("id", "name", "key_sha256", "models", "fairness_key", "disabled", "priority", *LIMIT_NAMES)
+    fields = ("id", "name", "key_sha256", "models", "fairness_key", "disabled", "priority", "queue_timeout_seconds",
+              "weight", *LIMIT_NAMES)
     return version, list(InferenceKey.objects.values(*fields))
 
 

@@ -111,10 +111,11 @@ class GenerationRequest:
     # its definition says.
     keep_alive_seconds: float | None = None
     # How the request queues for its model, as the edge decided it from the caller's key and headers
-    # (models_app.api.keys): its priority class, and the seconds it may wait before it starts (None:
-    # its model's queue_timeout_seconds).
+    # (models_app.api.keys): its priority class, the seconds it may wait before it starts (None: its
+    # model's queue_timeout_seconds), and its key's fairness weight (None: engine.fairness's).
     priority: str = DEFAULT_PRIORITY
     queue_timeout_seconds: float | None = None
+    weight: float | None = None
 
     def resolved(self, decoding: DecodingSettings | None = None) -> GenerationRequest:
         """A copy with every unset sampling field given the service's default: ``decoding``

@@ -18,7 +18,7 @@ def row(name: str, priority: str) -> dict:
     return {"name": name, "key_sha256": hashlib.sha256(name.encode()).hexdigest(), "models": "*",
             "fairness_key": None, "disabled": False, "priority": priority, "id": int(hashlib.sha256(name.encode()).hexdigest()[:8], 16),
             "requests_per_minute": None, "tokens_per_minute": None, "max_concurrent": None,
-            "token_budget": None, "budget_period": None}
+            "token_budget": None, "budget_period": None, "queue_timeout_seconds": None, "weight": None}
 
 
 def ring(*rows, priority_header: str | None = HEADER) -> KeyRing:
@@ -60,7 +60,7 @@ def test_the_queue_timeout_header():
     assert ring().caller(headers(x_llmpool_queue_timeout="2.5")).queue_timeout_seconds == 2.5
     assert ring().caller(headers(x_llmpool_queue_timeout="86400")).queue_timeout_seconds == 86400
     assert ring().caller(headers(x_llmpool_queue_timeout="30")).queue_terms() == {
-        "priority": "default", "queue_timeout_seconds": 30.0}
+        "priority": "default", "queue_timeout_seconds": 30.0, "weight": None}
 
 
 @pytest.mark.parametrize("value", ["", "-1", "0", "0.0", "+5", "1e3", "inf", "nan", "1_000", "86400.5", "10 s",
