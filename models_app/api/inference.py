@@ -148,8 +148,13 @@ async def generate(request: InferenceRequest, model: str) -> dict | AsyncIterato
 async def runtime_stream(op: str, wire: dict, model: str) -> AsyncIterator[dict]:
     """A streamed request ``op`` (generate, transcribe) with its payload ``wire``, for ``model``:
     returned, as ``generate`` says, once the runtime admitted it (or it waits for its model's load
-    under the ASGI front); an iterator of the runtime's chunk messages, then its result."""
-    exchange = placement.exchange(op, wire)
+    under the ASGI front); an iterator of the runtime's chunk messages, then its result.
+
+    A generate that the client closes early is charged to its database key all the same: what it
+    used until then, as the runtime answers the cancel (``RuntimeClient.exchange``), is counted
+    before the key's grant finishes."""
+    charged = op == OP_GENERATE and admission.CURRENT.get() is not None
+    exchange = placement.exchange(op, wire, on_cancelled=(lambda used: admission.count(model, used)) if charged else None)
     early = _EARLY.get()
     try:
         waiting_for = await _until_admitted(exchange, stop_when_waiting=early is not None)

@@ -1,7 +1,7 @@
 """The thin caller between the API and the transport: place, send, merge (``models_app.placement``)."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from models_app.placement import decide, several
 from models_app.placement.inflight import INFLIGHT, SUSPECTS
@@ -43,9 +43,11 @@ async def call(op: str, payload: dict | None = None, *, deadline: float | None =
 
 
 async def exchange(op: str, payload: dict, *, deadline: float | None = None, client: RuntimeClient | None = None,
-                   node: nodes.Node | None = None) -> AsyncIterator[dict]:
+                   node: nodes.Node | None = None,
+                   on_cancelled: Callable[[dict], None] | None = None) -> AsyncIterator[dict]:
     """The runtime's chunk and result messages for a call that one node serves (``node``, else where
-    ``decide.place`` sends it); closing the iterator early (client gone) tells the runtime to cancel.
+    ``decide.place`` sends it); closing the iterator early (client gone) tells the runtime to cancel
+    (``on_cancelled``: as ``RuntimeClient.exchange`` says).
 
     The call counts in flight (``TRACKED_OPS``) while it lasts; a node that stays silent is
     suspected, so the next requests prefer another node meanwhile."""
@@ -57,7 +59,8 @@ async def exchange(op: str, payload: dict, *, deadline: float | None = None, cli
     keys = (INFLIGHT.track(decide.inflight_keys(node, decide.model_of(op, payload), payload.get("fairness_key")))
             if op in decide.TRACKED_OPS else None)
     messages = (client or RuntimeClient()).exchange(node.channel, op, payload, deadline=deadline,
-                                                    on_silent=lambda: SUSPECTS.suspect(node.name))
+                                                    on_silent=lambda: SUSPECTS.suspect(node.name),
+                                                    on_cancelled=on_cancelled)
     try:
         async for message in messages:
             yield message

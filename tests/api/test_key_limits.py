@@ -190,6 +190,31 @@ def test_tokens_per_minute_are_charged_from_the_engines_real_counts(service, adm
     assert call(service.urls[-1], made["key"], "/v1/responses", {"model": "echo", "input": "x"}).status_code == 200
 
 
+def test_a_stream_the_client_closes_early_is_charged_the_tokens_it_used(service, admin):
+    """The client reads two deltas of six and goes away: the runtime stops the generation and says
+    what it used, which the edge charges (usage rows, tokens per minute) as it does a whole answer."""
+    made = create(service, admin, name="closer", tokens_per_minute=1_000_000)
+    deltas = 0
+    with httpx.stream("POST", service.urls[-1] + "/v1/chat/completions", headers=bearer(made["key"]), timeout=30,
+                      json={"model": "slow", "stream": True, "messages": [{"role": "user", "content": "go"}]}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                deltas += 1
+                if deltas == 2:
+                    break
+    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], 2 * FLUSH_SECONDS + 2)
+    [day] = admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"]
+    assert (day["model"], day["requests"]) == ("slow", 1)
+    assert day["input_tokens"] > 0 and 2 <= day["output_tokens"] < 6  # cut short: fewer than six words
+    spent = day["input_tokens"] + day["output_tokens"]
+    for url in service.urls:  # the tokens window counts them too, on every process
+        probe = call(url, made["key"], "/v1/responses", {"model": "nothing", "input": "x"})
+        assert probe.headers["x-ratelimit-remaining-tokens"] == str(1_000_000 - spent)
+    record = admin.get("/v1/admin/activity", params={"model": "slow", "limit": 1}).json()["requests"][0]
+    assert (record["status"], record["error_code"]) == (499, "cancelled")
+    assert (record["input_tokens"], record["output_tokens"]) == (day["input_tokens"], day["output_tokens"])
+
+
 def test_requests_over_max_concurrent_are_refused_until_one_ends(service, admin):
     made = create(service, admin, name="concurrent", max_concurrent=1)
     started, done = threading.Event(), []
