@@ -158,7 +158,8 @@ async def admit(key: int | None, limits: KeyLimits | None) -> Grant | None:
 
 def count(model: str, used: dict) -> None:
     """Count the runtime's usage of ``model`` for the request being served: ``input_tokens`` and
-    ``output_tokens`` (a generation) or ``prompt_tokens`` (embeddings)."""
+    ``output_tokens`` (a generation, what a stream closed early used, a transcription's audio and
+    transcript tokens) or ``prompt_tokens`` (embeddings, rerank)."""
     grant = CURRENT.get()
     if grant is None:
         return
