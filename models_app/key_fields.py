@@ -36,6 +36,19 @@ def database_id(pk: int) -> str:
     return f"{DATABASE_ID_PREFIX}{pk}"
 
 
+def settings_id(name: str) -> str:
+    """The id of a key of settings.json: what the keys API shows, and what its limits and usage are
+    counted under (a database key's are counted under its primary key)."""
+    return f"{SETTINGS_ID_PREFIX}{name}"
+
+
+def usage_owner(key: int | str) -> dict:
+    """The usage rows' fields (``models.KeyUsage``) that name the key of the quota key ``key``."""
+    if isinstance(key, str):
+        return {"settings_key": key.removeprefix(SETTINGS_ID_PREFIX)}
+    return {"key_id": key}
+
+
 def row_json(row) -> dict:
     """A database key as the keys API shows it: never its secret, nor its hash."""
     return {
@@ -51,11 +64,10 @@ def row_json(row) -> dict:
 
 
 def settings_key_json(key: ApiKey) -> dict:
-    """A key of settings.json as the keys API shows it (read-only; limits it has none)."""
-    limits = dict.fromkeys(LIMIT_FIELDS)
-    limits.update(priority="default", fairness_key=key.fairness_key, weight=key.weight)
+    """A key of settings.json as the keys API shows it (read-only)."""
+    limits = {name: getattr(key, name) for name in LIMIT_FIELDS}
     return {
-        "id": f"{SETTINGS_ID_PREFIX}{key.name}",
+        "id": settings_id(key.name),
         "source": "settings",
         "name": key.name,
         "models": key.models,

@@ -60,10 +60,12 @@ class KeyRingVersion(models.Model):
 
 
 class KeyUsage(models.Model):
-    """The tokens one database key used on one model in one UTC day, written in batches by the API
-    processes (``models_app.quotas.usage``); a deleted key's rows go with it."""
+    """The tokens one key used on one model in one UTC day, written in batches by the API processes
+    (``models_app.quotas.usage``): a database key's (``key``; a deleted key's rows go with it) or a
+    key of settings.json's (``settings_key``, its name: its rows stay until they are pruned)."""
 
-    key = models.ForeignKey(InferenceKey, on_delete=models.CASCADE, related_name="usage")
+    key = models.ForeignKey(InferenceKey, on_delete=models.CASCADE, related_name="usage", null=True)
+    settings_key = models.CharField(max_length=128, null=True)
     model = models.CharField(max_length=128)
     day = models.DateField()
     input_tokens = models.PositiveBigIntegerField(default=0)
@@ -72,5 +74,10 @@ class KeyUsage(models.Model):
 
     class Meta:
         ordering = ["day", "model"]
-        constraints = [models.UniqueConstraint(fields=["key", "model", "day"], name="key_usage_per_model_day")]
+        constraints = [
+            models.UniqueConstraint(fields=["key", "model", "day"], name="key_usage_per_model_day"),
+            models.UniqueConstraint(fields=["settings_key", "model", "day"], name="settings_key_usage_per_model_day"),
+            models.CheckConstraint(condition=models.Q(key__isnull=True) ^ models.Q(settings_key__isnull=True),
+                                   name="key_usage_of_one_key"),
+        ]
         indexes = [models.Index(fields=["day"], name="key_usage_day")]

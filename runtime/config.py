@@ -26,6 +26,7 @@ from runtime.errors import InvalidSettings, LoadBodyInvalid
 from runtime.pool.nodes import for_node, node_problems, take_node_fields
 from runtime.pool.devices import MemorySettings
 from runtime.inputs.request import DecodingSettings
+from runtime.key_terms import KeyTerms
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 API_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
@@ -37,19 +38,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ApiKey(_Strict):
+class ApiKey(KeyTerms):
     """One entry of ``service.api_keys``: a caller of the inference endpoints (``models_app/api/keys.py``).
 
     Only the key's sha256 is stored.  ``models`` is the list of models the key may use, or "*"
-    for every model.  The key's fairness bucket is ``fairness_key`` when set, else its ``name``;
-    ``weight``, when set, is that bucket's fairness weight.
+    for every model.  Its limits and queue terms are those a key of the database has
+    (``runtime.key_terms``), read-only here.  The key's fairness bucket is ``fairness_key`` when
+    set, else its ``name``; ``weight``, when set, is that bucket's fairness weight.
     """
 
     name: str = Field(pattern=API_KEY_NAME.pattern)
     key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     models: list[str] | Literal["*"]
-    fairness_key: str | None = Field(None, min_length=1, max_length=256)
-    weight: float | None = Field(None, gt=0)
 
     @field_validator("models", mode="plain")
     @classmethod

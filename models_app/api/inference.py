@@ -150,7 +150,7 @@ async def runtime_stream(op: str, wire: dict, model: str) -> AsyncIterator[dict]
     returned, as ``generate`` says, once the runtime admitted it (or it waits for its model's load
     under the ASGI front); an iterator of the runtime's chunk messages, then its result.
 
-    A generate that the client closes early is charged to its database key all the same: what it
+    A generate that the client closes early is charged to its key all the same: what it
     used until then, as the runtime answers the cancel (``RuntimeClient.exchange``), is counted
     before the key's grant finishes."""
     charged = op == OP_GENERATE and admission.CURRENT.get() is not None
@@ -249,7 +249,7 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
     An error before the answer starts goes through the one error writer (``api.errors``), its
     body ``envelope(exc)`` (the protocol's own error shape); ``waiting_notice(model)`` is what a
     stream sends while it waits for its model (``_send_loading_notices``).  A ``limited`` path
-    (one that runs a model) admits a database key's request against the key's limits first
+    (one that runs a model) admits a key's request against the key's limits first
     (``quotas.admission``): over one, it answers the 429; else every answer carries the key's
     ``x-ratelimit-*`` headers, and the request holds its concurrency slot until it is answered
     (``grant.finish``, which also charges the answer's tokens).
@@ -267,7 +267,7 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
                 headers = _headers(scope)
                 caller = (await key_ring()).caller(headers.get)
                 if limited:
-                    grant = await admission.admit(caller.key_pk, caller.limits)
+                    grant = await admission.admit(caller.quota_key, caller.limits)
                     limit_headers = grant.headers if grant is not None else {}
                     if grant is not None and grant.refusal is not None:
                         raise grant.refusal

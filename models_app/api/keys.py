@@ -14,13 +14,14 @@ once per request, before anything else:
   name) is the fairness key, whatever the ``user`` field or a fairness header say, so a caller
   cannot leave its share.
 
-Either way the caller's priority class is its key's (``default`` without keys, and for a key of
-settings.json), or what the header ``service.priority_header`` asks within it.  Its queue timeout
+Either way the caller's priority class is its key's (``default`` without keys), or what the
+header ``service.priority_header`` asks within it.  Its queue timeout
 is the shorter of the ``X-LLMPool-Queue-Timeout`` header's (``api.queue_headers``) and its key's
 ``queue_timeout_seconds``: the key's bounds how long its requests wait, and the header may only
 shorten that (as Envoy's ``max_grpc_timeout`` caps a gRPC client's deadline); with neither, the
 model's applies.  A database key's ``weight`` goes with its requests to the scheduler (a key of
-settings.json has its weight in the runtime's ``engine.fairness`` already).
+settings.json has its weight in the runtime's ``engine.fairness`` already).  A key of either kind
+has the same limits (``runtime.key_terms``), counted under its ``quota_key``.
 
 A request's model is resolved once, here (``Caller.resolve``), by the one rule
 (``runtime.pool.catalog.canonical_model``) over the pool's names as the nodes announce them: the key
@@ -52,11 +53,13 @@ from models_app import selectors
 from models_app.api import queue_headers
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
+from models_app.key_fields import settings_id
 from models_app.quotas.policy import KeyLimits
 from models_app.transport import nodes
 from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
 from runtime.errors import ApiKeysUnavailable, InvalidApiKey, ModelNotAllowed
+from runtime.key_terms import LIMIT_NAMES
 from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
 
 logger = logging.getLogger("llmpool.api")
@@ -80,8 +83,9 @@ class Caller:
     queue_timeout_seconds: float | None = None
     # Its key's fairness weight; None: the runtime's engine.fairness weight of its fairness key.
     weight: float | None = None
-    # The database key's primary key (None: no key, or one of settings.json) and its limits.
-    key_pk: int | None = None
+    # What its key's limits and usage are counted under (a database key's primary key, a key of
+    # settings.json its "settings:<name>"; None: no key), and those limits.
+    quota_key: int | str | None = None
     limits: KeyLimits | None = None
 
     def queue_terms(self) -> dict:
@@ -130,9 +134,15 @@ class KeyRecord:
     queue_timeout_seconds: float | None = None  # the longest its requests wait before they start
     weight: float | None = None  # a database key's fairness weight
 
+    @property
+    def quota_key(self) -> int | str:
+        return self.pk if self.pk is not None else settings_id(self.name)
+
     @classmethod
     def from_settings(cls, key: ApiKey) -> KeyRecord:
-        return cls(name=key.name, models=key.models, bucket=key.bucket)
+        return cls(name=key.name, models=key.models, bucket=key.bucket, priority=key.priority,
+                   limits=KeyLimits.from_row(key.model_dump(include=set(LIMIT_NAMES))),
+                   queue_timeout_seconds=key.queue_timeout_seconds)
 
     @classmethod
     def from_row(cls, row: Mapping) -> KeyRecord:
@@ -181,7 +191,7 @@ class KeyRing:
         if key.queue_timeout_seconds is not None:
             timeout = min(timeout or key.queue_timeout_seconds, key.queue_timeout_seconds)
         return Caller(fairness_key=fairness_key, models=models, priority=priority, queue_timeout_seconds=timeout,
-                      weight=key.weight, key_pk=key.pk, limits=key.limits)
+                      weight=key.weight, quota_key=key.quota_key, limits=key.limits)
 
     def _fairness_header(self, header: HeaderLookup) -> str | None:
         for name in self._fairness_headers:

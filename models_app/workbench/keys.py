@@ -84,7 +84,7 @@ async def _row(key_id: str):
 async def key_page(request: HttpRequest, key_id: str) -> HttpResponse:
     row = await _row(key_id)
     since = datetime.now(timezone.utc).date() - timedelta(days=USAGE_DAYS - 1)
-    usage = await usage_json(row, await sync_to_async(selectors.key_usage)(row.pk, since), since)
+    usage = await usage_json(row, row.pk, await sync_to_async(selectors.key_usage)(row.pk, since), since)
     shown = row_json(row)
     context = {"title": f"Key {row.name}", "key": shown, "usage": usage,
                "limits": [(name, shown[name]) for name in LIMIT_FIELDS], "chart": usage_chart(usage, since)}

@@ -7,6 +7,7 @@ stays spent across a restart of the embedded service; the usage per key is writt
 /v1/admin/keys/{id}/usage and exported in /metrics."""
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import threading
@@ -27,6 +28,10 @@ MODELS = {
     "vec": {"backend": "stub", "embeddings": True},
     "slow": {"backend": "stub", "stub_token_delay_ms": 150, "stub_reply": "one two three four five six"},
 }
+# A key of settings.json with limits of its own (read-only: the file is its source).
+SETTINGS_SECRET = "sk-ops-from-the-settings-file"
+SETTINGS_KEY = {"name": "ops", "key_sha256": hashlib.sha256(SETTINGS_SECRET.encode()).hexdigest(), "models": "*",
+                "requests_per_minute": 3, "token_budget": 10**9, "budget_period": "month"}
 PROPAGATION_SECONDS = 1.0
 # An answer's tokens are charged just after it is sent (the split: one round trip to Redis then):
 # a request that must see them waits this long after the answer.
@@ -60,7 +65,7 @@ def _load_models(url: str) -> None:
 def service(tmp_path_factory, api_shape):
     """The service, and with the split a second API process on the same Redis and database."""
     folder = tmp_path_factory.mktemp("key_limits")
-    settings = write_settings(folder, MODELS, service={"admin_token": ADMIN_TOKEN})
+    settings = write_settings(folder, MODELS, service={"admin_token": ADMIN_TOKEN, "api_keys": [SETTINGS_KEY]})
     live = LiveService(settings, folder / "db.sqlite3").start()
     live.urls = [live.url]
     live.second = None
@@ -150,6 +155,24 @@ def test_the_61st_request_of_a_60_rpm_key_is_refused_on_every_protocol_and_proce
     counted = call(service.url, made["key"], "/v1/messages/count_tokens",
                    {"model": "echo", "messages": [{"role": "user", "content": "ping"}]})
     assert counted.status_code == 200 and "x-ratelimit-limit-requests" not in counted.headers
+
+
+def test_a_key_of_settings_json_has_its_limits_enforced_and_its_usage_kept(service, admin):
+    shown = admin.get("/v1/admin/keys/settings:ops").json()
+    assert (shown["source"], shown["requests_per_minute"], shown["token_budget"]) == ("settings", 3, 10**9)
+    answers = [call(service.urls[index % len(service.urls)], SETTINGS_SECRET, "/v1/responses",
+                    {"model": "echo", "input": "a b"}) for index in range(3)]
+    assert [answer.headers["x-ratelimit-remaining-requests"] for answer in answers] == ["2", "1", "0"]
+    refused = call(service.urls[-1], SETTINGS_SECRET, "/v1/chat/completions",
+                   {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "rate_limited")
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    spent = 3 * usage_tokens(answers[0])
+    wait_for(lambda: admin.get("/v1/admin/keys/settings:ops/usage").json()["total"]["requests"] == 3,
+             2 * FLUSH_SECONDS + 2)
+    kept = admin.get("/v1/admin/keys/settings:ops/usage").json()
+    assert (kept["id"], kept["name"], kept["budget"]["used"]) == ("settings:ops", "ops", spent)
+    assert [day["model"] for day in kept["days"]] == ["echo"]
 
 
 def test_the_headers_come_with_every_answer_of_a_limited_key_and_only_there(service, admin):
