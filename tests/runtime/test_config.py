@@ -146,6 +146,20 @@ def test_a_key_declares_the_limits_and_queue_terms_a_key_of_the_database_has():
     assert validate_settings({"service": {"api_keys": [api_key()]}}).service.api_keys[0].priority == "default"
 
 
+def test_a_key_s_problems_carry_a_code_and_reach_the_envelope():
+    """What a reload answers (400 invalid_settings): each problem of a key with its path and a code."""
+    with pytest.raises(InvalidSettings) as caught:
+        validate_settings({"service": {"port": 0, "api_keys": [
+            api_key(requests_per_minute=0), api_key(name="bob", key_sha256="1" * 64, token_budget=5)]}})
+    details = caught.value.envelope()["error"]["details"]
+    assert [(problem["path"], problem.get("code")) for problem in details] == [
+        ("$.service.port", None),
+        ("$.service.api_keys[0].requests_per_minute", "api_key_invalid"),
+        ("$.service.api_keys[1]", "api_key_invalid"),
+    ]
+    assert "budget_period" in details[2]["message"]
+
+
 def test_a_bucket_weight_is_declared_once():
     with pytest.raises(InvalidSettings) as caught:
         validate_settings({
