@@ -286,8 +286,8 @@ class RuntimeService:
         except asyncio.CancelledError:
             used = output.usage_so_far(ticket, started=record.dispatched is not None)
             record.input_tokens, record.output_tokens = used["input_tokens"], used["output_tokens"]
-            if request.stream:  # the edge waits for this to charge the caller's key what the stream used
-                await _quietly(emit({"event": GENERATE_CANCELLED, "usage": used}))
+            # The edge waits for this to charge the caller's key what the request used.
+            await _quietly(emit({"event": GENERATE_CANCELLED, "usage": used}))
             raise
         if output.finished is None:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")

@@ -26,9 +26,10 @@ async def place(op: str, payload: dict) -> decide.Placement:
 
 
 async def call(op: str, payload: dict | None = None, *, deadline: float | None = None,
-               client: RuntimeClient | None = None) -> dict:
+               client: RuntimeClient | None = None, on_cancelled: Callable[[dict], None] | None = None) -> dict:
     """One request, one result (heartbeats keep it alive up to ``deadline`` seconds), from wherever
-    ``decide.place`` sends it; a model's AdminModelEntry answered by one node says which (``node``)."""
+    ``decide.place`` sends it; a model's AdminModelEntry answered by one node says which (``node``).
+    ``on_cancelled``: for a call one node answers, as ``RuntimeClient.exchange`` says."""
     payload = payload or {}
     client = client or RuntimeClient()
     where = await place(op, payload)
@@ -36,7 +37,8 @@ async def call(op: str, payload: dict | None = None, *, deadline: float | None =
         return await several.call_every(client, op, payload, deadline, where.nodes, where.known)
     if isinstance(where, decide.Spread):
         return await several.call_spread(client, op, payload, deadline, where.nodes)
-    result = await result_of(exchange(op, payload, deadline=deadline, client=client, node=where.node))
+    result = await result_of(exchange(op, payload, deadline=deadline, client=client, node=where.node,
+                                      on_cancelled=on_cancelled))
     if isinstance(result, dict) and "runtime_state" in result and "name" in result:
         result = {**result, "node": where.node.name}
     return result

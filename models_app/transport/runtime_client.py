@@ -65,7 +65,7 @@ class RuntimeClient:
         """Yield the runtime's chunk and result messages from ``channel``; raise its errors.
 
         Closing the iterator early (client gone) tells the runtime to cancel; with ``on_cancelled``,
-        the runtime's answer to the cancel (a streamed generate's ``cancelled`` chunk, or the result
+        the runtime's answer to the cancel (a generate's ``cancelled`` chunk, or the result
         that crossed the cancel) is then waited for, up to the reply timeout, and its ``usage``
         handed to ``on_cancelled``.  ``on_silent`` is called when the runtime does not answer in
         time (or the layer cannot be reached), before the RuntimeUnavailable is raised.

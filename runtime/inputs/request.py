@@ -42,8 +42,8 @@ GENERATE_REASONING = "reasoning"  # {"event": "reasoning", "text": ...}: the mod
 # it (see ForwardedRequest); a forwarded request that does not stream has its upstream's answer in
 # the result's "upstream".
 GENERATE_UPSTREAM = "upstream"
-# {"event": "cancelled", "usage": {"input_tokens", "output_tokens"}}: a stream's last message once its
-# caller closed it early: what it used until then (the prompt's estimate once it started, and the
+# {"event": "cancelled", "usage": {"input_tokens", "output_tokens"}}: a generate's last message once
+# its caller left before the answer (a stream closed early, a connection dropped): what it used until then (the prompt's estimate once it started, and the
 # output counted so far), which the edge charges to the caller's key.
 GENERATE_CANCELLED = "cancelled"
 

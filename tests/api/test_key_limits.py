@@ -238,6 +238,17 @@ def test_a_stream_the_client_closes_early_is_charged_the_tokens_it_used(service,
     assert (record["input_tokens"], record["output_tokens"]) == (day["input_tokens"], day["output_tokens"])
 
 
+def test_a_request_whose_client_leaves_before_its_whole_answer_is_charged_what_it_used(service, admin):
+    """Not streamed: the client gives up waiting (its read timeout) while the answer is generated."""
+    made = create(service, admin, name="leaver", tokens_per_minute=1_000_000)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(service.urls[0] + "/v1/responses", headers=bearer(made["key"]), timeout=httpx.Timeout(30, read=0.4),
+                   json={"model": "slow", "input": "go"})
+    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], 2 * FLUSH_SECONDS + 2)
+    [day] = admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"]
+    assert day["requests"] == 1 and day["input_tokens"] > 0 and 1 <= day["output_tokens"] < 6
+
+
 def test_requests_over_max_concurrent_are_refused_until_one_ends(service, admin):
     made = create(service, admin, name="concurrent", max_concurrent=1)
     started, done = threading.Event(), []
