@@ -15,8 +15,8 @@ once per request, before anything else:
   cannot leave its share.
 
 Either way the caller's priority class is its key's (``default`` without keys), or what the
-header ``service.priority_header`` asks within it.  Its queue timeout
-is the shorter of the ``X-LLMPool-Queue-Timeout`` header's (``api.queue_headers``) and its key's
+header ``service.priority_header`` asks within it.  Its queue timeout is the shorter of the
+``X-LLMPool-Queue-Timeout`` header's (``api.queue_headers``) and its key's
 ``queue_timeout_seconds``: the key's bounds how long its requests wait, and the header may only
 shorten that (as Envoy's ``max_grpc_timeout`` caps a gRPC client's deadline); with neither, the
 model's applies.  A database key's ``weight`` goes with its requests to the scheduler (a key of

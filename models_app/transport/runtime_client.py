@@ -183,10 +183,10 @@ class RuntimeClient:
         try:
             while True:
                 reply = await self._receive(reply_channel, give_up_at)
-                data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
-                if reply["kind"] == REPLY_ERROR:
+                kind, data = reply["kind"], reply.get("data") if isinstance(reply.get("data"), dict) else {}
+                if kind == REPLY_ERROR:
                     return
-                if reply["kind"] == REPLY_RESULT or (reply["kind"] == REPLY_CHUNK and data.get("event") == GENERATE_CANCELLED):
+                if kind == REPLY_RESULT or (kind == REPLY_CHUNK and data.get("event") == GENERATE_CANCELLED):
                     on_cancelled(data.get("usage") or {})
                     return
         except RuntimeUnavailable:

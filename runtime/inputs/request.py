@@ -43,8 +43,9 @@ GENERATE_REASONING = "reasoning"  # {"event": "reasoning", "text": ...}: the mod
 # the result's "upstream".
 GENERATE_UPSTREAM = "upstream"
 # {"event": "cancelled", "usage": {"input_tokens", "output_tokens"}}: a generate's last message once
-# its caller left before the answer (a stream closed early, a connection dropped): what it used until then (the prompt's estimate once it started, and the
-# output counted so far), which the edge charges to the caller's key.
+# its caller left before the answer (a stream closed early, a connection dropped): what it used
+# until then (the prompt's estimate once it started, and the output counted so far), which the
+# edge charges to the caller's key.
 GENERATE_CANCELLED = "cancelled"
 
 THINKING_DEFAULT = "default"
