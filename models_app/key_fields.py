@@ -1,57 +1,52 @@
 """The fields of an inference key of the database: the schema every write is checked against
 (the keys API's bodies, ``manage.py create_api_key``), and the JSON a key is shown as.
 
-The limit fields are enforced at the edge (``models_app.quotas``, docs/api.md), and
-``priority`` is the class the key's requests queue in (``models_app.api.keys``).  Each is a
-whole number of at least 1 or null (no limit); 0, a negative, a bool, a string or a number past its
-bound is refused, so a typo cannot store a limit that would refuse every request or none.
+Besides its name, models and ``disabled``, a key has the limits and queue terms of
+``runtime.key_terms.KeyTerms``, the same a key of settings.json may declare: 0, a negative, a
+bool, a string or a number past its bound is refused.
 """
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from runtime.config import API_KEY_NAME, ApiKey
-from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
+from runtime.key_terms import KeyTerms
 
 # The prefix of every secret the keys API makes, so a leaked one is recognisable (secret scanners).
 SECRET_PREFIX = "sk-llmpool-"
 SETTINGS_ID_PREFIX = "settings:"
 DATABASE_ID_PREFIX = "key_"
 
-LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget", "budget_period",
-                "priority", "fairness_key", "weight")
+LIMIT_FIELDS = tuple(KeyTerms.model_fields)
 
 
-class KeyFields(BaseModel):
+class KeyFields(KeyTerms):
     """A key's fields as stored: a create body, or a row with a PATCH body laid over it."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=API_KEY_NAME.pattern)
     models: list[str] | Literal["*"] = "*"
     disabled: bool = False
-    requests_per_minute: int | None = Field(None, ge=1, le=1_000_000)
-    tokens_per_minute: int | None = Field(None, ge=1, le=10**10)
-    max_concurrent: int | None = Field(None, ge=1, le=100_000)
-    token_budget: int | None = Field(None, ge=1, le=10**15)
-    budget_period: Literal["day", "month"] | None = None
-    priority: Literal[PRIORITY_CLASSES] = DEFAULT_PRIORITY
-    fairness_key: str | None = Field(None, min_length=1, max_length=256)
-    weight: float | None = Field(None, gt=0, le=1000, allow_inf_nan=False)
 
     _models = field_validator("models", mode="plain")(ApiKey._models.__func__)
-
-    @model_validator(mode="after")
-    def _budget_has_a_period(self):
-        if (self.token_budget is None) != (self.budget_period is None):
-            raise ValueError("token_budget and budget_period are set together (a budget per day or month) or not at all")
-        return self
 
 
 def database_id(pk: int) -> str:
     return f"{DATABASE_ID_PREFIX}{pk}"
+
+
+def settings_id(name: str) -> str:
+    """The id of a key of settings.json: what the keys API shows, and what its limits and usage are
+    counted under (a database key's are counted under its primary key)."""
+    return f"{SETTINGS_ID_PREFIX}{name}"
+
+
+def usage_owner(key: int | str) -> dict:
+    """The usage rows' fields (``models.KeyUsage``) that name the key of the quota key ``key``."""
+    if isinstance(key, str):
+        return {"settings_key": key.removeprefix(SETTINGS_ID_PREFIX)}
+    return {"key_id": key}
 
 
 def row_json(row) -> dict:
@@ -69,11 +64,10 @@ def row_json(row) -> dict:
 
 
 def settings_key_json(key: ApiKey) -> dict:
-    """A key of settings.json as the keys API shows it (read-only; limits it has none)."""
-    limits = dict.fromkeys(LIMIT_FIELDS)
-    limits.update(priority="default", fairness_key=key.fairness_key, weight=key.weight)
+    """A key of settings.json as the keys API shows it (read-only)."""
+    limits = {name: getattr(key, name) for name in LIMIT_FIELDS}
     return {
-        "id": f"{SETTINGS_ID_PREFIX}{key.name}",
+        "id": settings_id(key.name),
         "source": "settings",
         "name": key.name,
         "models": key.models,

@@ -25,7 +25,8 @@ class InferenceKey(models.Model):
     kept: the secret is random and 256 bits long, so a slow hash would add nothing.
 
     The limit fields are enforced at the edge (``models_app.quotas``, docs/api.md); ``priority``
-    is the class the key's requests queue in (docs/scheduling.md)."""
+    is the class the key's requests queue in, ``queue_timeout_seconds`` the longest they wait
+    before they start, and ``weight`` their share in the token-fair order (docs/scheduling.md)."""
 
     name = models.CharField(max_length=128, unique=True)
     key_sha256 = models.CharField(max_length=64, unique=True)
@@ -38,6 +39,7 @@ class InferenceKey(models.Model):
     priority = models.CharField(max_length=16, default="default")
     fairness_key = models.CharField(max_length=256, null=True)
     weight = models.FloatField(null=True)
+    queue_timeout_seconds = models.FloatField(null=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # Last: the name hides the module ``models`` for the rest of the class body.
@@ -58,10 +60,12 @@ class KeyRingVersion(models.Model):
 
 
 class KeyUsage(models.Model):
-    """The tokens one database key used on one model in one UTC day, written in batches by the API
-    processes (``models_app.quotas.usage``); a deleted key's rows go with it."""
+    """The tokens one key used on one model in one UTC day, written in batches by the API processes
+    (``models_app.quotas.usage``): a database key's (``key``; a deleted key's rows go with it) or a
+    key of settings.json's (``settings_key``, its name: its rows stay until they are pruned)."""
 
-    key = models.ForeignKey(InferenceKey, on_delete=models.CASCADE, related_name="usage")
+    key = models.ForeignKey(InferenceKey, on_delete=models.CASCADE, related_name="usage", null=True)
+    settings_key = models.CharField(max_length=128, null=True)
     model = models.CharField(max_length=128)
     day = models.DateField()
     input_tokens = models.PositiveBigIntegerField(default=0)
@@ -70,5 +74,10 @@ class KeyUsage(models.Model):
 
     class Meta:
         ordering = ["day", "model"]
-        constraints = [models.UniqueConstraint(fields=["key", "model", "day"], name="key_usage_per_model_day")]
+        constraints = [
+            models.UniqueConstraint(fields=["key", "model", "day"], name="key_usage_per_model_day"),
+            models.UniqueConstraint(fields=["settings_key", "model", "day"], name="settings_key_usage_per_model_day"),
+            models.CheckConstraint(condition=models.Q(key__isnull=True) ^ models.Q(settings_key__isnull=True),
+                                   name="key_usage_of_one_key"),
+        ]
         indexes = [models.Index(fields=["day"], name="key_usage_day")]

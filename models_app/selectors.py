@@ -6,9 +6,11 @@ from typing import Any
 
 from django.db import close_old_connections
 from django.db.models import Sum
+from django.db.models.functions import Coalesce
 
 from models_app import placement
-from models_app.quotas.policy import LIMIT_NAMES
+from models_app.key_fields import usage_owner
+from runtime.key_terms import LIMIT_NAMES
 from models_app.models import CatalogModel, InferenceKey, KeyRingVersion, KeyUsage
 from models_app.transport.messages import OP_ACTIVITY, OP_GET_MODEL, OP_GPU_MEMORY, OP_LIST_MODELS
 
@@ -106,7 +108,8 @@ def key_ring_rows(known_version: int | None) -> tuple[int, list[dict] | None]:
     version = key_ring_version()
     if version == known_version:
         return version, None
-    fields = ("id", "name", "key_sha256", "models", "fairness_key", "disabled", "priority", *LIMIT_NAMES)
+    fields = ("id", "name", "key_sha256", "models", "fairness_key", "disabled", "priority", "queue_timeout_seconds",
+              "weight", *LIMIT_NAMES)
     return version, list(InferenceKey.objects.values(*fields))
 
 
@@ -118,22 +121,24 @@ def key_get(pk: int) -> InferenceKey | None:
     return InferenceKey.objects.filter(pk=pk).first()
 
 
-def key_tokens_between(pk: int, first: date, last: date) -> int:
-    """The tokens (input and output) the key's usage rows count from ``first`` to ``last``, both included."""
+def key_tokens_between(key: int | str, first: date, last: date) -> int:
+    """The tokens (input and output) the usage rows of the key of the quota key ``key`` count from
+    ``first`` to ``last``, both included."""
     close_old_connections()
-    totals = KeyUsage.objects.filter(key_id=pk, day__gte=first, day__lte=last).aggregate(
+    totals = KeyUsage.objects.filter(**usage_owner(key), day__gte=first, day__lte=last).aggregate(
         input=Sum("input_tokens"), output=Sum("output_tokens"))
     return (totals["input"] or 0) + (totals["output"] or 0)
 
 
-def key_usage(pk: int, since: date) -> list[KeyUsage]:
-    """The key's usage rows from ``since`` on, by day then model."""
+def key_usage(key: int | str, since: date) -> list[KeyUsage]:
+    """The usage rows of the key of the quota key ``key`` from ``since`` on, by day then model."""
     close_old_connections()
-    return list(KeyUsage.objects.filter(key_id=pk, day__gte=since))
+    return list(KeyUsage.objects.filter(**usage_owner(key), day__gte=since))
 
 
 def key_token_totals() -> list[dict]:
-    """Every key's tokens per model over the rows kept: ``key__name``, ``model``, ``input``, ``output``."""
+    """Every key's tokens per model over the rows kept: ``name`` (the key's, of the database or of
+    settings.json), ``model``, ``input``, ``output``."""
     close_old_connections()
-    return list(KeyUsage.objects.values("key__name", "model").annotate(
-        input=Sum("input_tokens"), output=Sum("output_tokens")).order_by("key__name", "model"))
+    return list(KeyUsage.objects.values("model", name=Coalesce("key__name", "settings_key")).annotate(
+        input=Sum("input_tokens"), output=Sum("output_tokens")).order_by("name", "model"))

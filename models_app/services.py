@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from models_app import placement
 from models_app.conf import service_settings
-from models_app.key_fields import SECRET_PREFIX, KeyFields, database_id
+from models_app.key_fields import SECRET_PREFIX, KeyFields, database_id, usage_owner
 from models_app.models import CatalogModel, InferenceKey, KeyRingVersion, KeyUsage
 from models_app.transport.messages import (
     ADMIN_EVENT_SEND_TIMEOUT_SECONDS,
@@ -193,24 +193,26 @@ def _bump_key_version() -> None:
         KeyRingVersion.objects.create(pk=1, version=1)
 
 
-def key_usage_add(counts: dict[tuple[int, str, date], list[int]]) -> None:
-    """Add ``counts`` ((key, model, day) -> [input tokens, output tokens, requests]) to the usage
-    rows, in one transaction; the counts of a key deleted meanwhile are dropped."""
+def key_usage_add(counts: dict[tuple[int | str, str, date], list[int]]) -> None:
+    """Add ``counts`` ((quota key, model, day) -> [input tokens, output tokens, requests]) to the
+    usage rows, in one transaction; the counts of a database key deleted meanwhile are dropped."""
     close_old_connections()
     with transaction.atomic():
-        for (key, model, day), (input_tokens, output_tokens, requests) in sorted(counts.items()):
+        for (key, model, day), (input_tokens, output_tokens, requests) in sorted(counts.items(), key=str):
+            owner = usage_owner(key)
             increments = {"input_tokens": F("input_tokens") + input_tokens,
                           "output_tokens": F("output_tokens") + output_tokens, "requests": F("requests") + requests}
-            if KeyUsage.objects.filter(key_id=key, model=model, day=day).update(**increments):
+            if KeyUsage.objects.filter(**owner, model=model, day=day).update(**increments):
                 continue
-            if not InferenceKey.objects.filter(pk=key).exists():
+            if "key_id" in owner and not InferenceKey.objects.filter(pk=key).exists():
                 continue
             try:
                 with transaction.atomic():
-                    KeyUsage.objects.create(key_id=key, model=model, day=day, input_tokens=input_tokens,
+                    KeyUsage.objects.create(**owner, model=model, day=day, input_tokens=input_tokens,
                                             output_tokens=output_tokens, requests=requests)
             except IntegrityError:  # another API process made the row first
-                KeyUsage.objects.filter(key_id=key, model=model, day=day).update(**increments)
+                KeyUsage.objects.filter(**owner, model=model, day=day).update(**increments)
+
 
 
 def key_usage_prune(*, before: date) -> int:

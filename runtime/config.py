@@ -26,6 +26,7 @@ from runtime.errors import InvalidSettings, LoadBodyInvalid
 from runtime.pool.nodes import for_node, node_problems, take_node_fields
 from runtime.pool.devices import MemorySettings
 from runtime.inputs.request import DecodingSettings
+from runtime.key_terms import KeyTerms
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 API_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
@@ -33,23 +34,24 @@ HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")  # an HTTP token (RFC
 # A browser's Origin header as it sends it (lower case, no path, no trailing slash), or "*".
 CORS_ORIGIN = re.compile(r"^(\*|[a-z][a-z0-9+.-]*://([a-z0-9-]+(\.[a-z0-9-]+)*|\[[0-9a-f:.]+\])(:[0-9]{1,5})?)$")
 DEFAULT_FAIRNESS_HEADER = "X-LLMPool-Fairness-Key"
+# The code of a problem of one entry of service.api_keys (its path names the entry and the field).
+API_KEY_INVALID = "api_key_invalid"
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class ApiKey(_Strict):
+class ApiKey(KeyTerms):
     """One entry of ``service.api_keys``: a caller of the inference endpoints (``models_app/api/keys.py``).
 
     Only the key's sha256 is stored.  ``models`` is the list of models the key may use, or "*"
-    for every model.  The key's fairness bucket is ``fairness_key`` when set, else its ``name``;
-    ``weight``, when set, is that bucket's fairness weight.
+    for every model.  Its limits and queue terms are those a key of the database has
+    (``runtime.key_terms``), read-only here.  The key's fairness bucket is ``fairness_key`` when
+    set, else its ``name``; ``weight``, when set, is that bucket's fairness weight.
     """
 
     name: str = Field(pattern=API_KEY_NAME.pattern)
     key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     models: list[str] | Literal["*"]
-    fairness_key: str | None = Field(None, min_length=1, max_length=256)
-    weight: float | None = Field(None, gt=0)
 
     @field_validator("models", mode="plain")
     @classmethod
@@ -270,7 +272,10 @@ def format_validation_error(error: ValidationError) -> list[dict]:
             message = f"unknown backend; expected one of {', '.join(BACKENDS)}"
         elif item["type"] == "union_tag_not_found":
             message = "missing field 'backend'"
-        problems.append({"path": json_path(item["loc"]), "message": message})
+        problem = {"path": json_path(item["loc"]), "message": message}
+        if item["loc"][:2] == ("service", "api_keys"):  # a key's own fields: a script reads which key is at fault
+            problem["code"] = API_KEY_INVALID
+        problems.append(problem)
     return problems
 
 
@@ -301,22 +306,22 @@ def api_key_problems(settings: Settings) -> list[dict]:
         where = f"$.service.api_keys[{index}]"
         if key.name in names:
             message = f"the name {key.name!r} is used by api_keys[{names[key.name]}] too"
-            problems.append({"path": f"{where}.name", "message": message})
+            problems.append({"path": f"{where}.name", "code": API_KEY_INVALID, "message": message})
         names.setdefault(key.name, index)
         if key.key_sha256 in hashes:
             message = f"the same key as api_keys[{hashes[key.key_sha256]}]"
-            problems.append({"path": f"{where}.key_sha256", "message": message})
+            problems.append({"path": f"{where}.key_sha256", "code": API_KEY_INVALID, "message": message})
         hashes.setdefault(key.key_sha256, index)
         if key.weight is None:
             continue
         if key.bucket in settings.engine.fairness.weights:
             problems.append({
-                "path": f"{where}.weight",
+                "path": f"{where}.weight", "code": API_KEY_INVALID,
                 "message": f"the fairness key {key.bucket!r} has a weight in engine.fairness.weights too",
             })
         elif key.bucket in weights and weights[key.bucket][1] != key.weight:
             problems.append({
-                "path": f"{where}.weight",
+                "path": f"{where}.weight", "code": API_KEY_INVALID,
                 "message": f"the fairness key {key.bucket!r} has another weight in api_keys[{weights[key.bucket][0]}]",
             })
         weights.setdefault(key.bucket, (index, key.weight))

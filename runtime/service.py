@@ -28,7 +28,13 @@ from runtime.observe.model_logs import model_logs
 from runtime.paths import state_dir
 from runtime.pool.model_pool import ModelPool
 from runtime.observe.read_models import gpu_model_entry, model_entry
-from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, ForwardedRequest, typed_request
+from runtime.inputs.request import (
+    GENERATE_ADMITTED,
+    GENERATE_CANCELLED,
+    GENERATE_WAITING,
+    ForwardedRequest,
+    typed_request,
+)
 from runtime.model.state import RuntimeState, TransitionEvent
 from runtime.inference.token_count import count_tokens
 from runtime.inference.transcription import run_transcription
@@ -264,18 +270,25 @@ class RuntimeService:
             if request.stream:
                 await emit({"event": GENERATE_WAITING, "model": controller.name})
 
-        dispatched = await before_deadline(ticket, controller.admit(ticket, record.waited_for_load(waiting)))
-        record.admitted()
         try:
-            if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
-                await emit({"event": GENERATE_ADMITTED})  # this get their status
-            lease = await before_deadline(ticket, dispatched)
-            record.leased(lease.replica)
-            lease.check()
-            await run_on_engine(controller, lease, runs, output)
-            await output.open_stream()  # a forwarded stream the upstream ended without a chunk
-        finally:
-            controller.finish(ticket, output.tokens_used(ticket))
+            dispatched = await before_deadline(ticket, controller.admit(ticket, record.waited_for_load(waiting)))
+            record.admitted()
+            try:
+                if request.stream and not forwarded:  # the API answers a stream's headers only now: errors before
+                    await emit({"event": GENERATE_ADMITTED})  # this get their status
+                lease = await before_deadline(ticket, dispatched)
+                record.leased(lease.replica)
+                lease.check()
+                await run_on_engine(controller, lease, runs, output)
+                await output.open_stream()  # a forwarded stream the upstream ended without a chunk
+            finally:
+                controller.finish(ticket, output.tokens_used(ticket))
+        except asyncio.CancelledError:
+            used = output.usage_so_far(ticket, started=record.dispatched is not None)
+            record.input_tokens, record.output_tokens = used["input_tokens"], used["output_tokens"]
+            # The edge waits for this to charge the caller's key what the request used.
+            await _quietly(emit({"event": GENERATE_CANCELLED, "usage": used}))
+            raise
         if output.finished is None:
             raise BackendError(f"the {controller.entry.definition.backend} engine ended without a result")
         return {**output.result(), "timings": record.timings()}  # the phases Ollama's answers report
@@ -346,3 +359,11 @@ class RuntimeService:
         return await self._observed(
             payload, lambda record: run_transcription(self.pool, payload, emit, record, allow_remote)
         )
+
+
+async def _quietly(sending: Awaitable[None]) -> None:
+    """A last word to a caller that went away: its channel may be gone too, so a failure is logged, not raised."""
+    try:
+        await sending
+    except Exception as exc:
+        logger.info("a cancelled request's last message was not delivered: %s", exc)

@@ -181,23 +181,23 @@ class KeyUsageApi(KeysAdminApi):
     @extend_schema(
         summary="An inference key's usage: tokens in and out per model per UTC day",
         description="The key's usage rows of the last `days` days (written by the API processes every few seconds), "
-        "their totals, and its budget's period so far. 404 unknown_api_key; 409 api_key_read_only for a key of "
-        "settings.json (usage is kept for keys of the database); 400 invalid_request for a bad `days`.",
+        "their totals, and its budget's period so far; for a key of the database or of settings.json alike. "
+        "404 unknown_api_key; 400 invalid_request for a bad `days`.",
         parameters=[KEY_ID, USAGE_DAYS],
-        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 409: ERROR},
+        responses={200: OpenApiTypes.OBJECT, 400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR},
     )
     async def get(self, request, key_id: str):
         if key_id.startswith(SETTINGS_ID_PREFIX):
-            _settings_key(key_id)
-            raise ApiKeyReadOnly(f"the key {key_id!r} comes from settings.json: usage is kept for keys of the database "
-                                 "(made through this API or manage.py create_api_key)", param="key_id")
+            key, quota_key = _settings_key(key_id), key_id
+        else:
+            key = await sync_to_async(selectors.key_get)(_database_pk(key_id))
+            if key is None:
+                raise UnknownApiKey(f"no API key has the id {key_id!r}")
+            quota_key = key.pk
         days = _usage_days(request.query_params.get("days", "30"))
-        row = await sync_to_async(selectors.key_get)(_database_pk(key_id))
-        if row is None:
-            raise UnknownApiKey(f"no API key has the id {key_id!r}")
         since = datetime.now(timezone.utc).date() - timedelta(days=days - 1)
-        rows = await sync_to_async(selectors.key_usage)(row.pk, since)
-        return Response(await usage_json(row, rows, since))
+        rows = await sync_to_async(selectors.key_usage)(quota_key, since)
+        return Response(await usage_json(key, quota_key, rows, since))
 
 
 def _usage_days(raw: str) -> int:
@@ -206,17 +206,19 @@ def _usage_days(raw: str) -> int:
     return int(raw)
 
 
-async def usage_json(row, rows, since) -> dict:
-    """A key's usage as the usage API and the key's workbench page show it."""
+async def usage_json(key, quota_key: int | str, rows, since) -> dict:
+    """A key's usage as the usage API and the key's workbench page show it: ``key`` a database key's
+    row or a key of settings.json, counted under ``quota_key``."""
     listed = [{"day": use.day.isoformat(), "model": use.model, "input_tokens": use.input_tokens,
                "output_tokens": use.output_tokens, "requests": use.requests} for use in rows]
     total = {name: sum(day[name] for day in listed) for name in ("input_tokens", "output_tokens", "requests")}
     budget = None
-    if row.token_budget is not None:
-        period = BudgetPeriod.at(row.budget_period, time.time())
-        used = await sync_to_async(selectors.key_tokens_between)(row.pk, period.first_day, period.last_day)
-        budget = {"token_budget": row.token_budget, "budget_period": row.budget_period,
+    if key.token_budget is not None:
+        period = BudgetPeriod.at(key.budget_period, time.time())
+        used = await sync_to_async(selectors.key_tokens_between)(quota_key, period.first_day, period.last_day)
+        budget = {"token_budget": key.token_budget, "budget_period": key.budget_period,
                   "period_start": period.first_day.isoformat(), "used": used,
-                  "remaining": max(0, row.token_budget - used)}
-    return {"id": database_id(row.pk), "name": row.name, "since": since.isoformat(), "days": listed,
-            "total": total, "budget": budget}
+                  "remaining": max(0, key.token_budget - used)}
+    key_id = quota_key if isinstance(quota_key, str) else database_id(quota_key)
+    return {"id": key_id, "name": key.name, "since": since.isoformat(), "days": listed, "total": total,
+            "budget": budget}

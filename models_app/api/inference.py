@@ -135,21 +135,34 @@ async def generate(request: InferenceRequest, model: str) -> dict | AsyncIterato
     only once the runtime has admitted the request (its ``admitted`` chunk), or, under the ASGI
     front, once it waits for the model's load (the front then says so until the wait ends); a
     non-streamed request gets one reply, its result or its error.  Errors after that are raised
-    by the stream's iterator; closing it early cancels the request in the runtime.
+    by the stream's iterator; closing it early cancels the request in the runtime.  A request
+    whose client leaves before its answer is charged what it used (``_charge_if_cancelled``).
     """
     wire = runtime_wire({**request.to_wire(), "model": model})
     if not typed_request(request).stream:
-        result = await placement.call(OP_GENERATE, wire)
+        result = await placement.call(OP_GENERATE, wire, on_cancelled=_charge_if_cancelled(model))
         admission.count(model, result["usage"])
         return result
     return await runtime_stream(OP_GENERATE, wire, model)
 
 
+def _charge_if_cancelled(model: str) -> Callable[[dict], None] | None:
+    """For a generate of a key's request: what counts what the request used when its client leaves
+    before the answer (``RuntimeClient.exchange``'s ``on_cancelled``), so that leaving early is
+    never a way round the key's limits.  None for a request of no key: nothing waits then."""
+    if admission.CURRENT.get() is None:
+        return None
+    return lambda used: admission.count(model, used)
+
+
 async def runtime_stream(op: str, wire: dict, model: str) -> AsyncIterator[dict]:
     """A streamed request ``op`` (generate, transcribe) with its payload ``wire``, for ``model``:
     returned, as ``generate`` says, once the runtime admitted it (or it waits for its model's load
-    under the ASGI front); an iterator of the runtime's chunk messages, then its result."""
-    exchange = placement.exchange(op, wire)
+    under the ASGI front); an iterator of the runtime's chunk messages, then its result.
+
+    A generate that the client closes early is charged to its key all the same
+    (``_charge_if_cancelled``), before the key's grant finishes."""
+    exchange = placement.exchange(op, wire, on_cancelled=_charge_if_cancelled(model) if op == OP_GENERATE else None)
     early = _EARLY.get()
     try:
         waiting_for = await _until_admitted(exchange, stop_when_waiting=early is not None)
@@ -244,7 +257,7 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
     An error before the answer starts goes through the one error writer (``api.errors``), its
     body ``envelope(exc)`` (the protocol's own error shape); ``waiting_notice(model)`` is what a
     stream sends while it waits for its model (``_send_loading_notices``).  A ``limited`` path
-    (one that runs a model) admits a database key's request against the key's limits first
+    (one that runs a model) admits a key's request against the key's limits first
     (``quotas.admission``): over one, it answers the 429; else every answer carries the key's
     ``x-ratelimit-*`` headers, and the request holds its concurrency slot until it is answered
     (``grant.finish``, which also charges the answer's tokens).
@@ -262,7 +275,7 @@ def inference_app(create: Create, path: str, *, envelope: Envelope = openai_enve
                 headers = _headers(scope)
                 caller = (await key_ring()).caller(headers.get)
                 if limited:
-                    grant = await admission.admit(caller.key_pk, caller.limits)
+                    grant = await admission.admit(caller.quota_key, caller.limits)
                     limit_headers = grant.headers if grant is not None else {}
                     if grant is not None and grant.refusal is not None:
                         raise grant.refusal

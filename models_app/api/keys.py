@@ -14,9 +14,14 @@ once per request, before anything else:
   name) is the fairness key, whatever the ``user`` field or a fairness header say, so a caller
   cannot leave its share.
 
-Either way the caller's priority class is its key's (``default`` without keys, and for a key of
-settings.json), or what the header ``service.priority_header`` asks within it, and its queue
-timeout is the ``X-LLMPool-Queue-Timeout`` header's (``api.queue_headers``).
+Either way the caller's priority class is its key's (``default`` without keys), or what the
+header ``service.priority_header`` asks within it.  Its queue timeout is the shorter of the
+``X-LLMPool-Queue-Timeout`` header's (``api.queue_headers``) and its key's
+``queue_timeout_seconds``: the key's bounds how long its requests wait, and the header may only
+shorten that (as Envoy's ``max_grpc_timeout`` caps a gRPC client's deadline); with neither, the
+model's applies.  A database key's ``weight`` goes with its requests to the scheduler (a key of
+settings.json has its weight in the runtime's ``engine.fairness`` already).  A key of either kind
+has the same limits (``runtime.key_terms``), counted under its ``quota_key``.
 
 A request's model is resolved once, here (``Caller.resolve``), by the one rule
 (``runtime.pool.catalog.canonical_model``) over the pool's names as the nodes announce them: the key
@@ -48,11 +53,13 @@ from models_app import selectors
 from models_app.api import queue_headers
 from models_app.api.limits import check_fairness_key
 from models_app.conf import service_settings
+from models_app.key_fields import settings_id
 from models_app.quotas.policy import KeyLimits
 from models_app.transport import nodes
 from runtime.pool.catalog import canonical_model
 from runtime.config import ApiKey, ServiceSettings
 from runtime.errors import ApiKeysUnavailable, InvalidApiKey, ModelNotAllowed
+from runtime.key_terms import LIMIT_NAMES
 from runtime.queue_terms import DEFAULT_PRIORITY, PRIORITY_CLASSES
 
 logger = logging.getLogger("llmpool.api")
@@ -74,13 +81,16 @@ class Caller:
     priority: str = DEFAULT_PRIORITY
     # The seconds its request may wait before it starts; None: its model's queue_timeout_seconds.
     queue_timeout_seconds: float | None = None
+    # Its key's fairness weight; None: the runtime's engine.fairness weight of its fairness key.
+    weight: float | None = None
+    # What its key's limits and usage are counted under (a database key's primary key, a key of
+    # settings.json its "settings:<name>"; None: no key), and those limits.
+    quota_key: int | str | None = None
+    limits: KeyLimits | None = None
 
     def queue_terms(self) -> dict:
         """What the runtime queues the request with: the typed request's fields of the same names."""
-        return {"priority": self.priority, "queue_timeout_seconds": self.queue_timeout_seconds}
-    # The database key's primary key (None: no key, or one of settings.json) and its limits.
-    key_pk: int | None = None
-    limits: KeyLimits | None = None
+        return {"priority": self.priority, "queue_timeout_seconds": self.queue_timeout_seconds, "weight": self.weight}
 
     def allows(self, model: str, names: Mapping[str, str]) -> bool:
         """Whether the key lists the model ``model`` (a name or an alias) means, every name on
@@ -121,16 +131,25 @@ class KeyRecord:
     priority: str = DEFAULT_PRIORITY
     pk: int | None = None  # a database key's primary key
     limits: KeyLimits | None = None
+    queue_timeout_seconds: float | None = None  # the longest its requests wait before they start
+    weight: float | None = None  # a database key's fairness weight
+
+    @property
+    def quota_key(self) -> int | str:
+        return self.pk if self.pk is not None else settings_id(self.name)
 
     @classmethod
     def from_settings(cls, key: ApiKey) -> KeyRecord:
-        return cls(name=key.name, models=key.models, bucket=key.bucket)
+        return cls(name=key.name, models=key.models, bucket=key.bucket, priority=key.priority,
+                   limits=KeyLimits.from_row(key.model_dump(include=set(LIMIT_NAMES))),
+                   queue_timeout_seconds=key.queue_timeout_seconds)
 
     @classmethod
     def from_row(cls, row: Mapping) -> KeyRecord:
         bucket = row["fairness_key"] if row["fairness_key"] is not None else row["name"]
         return cls(name=row["name"], models=row["models"], bucket=bucket, disabled=row["disabled"],
-                   priority=row["priority"], pk=row["id"], limits=KeyLimits.from_row(row))
+                   priority=row["priority"], pk=row["id"], limits=KeyLimits.from_row(row),
+                   queue_timeout_seconds=row["queue_timeout_seconds"], weight=row["weight"])
 
 
 class KeyRing:
@@ -154,7 +173,7 @@ class KeyRing:
     def caller(self, header: HeaderLookup) -> Caller:
         """The request's caller; raises 401 invalid_api_key when keys are configured and the
         request carries none of them, or a disabled one, then the queue headers' errors (400, 403)."""
-        key_pk = limits = None
+        key = None
         if not self._keys:  # any class may be asked for
             fairness_key, models = self._fairness_header(header), None
             own, ceiling = DEFAULT_PRIORITY, PRIORITY_CLASSES[0]
@@ -162,14 +181,17 @@ class KeyRing:
             key = self._match(header("authorization"), header("x-api-key"))
             models = None if key.models == "*" else frozenset(key.models)
             fairness_key, own, ceiling = key.bucket, key.priority, key.priority
-            key_pk, limits = key.pk, key.limits
         priority = own
         if self._priority_header is not None:
             priority = queue_headers.priority(header(self._priority_header), self._priority_header, own=own,
                                               ceiling=ceiling)
-        return Caller(fairness_key=fairness_key, models=models, priority=priority,
-                      queue_timeout_seconds=queue_headers.queue_timeout(header(queue_headers.QUEUE_TIMEOUT_HEADER)),
-                      key_pk=key_pk, limits=limits)
+        timeout = queue_headers.queue_timeout(header(queue_headers.QUEUE_TIMEOUT_HEADER))
+        if key is None:
+            return Caller(fairness_key=fairness_key, models=models, priority=priority, queue_timeout_seconds=timeout)
+        if key.queue_timeout_seconds is not None:
+            timeout = min(timeout or key.queue_timeout_seconds, key.queue_timeout_seconds)
+        return Caller(fairness_key=fairness_key, models=models, priority=priority, queue_timeout_seconds=timeout,
+                      weight=key.weight, quota_key=key.quota_key, limits=key.limits)
 
     def _fairness_header(self, header: HeaderLookup) -> str | None:
         for name in self._fairness_headers:

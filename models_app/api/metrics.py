@@ -58,8 +58,8 @@ class KeyTokens(Collector):
                                      "(the usage rows kept: docs/api.md \"Usage per key\").",
                                      labels=["key", "model", "direction"])
         for total in self.totals:
-            family.add_metric([total["key__name"], total["model"], "in"], total["input"])
-            family.add_metric([total["key__name"], total["model"], "out"], total["output"])
+            family.add_metric([total["name"], total["model"], "in"], total["input"])
+            family.add_metric([total["name"], total["model"], "out"], total["output"])
         yield family
 
 

@@ -1,7 +1,7 @@
 """The thin caller between the API and the transport: place, send, merge (``models_app.placement``)."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from models_app.placement import decide, several
 from models_app.placement.inflight import INFLIGHT, SUSPECTS
@@ -26,9 +26,10 @@ async def place(op: str, payload: dict) -> decide.Placement:
 
 
 async def call(op: str, payload: dict | None = None, *, deadline: float | None = None,
-               client: RuntimeClient | None = None) -> dict:
+               client: RuntimeClient | None = None, on_cancelled: Callable[[dict], None] | None = None) -> dict:
     """One request, one result (heartbeats keep it alive up to ``deadline`` seconds), from wherever
-    ``decide.place`` sends it; a model's AdminModelEntry answered by one node says which (``node``)."""
+    ``decide.place`` sends it; a model's AdminModelEntry answered by one node says which (``node``).
+    ``on_cancelled``: for a call one node answers, as ``RuntimeClient.exchange`` says."""
     payload = payload or {}
     client = client or RuntimeClient()
     where = await place(op, payload)
@@ -36,16 +37,19 @@ async def call(op: str, payload: dict | None = None, *, deadline: float | None =
         return await several.call_every(client, op, payload, deadline, where.nodes, where.known)
     if isinstance(where, decide.Spread):
         return await several.call_spread(client, op, payload, deadline, where.nodes)
-    result = await result_of(exchange(op, payload, deadline=deadline, client=client, node=where.node))
+    result = await result_of(exchange(op, payload, deadline=deadline, client=client, node=where.node,
+                                      on_cancelled=on_cancelled))
     if isinstance(result, dict) and "runtime_state" in result and "name" in result:
         result = {**result, "node": where.node.name}
     return result
 
 
 async def exchange(op: str, payload: dict, *, deadline: float | None = None, client: RuntimeClient | None = None,
-                   node: nodes.Node | None = None) -> AsyncIterator[dict]:
+                   node: nodes.Node | None = None,
+                   on_cancelled: Callable[[dict], None] | None = None) -> AsyncIterator[dict]:
     """The runtime's chunk and result messages for a call that one node serves (``node``, else where
-    ``decide.place`` sends it); closing the iterator early (client gone) tells the runtime to cancel.
+    ``decide.place`` sends it); closing the iterator early (client gone) tells the runtime to cancel
+    (``on_cancelled``: as ``RuntimeClient.exchange`` says).
 
     The call counts in flight (``TRACKED_OPS``) while it lasts; a node that stays silent is
     suspected, so the next requests prefer another node meanwhile."""
@@ -57,7 +61,8 @@ async def exchange(op: str, payload: dict, *, deadline: float | None = None, cli
     keys = (INFLIGHT.track(decide.inflight_keys(node, decide.model_of(op, payload), payload.get("fairness_key")))
             if op in decide.TRACKED_OPS else None)
     messages = (client or RuntimeClient()).exchange(node.channel, op, payload, deadline=deadline,
-                                                    on_silent=lambda: SUSPECTS.suspect(node.name))
+                                                    on_silent=lambda: SUSPECTS.suspect(node.name),
+                                                    on_cancelled=on_cancelled)
     try:
         async for message in messages:
             yield message

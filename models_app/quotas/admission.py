@@ -1,7 +1,8 @@
-"""A key's limits at the edge: each request of a database key is admitted here, before its body is read.
+"""A key's limits at the edge: each request of a key is admitted here, before its body is read.
 
-``admit(caller)`` answers a ``Grant`` for a request of a key of the database (None for anyone
-else: no keys configured, or a key of settings.json, which has no limits):
+``admit(caller)`` answers a ``Grant`` for a request of a key, of the database or of settings.json
+(None without keys configured); a key is counted under its ``quota_key`` (``api.keys``): a
+database key's primary key, ``settings:<name>`` for a key of settings.json:
 
 - a key with limits asks its store (``MemoryStore`` embedded, ``RedisStore`` in the split: one
   round trip) whether the request is over one; ``grant.refusal`` is then the 429 to answer
@@ -68,7 +69,7 @@ class _EmbeddedStore:
     def __init__(self):
         self.memory = MemoryStore()
 
-    async def admit(self, key: int, limits: KeyLimits, request_id: str, period: BudgetPeriod | None) -> Verdict:
+    async def admit(self, key: int | str, limits: KeyLimits, request_id: str, period: BudgetPeriod | None) -> Verdict:
         name = str(key)
         if period is not None and not self.memory.budget_seeded(name, period):
             used = await sync_to_async(selectors.key_tokens_between)(key, period.first_day, period.last_day)
@@ -77,7 +78,7 @@ class _EmbeddedStore:
                 self.memory.seed_budget(name, period, used + unwritten)
         return self.memory.admit(name, limits, time.monotonic(), period)
 
-    async def finish(self, key: int, limits: KeyLimits, tokens: int, request_id: str,
+    async def finish(self, key: int | str, limits: KeyLimits, tokens: int, request_id: str,
                      period: BudgetPeriod | None, release: bool) -> None:
         name = str(key)
         if tokens:
@@ -101,9 +102,9 @@ def _period(limits: KeyLimits | None) -> BudgetPeriod | None:
 
 @dataclass
 class Grant:
-    """One admitted (or refused) request of a database key."""
+    """One admitted (or refused) request of a key."""
 
-    key: int  # the key's primary key
+    key: int | str  # the key's quota key
     limits: KeyLimits | None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     headers: dict[str, str] = field(default_factory=dict)
@@ -132,8 +133,8 @@ class Grant:
 CURRENT: ContextVar[Grant | None] = ContextVar("llmpool_key_grant", default=None)
 
 
-async def admit(key: int | None, limits: KeyLimits | None) -> Grant | None:
-    """The grant of a request of the database key ``key`` (None: not a database key)."""
+async def admit(key: int | str | None, limits: KeyLimits | None) -> Grant | None:
+    """The grant of a request of the key whose quota key is ``key`` (None: no key)."""
     if key is None:
         return None
     grant = Grant(key, limits)
@@ -158,7 +159,8 @@ async def admit(key: int | None, limits: KeyLimits | None) -> Grant | None:
 
 def count(model: str, used: dict) -> None:
     """Count the runtime's usage of ``model`` for the request being served: ``input_tokens`` and
-    ``output_tokens`` (a generation) or ``prompt_tokens`` (embeddings)."""
+    ``output_tokens`` (a generation, what a stream closed early used, a transcription's audio and
+    transcript tokens) or ``prompt_tokens`` (embeddings, rerank)."""
     grant = CURRENT.get()
     if grant is None:
         return

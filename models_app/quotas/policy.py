@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 
+from runtime.key_terms import LIMIT_NAMES
+
 WINDOW_SECONDS = 60.0
 
 BUDGET_EXHAUSTED = "budget_exhausted"
@@ -28,7 +30,8 @@ CONCURRENCY_RETRY_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class KeyLimits:
-    """A key's limits (None: no limit), as its row stores them (``models_app.key_fields``)."""
+    """A key's limits (None: no limit), as its row or its entry of settings.json declares them
+    (``runtime.key_terms``)."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
@@ -38,7 +41,8 @@ class KeyLimits:
 
     @classmethod
     def from_row(cls, row) -> KeyLimits | None:
-        """The limits of a key row (a mapping), or None when it has none: its requests skip the stores."""
+        """The limits of a key row (a mapping, or a key of settings.json dumped), or None when it has
+        none: its requests skip the stores."""
         limits = cls(**{name: row[name] for name in LIMIT_NAMES})
         return None if limits == _NONE else limits
 
@@ -48,7 +52,6 @@ class KeyLimits:
         return self.tokens_per_minute is not None or self.token_budget is not None
 
 
-LIMIT_NAMES = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget", "budget_period")
 _NONE = KeyLimits()
 
 

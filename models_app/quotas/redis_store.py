@@ -135,7 +135,7 @@ class RedisStore:
     def __init__(self):
         self._clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> (client, scripts)
         # This process's requests in flight that hold a slot: request id -> key (their leases are renewed).
-        self.held: dict[str, int] = {}
+        self.held: dict[str, int | str] = {}
 
     def client(self):
         """This event loop's Redis client."""
@@ -154,10 +154,10 @@ class RedisStore:
         return found
 
     @staticmethod
-    def _key(key: int, part: str) -> str:
+    def _key(key: int | str, part: str) -> str:
         return f"{nodes.prefix()}:quota:{key}:{part}"
 
-    async def admit(self, key: int, limits: KeyLimits, request_id: str, period: BudgetPeriod | None) -> Verdict:
+    async def admit(self, key: int | str, limits: KeyLimits, request_id: str, period: BudgetPeriod | None) -> Verdict:
         _client, admit, _finish, _renew = self._scripts()
         budget_key = self._key(key, f"budget:{period.name}") if period is not None else self._key(key, "budget")
         keys = [self._key(key, "req"), self._key(key, "tok"), self._key(key, "toksum"), self._key(key, "run"),
@@ -177,7 +177,7 @@ class RedisStore:
                                    tokens_reset / 1000)
         return Verdict(_REFUSALS[refused], max(0, wait) / 1000, requests_window, tokens_window)
 
-    async def finish(self, key: int, limits: KeyLimits, tokens: int, request_id: str,
+    async def finish(self, key: int | str, limits: KeyLimits, tokens: int, request_id: str,
                      period: BudgetPeriod | None, release: bool) -> None:
         """The end of a request: its answer's ``tokens`` counted, its concurrency slot freed (``release``)."""
         _client, _admit, finish, _renew = self._scripts()

@@ -1,4 +1,5 @@
-"""Usage per key: the tokens each database key used, per model and UTC day, kept in the database.
+"""Usage per key: the tokens each key used, per model and UTC day, kept in the database (a key by
+its quota key: a database key's primary key, ``settings:<name>`` for a key of settings.json).
 
 A request's answer adds its tokens to this process's ``LEDGER`` (memory, no I/O on the request's
 path); ``run_periodic``, a task of the API process's own event loop (``start_periodic``, with
@@ -32,29 +33,29 @@ ELECTION_SECONDS = 30  # the pruner's key lives this long unless its holder rene
 
 
 class UsageLedger:
-    """The tokens this process counted and has not written yet: (key, model, day) -> counts."""
+    """The tokens this process counted and has not written yet: (quota key, model, day) -> counts."""
 
     def __init__(self):
-        self._pending: dict[tuple[int, str, date], list[int]] = defaultdict(lambda: [0, 0, 0])
+        self._pending: dict[tuple[int | str, str, date], list[int]] = defaultdict(lambda: [0, 0, 0])
 
-    def record(self, key: int, model: str, input_tokens: int, output_tokens: int, day: date | None = None) -> None:
+    def record(self, key: int | str, model: str, input_tokens: int, output_tokens: int, day: date | None = None) -> None:
         counts = self._pending[(key, model, day or datetime.now(timezone.utc).date())]
         counts[0] += input_tokens
         counts[1] += output_tokens
         counts[2] += 1
 
-    def take(self) -> dict[tuple[int, str, date], list[int]]:
+    def take(self) -> dict[tuple[int | str, str, date], list[int]]:
         """Everything gathered; the ledger starts empty."""
         taken, self._pending = self._pending, defaultdict(lambda: [0, 0, 0])
         return dict(taken)
 
-    def put_back(self, taken: dict[tuple[int, str, date], list[int]]) -> None:
+    def put_back(self, taken: dict[tuple[int | str, str, date], list[int]]) -> None:
         for slot, counts in taken.items():
             pending = self._pending[slot]
             for index, count in enumerate(counts):
                 pending[index] += count
 
-    def pending_tokens(self, key: int, first: date, last: date) -> int:
+    def pending_tokens(self, key: int | str, first: date, last: date) -> int:
         return sum(counts[0] + counts[1] for (owner, _model, day), counts in self._pending.items()
                    if owner == key and first <= day <= last)
 

@@ -30,6 +30,7 @@ from models_app.transport.messages import (
     RUNTIME_REQUEST,
 )
 from runtime.errors import RuntimeUnavailable, error_from_dict
+from runtime.inputs.request import GENERATE_CANCELLED
 
 
 # A chunk missing from the runtime's replies: the channel layer lost it (Redis restarted while it
@@ -59,12 +60,15 @@ class RuntimeClient:
         return await result_of(self.exchange(channel, op, payload or {}, deadline=deadline, on_silent=on_silent))
 
     async def exchange(self, channel: str, op: str, payload: dict, *, deadline: float | None = None,
-                       on_silent: Callable[[], None] | None = None) -> AsyncIterator[dict]:
+                       on_silent: Callable[[], None] | None = None,
+                       on_cancelled: Callable[[dict], None] | None = None) -> AsyncIterator[dict]:
         """Yield the runtime's chunk and result messages from ``channel``; raise its errors.
 
-        Closing the iterator early (client gone) tells the runtime to cancel.  ``on_silent`` is
-        called when the runtime does not answer in time (or the layer cannot be reached), before
-        the RuntimeUnavailable is raised.
+        Closing the iterator early (client gone) tells the runtime to cancel; with ``on_cancelled``,
+        the runtime's answer to the cancel (a generate's ``cancelled`` chunk, or the result
+        that crossed the cancel) is then waited for, up to the reply timeout, and its ``usage``
+        handed to ``on_cancelled``.  ``on_silent`` is called when the runtime does not answer in
+        time (or the layer cannot be reached), before the RuntimeUnavailable is raised.
         """
         request_id = payload.get("request_id") or uuid.uuid4().hex
         # The layer's default prefix, as Channels consumers use: over Redis one process's receivers
@@ -86,7 +90,7 @@ class RuntimeClient:
         except (OSError, RedisError) as exc:  # Redis itself away: the same 503 as a silent runtime
             raise RuntimeUnavailable(f"the channel layer cannot be reached: {exc}") from exc
         give_up_at = time.monotonic() + deadline if deadline else None
-        finished = False
+        finished = closed_early = False
         chunks = 0  # chunks received in order (their ``seq``: models_app.host.consumer)
         try:
             while True:
@@ -112,12 +116,21 @@ class RuntimeClient:
                     if reply.get("chunks", chunks) != chunks:
                         raise RuntimeUnavailable(_LOST_REPLY)
                     finished = True
-                yield reply
+                try:
+                    yield reply
+                except GeneratorExit:
+                    closed_early = True
+                    raise
                 if finished:
                     return
+        except asyncio.CancelledError:
+            closed_early = True
+            raise
         finally:
             if not finished:
                 await self._cancel(request_id, channel)
+                if closed_early and on_cancelled is not None:
+                    await self._answer_to_cancel(reply_channel, on_cancelled)
 
     async def _receive(self, channel: str, give_up_at: float | None) -> dict:
         """The next message on ``channel``, or RuntimeUnavailable once the timeout passes.
@@ -162,6 +175,22 @@ class RuntimeClient:
         if give_up_at is not None and time.monotonic() >= give_up_at:
             raise RuntimeUnavailable("the runtime did not finish within the call's time limit")
         raise RuntimeUnavailable(f"the runtime did not answer within {self.reply_timeout:g} s")
+
+    async def _answer_to_cancel(self, reply_channel: str, on_cancelled: Callable[[dict], None]) -> None:
+        """Wait (up to the reply timeout) for what the runtime answers a cancel with, and hand its
+        usage to ``on_cancelled``; a runtime that says nothing in time is left at that."""
+        give_up_at = time.monotonic() + self.reply_timeout
+        try:
+            while True:
+                reply = await self._receive(reply_channel, give_up_at)
+                kind, data = reply["kind"], reply.get("data") if isinstance(reply.get("data"), dict) else {}
+                if kind == REPLY_ERROR:
+                    return
+                if kind == REPLY_RESULT or (kind == REPLY_CHUNK and data.get("event") == GENERATE_CANCELLED):
+                    on_cancelled(data.get("usage") or {})
+                    return
+        except RuntimeUnavailable:
+            pass
 
     async def _cancel(self, request_id: str, channel: str) -> None:
         cancel = {"type": RUNTIME_CANCEL, "request_id": request_id}

@@ -28,6 +28,7 @@ from runtime.errors import LLMPoolError
 USAGE_DAYS = 30
 CHART_HEIGHT = 80  # px of the usage chart's tallest bar
 _INTEGER_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "token_budget")
+_NUMBER_FIELDS = ("weight", "queue_timeout_seconds")
 
 
 def form_fields(form) -> dict:
@@ -39,11 +40,12 @@ def form_fields(form) -> dict:
     for name in _INTEGER_FIELDS:
         raw = form.get(name, "").strip()
         fields[name] = None if not raw else int(raw) if raw.isascii() and raw.isdigit() else raw
-    weight = form.get("weight", "").strip()
-    try:
-        fields["weight"] = float(weight) if weight else None
-    except ValueError:
-        fields["weight"] = weight
+    for name in _NUMBER_FIELDS:
+        raw = form.get(name, "").strip()
+        try:
+            fields[name] = float(raw) if raw else None
+        except ValueError:
+            fields[name] = raw
     fields["budget_period"] = form.get("budget_period") or None
     fields["priority"] = form.get("priority") or "default"
     fields["fairness_key"] = form.get("fairness_key", "").strip() or None
@@ -84,7 +86,7 @@ async def _row(key_id: str):
 async def key_page(request: HttpRequest, key_id: str) -> HttpResponse:
     row = await _row(key_id)
     since = datetime.now(timezone.utc).date() - timedelta(days=USAGE_DAYS - 1)
-    usage = await usage_json(row, await sync_to_async(selectors.key_usage)(row.pk, since), since)
+    usage = await usage_json(row, row.pk, await sync_to_async(selectors.key_usage)(row.pk, since), since)
     shown = row_json(row)
     context = {"title": f"Key {row.name}", "key": shown, "usage": usage,
                "limits": [(name, shown[name]) for name in LIMIT_FIELDS], "chart": usage_chart(usage, since)}

@@ -33,8 +33,8 @@ Inputs = list[str] | list[list[int]]
 @dataclass
 class EmbeddingRequest(Wire):
     """``inputs`` as parsed (never empty; no input empty); ``dimensions`` the vector size asked
-    for, or None (the model's own); ``fairness_key``, ``priority`` and ``queue_timeout_seconds`` as for
-    ``GenerationRequest``."""
+    for, or None (the model's own); ``fairness_key``, ``priority``, ``queue_timeout_seconds`` and
+    ``weight`` as for ``GenerationRequest``."""
 
     request_id: str
     model: str
@@ -43,6 +43,7 @@ class EmbeddingRequest(Wire):
     fairness_key: str | None = None
     priority: str = DEFAULT_PRIORITY
     queue_timeout_seconds: float | None = None
+    weight: float | None = None
 
     @property
     def token_arrays(self) -> bool:

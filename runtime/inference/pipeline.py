@@ -144,6 +144,13 @@ class Output:
             return self.finished.input_tokens + self.finished.output_tokens
         return ticket.cost_estimate + self.deltas
 
+    def usage_so_far(self, ticket: Ticket, *, started: bool) -> dict:
+        """What a request cut short used: its engine's counts once it finished, else its prompt's
+        estimate (once it ``started`` on a replica) and the output counted so far."""
+        if self.finished is not None:
+            return {"input_tokens": self.finished.input_tokens, "output_tokens": self.finished.output_tokens}
+        return {"input_tokens": ticket.cost_estimate if started else 0, "output_tokens": self.deltas}
+
     def result(self) -> dict:
         """The generate operation's answer (``text``, ``finish_reason``, ``usage`` and the rest)."""
         result = {

@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # runtime.pool.catalog imports the backends, which import thi
 
 @dataclass
 class RerankRequest(Wire):
-    """``documents`` as parsed (never empty); ``fairness_key``, ``priority`` and
-    ``queue_timeout_seconds`` as for ``GenerationRequest``."""
+    """``documents`` as parsed (never empty); ``fairness_key``, ``priority``,
+    ``queue_timeout_seconds`` and ``weight`` as for ``GenerationRequest``."""
 
     request_id: str
     model: str
@@ -40,6 +40,7 @@ class RerankRequest(Wire):
     fairness_key: str | None = None
     priority: str = DEFAULT_PRIORITY
     queue_timeout_seconds: float | None = None
+    weight: float | None = None
 
 
 def estimate_rerank_tokens(query: str, documents: list[str]) -> int:

@@ -42,6 +42,11 @@ GENERATE_REASONING = "reasoning"  # {"event": "reasoning", "text": ...}: the mod
 # it (see ForwardedRequest); a forwarded request that does not stream has its upstream's answer in
 # the result's "upstream".
 GENERATE_UPSTREAM = "upstream"
+# {"event": "cancelled", "usage": {"input_tokens", "output_tokens"}}: a generate's last message once
+# its caller left before the answer (a stream closed early, a connection dropped): what it used
+# until then (the prompt's estimate once it started, and the output counted so far), which the
+# edge charges to the caller's key.
+GENERATE_CANCELLED = "cancelled"
 
 THINKING_DEFAULT = "default"
 
@@ -111,10 +116,11 @@ class GenerationRequest:
     # its definition says.
     keep_alive_seconds: float | None = None
     # How the request queues for its model, as the edge decided it from the caller's key and headers
-    # (models_app.api.keys): its priority class, and the seconds it may wait before it starts (None:
-    # its model's queue_timeout_seconds).
+    # (models_app.api.keys): its priority class, the seconds it may wait before it starts (None: its
+    # model's queue_timeout_seconds), and its key's fairness weight (None: engine.fairness's).
     priority: str = DEFAULT_PRIORITY
     queue_timeout_seconds: float | None = None
+    weight: float | None = None
 
     def resolved(self, decoding: DecodingSettings | None = None) -> GenerationRequest:
         """A copy with every unset sampling field given the service's default: ``decoding``

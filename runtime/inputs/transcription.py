@@ -26,7 +26,8 @@ class TranscriptionRequest(Wire):
     None (detected), ``prompt`` text the transcript should follow on from (names, spelling),
     ``temperature`` None for the engine's fallback schedule, ``word_timestamps`` whether each
     segment carries its words' timings, ``stream`` whether segments go out as they are decoded;
-    ``fairness_key``, ``priority`` and ``queue_timeout_seconds`` as for ``GenerationRequest``."""
+    ``fairness_key``, ``priority``, ``queue_timeout_seconds`` and ``weight`` as for
+    ``GenerationRequest``."""
 
     request_id: str
     model: str
@@ -41,6 +42,7 @@ class TranscriptionRequest(Wire):
     fairness_key: str | None = None
     priority: str = DEFAULT_PRIORITY
     queue_timeout_seconds: float | None = None
+    weight: float | None = None
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""How a request waits for its model: the ticket it queues with (its priority class and its
-deadline), and the wait until it starts, which ends at that deadline.
+"""How a request waits for its model: the ticket it queues with (its priority class, its deadline
+and its key's fairness weight), and the wait until it starts, which ends at that deadline.
 
-The deadline is the request's queue timeout (``queue_timeout_seconds``: the edge's header), else
+The deadline is the request's queue timeout (``queue_timeout_seconds``: the edge's, from its key
+and header), else
 its model's ``queue_timeout_seconds``, after the runtime received it (``RequestRecord.started``).
 It covers the wait for a load (load_on_request) and the wait in the scheduler's queue, never the
 generation.  The scheduler never starts a request past its deadline (it starts the next one in
@@ -17,13 +18,13 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from runtime.backends.base import CommonDefinition
-from runtime.errors import InvalidPriority, InvalidQueueTimeout
+from runtime.errors import InvalidPriority, InvalidQueueTimeout, InvalidRequest
 from runtime.inference.embedding import EmbeddingRequest
 from runtime.inference.prefix_marks import Mark
 from runtime.inference.rerank import RerankRequest
 from runtime.inputs.request import GenerationRequest
 from runtime.inputs.transcription import TranscriptionRequest
-from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, PRIORITY_CLASSES, RANKS, deadline_passed
+from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, MAX_WEIGHT, PRIORITY_CLASSES, RANKS, deadline_passed
 from runtime.model.tickets import Ticket
 
 T = TypeVar("T")
@@ -44,15 +45,26 @@ def queue_ticket(request: GenerationRequest | EmbeddingRequest | RerankRequest |
         )
     if timeout is None:
         timeout = definition.queue_timeout_seconds
+    if request.weight is not None and not valid_weight(request.weight):
+        raise InvalidRequest(f"a fairness weight is a number above 0 and at most {MAX_WEIGHT:g}", param="weight")
     return Ticket(
         request.request_id, request.fairness_key, cost_estimate=cost_estimate, priority=request.priority,
-        deadline=None if timeout is None else received + timeout, prefix=prefix,
+        deadline=None if timeout is None else received + timeout, prefix=prefix, weight=request.weight,
     )
 
 
 def valid_queue_timeout(seconds) -> bool:
-    return (isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and math.isfinite(seconds)
-            and 0 < seconds <= MAX_QUEUE_TIMEOUT_SECONDS)
+    return _number_within(seconds, MAX_QUEUE_TIMEOUT_SECONDS)
+
+
+def valid_weight(weight) -> bool:
+    return _number_within(weight, MAX_WEIGHT)
+
+
+def _number_within(value, ceiling: float) -> bool:
+    """Whether ``value`` is a finite number (not a bool) above 0 and at most ``ceiling``."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 < value <= ceiling)
 
 
 async def before_deadline(ticket: Ticket, awaitable: Awaitable[T]) -> T:

@@ -6,7 +6,8 @@ tests drive the scheduler with a fake.
 
 Ordering follows the Virtual Token Counter (Sheng et al., "Fairness in Serving
 Large Language Models", OSDI 2024): every fairness key has a counter of the
-service it received, in tokens (prompt + generated) divided by its weight.
+service it received, in tokens (prompt + generated) divided by its weight: the request's own
+(``Ticket.weight``: its database key's), else the key's in ``engine.fairness``.
 The next request comes from the backlogged key with the lowest counter; a key
 that becomes backlogged again is lifted to the current minimum so idle time
 banks no credit.  A key's prompt estimate is charged at dispatch and corrected
@@ -158,6 +159,9 @@ class Scheduler:
     def on_request(self, ticket: Ticket) -> None:
         """Queue a request (raising a 429 error when a limit is reached) and dispatch what fits."""
         state = self._key(ticket.fairness_key)
+        if ticket.weight is None:
+            ticket.weight = self.fairness.weights.get(ticket.fairness_key, self.fairness.default_weight)
+        state.weight = ticket.weight
         refusal = self._queue_full(ticket.fairness_key, state)
         if refusal is not None:
             state.rejected += 1
@@ -205,7 +209,7 @@ class Scheduler:
         state = self._key(ticket.fairness_key)
         state.active -= 1
         if tokens is not None:
-            self._charge(state, ticket, tokens / state.weight - ticket.charged)
+            self._charge(state, ticket, tokens / ticket.weight - ticket.charged)
         self._dispatch()
         self._settle(ticket.fairness_key, state)
 
@@ -421,7 +425,7 @@ class Scheduler:
         cache = self.caches[replica]
         if cache.capacity:
             cache.record(ticket.prefix, next(self._stamp))
-        self._charge(state, ticket, ticket.cost_estimate / state.weight, rerank=False)
+        self._charge(state, ticket, ticket.cost_estimate / ticket.weight, rerank=False)
         if state.pending:  # the key's lanes (the one just taken from too) rank by its new counter
             self._rerank(ticket.fairness_key)
         self.effects.start(ticket, replica)

@@ -22,6 +22,9 @@ class Ticket:
     seq: int = 0
     priority: str = DEFAULT_PRIORITY  # one of runtime.queue_terms.PRIORITY_CLASSES
     deadline: float | None = None  # on the scheduler's clock: past it, the request never starts
+    # Its key's fairness weight (a database key's, from the edge); None: its fairness key's weight in
+    # ``engine.fairness``.  The scheduler sets it when the request queues: its tokens are charged by it.
+    weight: float | None = None
 
 
 class SchedulerEffects(Protocol):
@@ -32,7 +35,7 @@ class SchedulerEffects(Protocol):
 
 @dataclass(slots=True)
 class KeyState:
-    weight: float
+    weight: float  # the weight of its latest request (what ``key_report`` shows)
     counter: float = 0.0
     pending: int = 0  # queued requests, over every class
     ranks: int = 0  # the classes it has a lane in, bit ``1 << rank`` each

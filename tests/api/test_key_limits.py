@@ -7,6 +7,7 @@ stays spent across a restart of the embedded service; the usage per key is writt
 /v1/admin/keys/{id}/usage and exported in /metrics."""
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import threading
@@ -27,6 +28,10 @@ MODELS = {
     "vec": {"backend": "stub", "embeddings": True},
     "slow": {"backend": "stub", "stub_token_delay_ms": 150, "stub_reply": "one two three four five six"},
 }
+# A key of settings.json with limits of its own (read-only: the file is its source).
+SETTINGS_SECRET = "sk-ops-from-the-settings-file"
+SETTINGS_KEY = {"name": "ops", "key_sha256": hashlib.sha256(SETTINGS_SECRET.encode()).hexdigest(), "models": "*",
+                "requests_per_minute": 3, "token_budget": 10**9, "budget_period": "month"}
 PROPAGATION_SECONDS = 1.0
 # An answer's tokens are charged just after it is sent (the split: one round trip to Redis then):
 # a request that must see them waits this long after the answer.
@@ -60,7 +65,7 @@ def _load_models(url: str) -> None:
 def service(tmp_path_factory, api_shape):
     """The service, and with the split a second API process on the same Redis and database."""
     folder = tmp_path_factory.mktemp("key_limits")
-    settings = write_settings(folder, MODELS, service={"admin_token": ADMIN_TOKEN})
+    settings = write_settings(folder, MODELS, service={"admin_token": ADMIN_TOKEN, "api_keys": [SETTINGS_KEY]})
     live = LiveService(settings, folder / "db.sqlite3").start()
     live.urls = [live.url]
     live.second = None
@@ -152,6 +157,24 @@ def test_the_61st_request_of_a_60_rpm_key_is_refused_on_every_protocol_and_proce
     assert counted.status_code == 200 and "x-ratelimit-limit-requests" not in counted.headers
 
 
+def test_a_key_of_settings_json_has_its_limits_enforced_and_its_usage_kept(service, admin):
+    shown = admin.get("/v1/admin/keys/settings:ops").json()
+    assert (shown["source"], shown["requests_per_minute"], shown["token_budget"]) == ("settings", 3, 10**9)
+    answers = [call(service.urls[index % len(service.urls)], SETTINGS_SECRET, "/v1/responses",
+                    {"model": "echo", "input": "a b"}) for index in range(3)]
+    assert [answer.headers["x-ratelimit-remaining-requests"] for answer in answers] == ["2", "1", "0"]
+    refused = call(service.urls[-1], SETTINGS_SECRET, "/v1/chat/completions",
+                   {"model": "echo", "messages": [{"role": "user", "content": "a"}]})
+    assert (refused.status_code, refused.json()["error"]["code"]) == (429, "rate_limited")
+    assert 1 <= int(refused.headers["Retry-After"]) <= 60
+    spent = 3 * usage_tokens(answers[0])
+    wait_for(lambda: admin.get("/v1/admin/keys/settings:ops/usage").json()["total"]["requests"] == 3,
+             2 * FLUSH_SECONDS + 2)
+    kept = admin.get("/v1/admin/keys/settings:ops/usage").json()
+    assert (kept["id"], kept["name"], kept["budget"]["used"]) == ("settings:ops", "ops", spent)
+    assert [day["model"] for day in kept["days"]] == ["echo"]
+
+
 def test_the_headers_come_with_every_answer_of_a_limited_key_and_only_there(service, admin):
     made = create(service, admin, name="headers", requests_per_minute=1000, tokens_per_minute=100_000)
     unknown = call(service.url, made["key"], "/v1/responses", {"model": "nothing", "input": "x"})
@@ -188,6 +211,42 @@ def test_tokens_per_minute_are_charged_from_the_engines_real_counts(service, adm
         assert 50 <= int(refused.headers["Retry-After"]) <= 60
     change(service, admin, made, tokens_per_minute=spent + 1)
     assert call(service.urls[-1], made["key"], "/v1/responses", {"model": "echo", "input": "x"}).status_code == 200
+
+
+def test_a_stream_the_client_closes_early_is_charged_the_tokens_it_used(service, admin):
+    """The client reads two deltas of six and goes away: the runtime stops the generation and says
+    what it used, which the edge charges (usage rows, tokens per minute) as it does a whole answer."""
+    made = create(service, admin, name="closer", tokens_per_minute=1_000_000)
+    deltas = 0
+    with httpx.stream("POST", service.urls[-1] + "/v1/chat/completions", headers=bearer(made["key"]), timeout=30,
+                      json={"model": "slow", "stream": True, "messages": [{"role": "user", "content": "go"}]}) as stream:
+        for line in stream.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                deltas += 1
+                if deltas == 2:
+                    break
+    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], 2 * FLUSH_SECONDS + 2)
+    [day] = admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"]
+    assert (day["model"], day["requests"]) == ("slow", 1)
+    assert day["input_tokens"] > 0 and 2 <= day["output_tokens"] < 6  # cut short: fewer than six words
+    spent = day["input_tokens"] + day["output_tokens"]
+    for url in service.urls:  # the tokens window counts them too, on every process
+        probe = call(url, made["key"], "/v1/responses", {"model": "nothing", "input": "x"})
+        assert probe.headers["x-ratelimit-remaining-tokens"] == str(1_000_000 - spent)
+    record = admin.get("/v1/admin/activity", params={"model": "slow", "limit": 1}).json()["requests"][0]
+    assert (record["status"], record["error_code"]) == (499, "cancelled")
+    assert (record["input_tokens"], record["output_tokens"]) == (day["input_tokens"], day["output_tokens"])
+
+
+def test_a_request_whose_client_leaves_before_its_whole_answer_is_charged_what_it_used(service, admin):
+    """Not streamed: the client gives up waiting (its read timeout) while the answer is generated."""
+    made = create(service, admin, name="leaver", tokens_per_minute=1_000_000)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(service.urls[0] + "/v1/responses", headers=bearer(made["key"]), timeout=httpx.Timeout(30, read=0.4),
+                   json={"model": "slow", "input": "go"})
+    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], 2 * FLUSH_SECONDS + 2)
+    [day] = admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"]
+    assert day["requests"] == 1 and day["input_tokens"] > 0 and 1 <= day["output_tokens"] < 6
 
 
 def test_requests_over_max_concurrent_are_refused_until_one_ends(service, admin):

@@ -136,7 +136,7 @@ def test_a_change_of_models_takes_effect_live(service, admin):
 def test_the_fields_are_stored_and_shown_never_the_secret(service, admin):
     fields = {"name": "limited", "models": ["echo"], "requests_per_minute": 60, "tokens_per_minute": 10_000,
               "max_concurrent": 2, "token_budget": 1_000_000, "budget_period": "day", "priority": "batch",
-              "fairness_key": "team-x", "weight": 2.5}
+              "fairness_key": "team-x", "weight": 2.5, "queue_timeout_seconds": 1.5}
     made = create(admin, **fields)
     shown = admin.get(f"/v1/admin/keys/{made['id']}").json()
     assert {name: shown[name] for name in fields} == fields
@@ -165,6 +165,12 @@ LIMIT_HOSTILE = [
     {"name": "h", "max_concurrent": [1]},
     {"name": "h", "tokens_per_minute": {"per": 1}},
     {"name": "h", "requests_per_minute": 1e3},
+    {"name": "h", "queue_timeout_seconds": 0},
+    {"name": "h", "queue_timeout_seconds": -1},
+    {"name": "h", "queue_timeout_seconds": 86_401},
+    {"name": "h", "queue_timeout_seconds": "5"},
+    {"name": "h", "queue_timeout_seconds": True},
+    {"name": "h", "weight": 1001},
 ]
 
 HOSTILE = [

@@ -1,6 +1,7 @@
-"""Priority classes and queue deadlines through the API, on both shapes, with the stub engine: a
-key's class and the priority header (within the key's class) order a model's queue; a request
-past its queue timeout (the header's, or its model's queue_timeout_seconds) is answered 503
+"""Priority classes, weights and queue deadlines through the API, on both shapes, with the stub
+engine: a key's class and the priority header (within the key's class) order a model's queue; a
+key of weight 2 is served twice as often as a key of weight 1 while both wait; a request past its
+queue timeout (the header's, its key's, or its model's queue_timeout_seconds) is answered 503
 queue_deadline_exceeded without reaching the engine, and the next one starts; bad header values
 are 400 with the envelope, on every protocol, with nothing queued; /metrics counts the drops."""
 from __future__ import annotations
@@ -37,8 +38,10 @@ def service(tmp_path_factory, api_shape):
             for name in MODELS:
                 assert admin.post(f"/v1/admin/models/{name}/load").json()["runtime_state"] == "loaded"
             live.keys = {
-                name: admin.post("/v1/admin/keys", json={"name": name, "priority": priority}).json()["key"]
-                for name, priority in (("jobs", "batch"), ("chat", "interactive"), ("plain", "default"))
+                fields["name"]: admin.post("/v1/admin/keys", json=fields).json()["key"]
+                for fields in ({"name": "jobs", "priority": "batch"}, {"name": "chat", "priority": "interactive"},
+                               {"name": "plain"}, {"name": "heavy", "weight": 2}, {"name": "light"},
+                               {"name": "patient", "queue_timeout_seconds": 0.3})
             }
         yield live
     finally:
@@ -120,6 +123,31 @@ def test_a_request_past_its_queue_timeout_never_starts_and_the_next_one_does(ser
     metrics = httpx.get(service.url + "/metrics", headers=AUTH).text
     assert 'llmpool_queue_drops_total{model="echo",priority="batch",reason="queue_deadline_exceeded"} 1.0' in metrics
     assert 'llmpool_model_queued_requests{model="echo",priority="batch"} 0.0' in metrics
+
+
+def test_a_key_of_weight_2_is_served_twice_as_often_as_a_key_of_weight_1(service, admin):
+    """Requests of equal cost, the light key's queued first: the token-fair order charges the heavy
+    key half of each request's tokens, so it gets two turns to the light key's one."""
+    with concurrent.futures.ThreadPoolExecutor(9) as pool:
+        held = hold(pool, service)
+        answers = [held]
+        for index, key in enumerate(["light"] * 4 + ["heavy"] * 4):
+            answers.append(pool.submit(respond, service, key, "same words"))
+            queued(service, index + 1)
+        assert [a.result(timeout=60).status_code for a in answers] == [200] * 9
+    served = [row["fairness_key"] for row in reversed(activity(admin, 8))]
+    assert served == ["light", "heavy", "heavy", "light", "heavy", "heavy", "light", "light"]
+
+
+def test_a_key_s_queue_timeout_drops_its_queued_request_and_the_header_cannot_lengthen_it(service, admin):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = hold(pool, service)
+        started = time.monotonic()
+        late = respond(service, "patient", "late", **{TIMEOUT_HEADER: "60"})
+        waited = time.monotonic() - started
+        assert (late.status_code, late.json()["error"]["code"]) == (503, "queue_deadline_exceeded")
+        assert 0.3 <= waited < 1.5 and not held.done()  # the key's 0.3 s, not the header's 60 s
+        assert held.result(timeout=30).status_code == 200
 
 
 def test_a_model_s_queue_timeout_drops_a_queued_embedding(service):

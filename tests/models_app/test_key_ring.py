@@ -127,3 +127,23 @@ async def test_a_process_that_starts_before_its_database_is_ready_reads_its_keys
     monkeypatch.setattr(selectors, "key_ring_rows", away)
     keys.forget()
     assert (await keys.key_ring()).caller(bearer(secret)).fairness_key == "frank"
+
+
+async def test_a_key_s_queue_timeout_bounds_the_header_s_and_its_weight_goes_with_its_requests():
+    """The key's queue_timeout_seconds is the longest its requests wait: the header may shorten it,
+    not lengthen it; the key's weight is among the request's queue terms (what crosses to the runtime)."""
+    row, secret = await create("patient", queue_timeout_seconds=2, weight=2)
+    plain_row, plain = await create("plain")
+    ring = await keys.key_ring()
+
+    def terms(key: str, header: str | None = None) -> dict:
+        headers = {"authorization": f"Bearer {key}"}
+        if header is not None:
+            headers["x-llmpool-queue-timeout"] = header
+        return ring.caller(headers.get).queue_terms()
+
+    assert terms(secret) == {"priority": "default", "queue_timeout_seconds": 2, "weight": 2}
+    assert terms(secret, "0.5")["queue_timeout_seconds"] == 0.5
+    assert terms(secret, "30")["queue_timeout_seconds"] == 2
+    assert terms(plain) == {"priority": "default", "queue_timeout_seconds": None, "weight": None}
+    assert terms(plain, "30")["queue_timeout_seconds"] == 30

@@ -22,9 +22,9 @@ def make_key(name: str) -> int:
     return row.pk
 
 
-def rows(pk: int) -> list[tuple]:
+def rows(key: int | str) -> list[tuple]:
     return [(use.model, use.day, use.input_tokens, use.output_tokens, use.requests)
-            for use in selectors.key_usage(pk, date(2000, 1, 1))]
+            for use in selectors.key_usage(key, date(2000, 1, 1))]
 
 
 def test_a_batch_adds_to_each_keys_model_and_day_and_drops_a_deleted_keys_counts():
@@ -37,8 +37,23 @@ def test_a_batch_adds_to_each_keys_model_and_day_and_drops_a_deleted_keys_counts
     assert rows(bob) == []
     assert selectors.key_tokens_between(alice, DAY, DAY) == 27
     assert selectors.key_token_totals() == [
-        {"key__name": "alice", "model": "echo", "input": 13, "output": 7},
-        {"key__name": "alice", "model": "vec", "input": 7, "output": 0},
+        {"name": "alice", "model": "echo", "input": 13, "output": 7},
+        {"name": "alice", "model": "vec", "input": 7, "output": 0},
+    ]
+
+
+def test_a_key_of_settings_json_has_rows_of_its_own_by_name():
+    """A key of settings.json has no row: its usage is kept under its name, apart from the
+    database keys', and read back by its quota key."""
+    alice = make_key("alice")
+    services.key_usage_add({("settings:ops", "echo", DAY): [5, 1, 1], (alice, "echo", DAY): [1, 1, 1]})
+    services.key_usage_add({("settings:ops", "echo", DAY): [2, 2, 1]})
+    assert rows("settings:ops") == [("echo", DAY, 7, 3, 2)]
+    assert rows(alice) == [("echo", DAY, 1, 1, 1)]
+    assert selectors.key_tokens_between("settings:ops", DAY, DAY) == 10
+    assert selectors.key_token_totals() == [
+        {"name": "alice", "model": "echo", "input": 1, "output": 1},
+        {"name": "ops", "model": "echo", "input": 7, "output": 3},
     ]
 
 

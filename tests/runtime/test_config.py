@@ -118,6 +118,16 @@ def test_api_keys_and_fairness_headers_have_defaults_and_a_bucket():
     ({"api_keys": [api_key(), api_key(name="bob")]}, "$.service.api_keys[1].key_sha256"),
     ({"api_keys": [api_key(fairness_key="t", weight=2), api_key(name="bob", key_sha256="1" * 64, fairness_key="t",
                                                                  weight=3)]}, "$.service.api_keys[1].weight"),
+    ({"api_keys": [api_key(requests_per_minute=0)]}, "$.service.api_keys[0].requests_per_minute"),
+    ({"api_keys": [api_key(tokens_per_minute="60")]}, "$.service.api_keys[0].tokens_per_minute"),
+    ({"api_keys": [api_key(max_concurrent=1.5)]}, "$.service.api_keys[0].max_concurrent"),
+    ({"api_keys": [api_key(token_budget=10**16, budget_period="day")]}, "$.service.api_keys[0].token_budget"),
+    ({"api_keys": [api_key(token_budget=1000)]}, "$.service.api_keys[0]"),
+    ({"api_keys": [api_key(budget_period="week", token_budget=1000)]}, "$.service.api_keys[0].budget_period"),
+    ({"api_keys": [api_key(priority="urgent")]}, "$.service.api_keys[0].priority"),
+    ({"api_keys": [api_key(queue_timeout_seconds=-1)]}, "$.service.api_keys[0].queue_timeout_seconds"),
+    ({"api_keys": [api_key(queue_timeout_seconds=True)]}, "$.service.api_keys[0].queue_timeout_seconds"),
+    ({"api_keys": [api_key(weight=1001)]}, "$.service.api_keys[0].weight"),
     ({"fairness_key_headers": ["Not A Header"]}, "$.service.fairness_key_headers[0]"),
     ({"fairness_key_headers": "X-User"}, "$.service.fairness_key_headers"),
 ])
@@ -125,6 +135,29 @@ def test_invalid_api_key_entries_name_their_path(service, path):
     with pytest.raises(InvalidSettings) as caught:
         validate_settings({"service": service})
     assert [problem["path"] for problem in caught.value.details] == [path]
+
+
+def test_a_key_declares_the_limits_and_queue_terms_a_key_of_the_database_has():
+    [key] = validate_settings({"service": {"api_keys": [api_key(
+        requests_per_minute=60, tokens_per_minute=10_000, max_concurrent=2, token_budget=10**6, budget_period="month",
+        priority="batch", queue_timeout_seconds=30)]}}).service.api_keys
+    assert (key.requests_per_minute, key.tokens_per_minute, key.max_concurrent, key.token_budget, key.budget_period,
+            key.priority, key.queue_timeout_seconds) == (60, 10_000, 2, 10**6, "month", "batch", 30)
+    assert validate_settings({"service": {"api_keys": [api_key()]}}).service.api_keys[0].priority == "default"
+
+
+def test_a_key_s_problems_carry_a_code_and_reach_the_envelope():
+    """What a reload answers (400 invalid_settings): each problem of a key with its path and a code."""
+    with pytest.raises(InvalidSettings) as caught:
+        validate_settings({"service": {"port": 0, "api_keys": [
+            api_key(requests_per_minute=0), api_key(name="bob", key_sha256="1" * 64, token_budget=5)]}})
+    details = caught.value.envelope()["error"]["details"]
+    assert [(problem["path"], problem.get("code")) for problem in details] == [
+        ("$.service.port", None),
+        ("$.service.api_keys[0].requests_per_minute", "api_key_invalid"),
+        ("$.service.api_keys[1]", "api_key_invalid"),
+    ]
+    assert "budget_period" in details[2]["message"]
 
 
 def test_a_bucket_weight_is_declared_once():

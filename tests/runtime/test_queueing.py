@@ -9,7 +9,7 @@ import time
 import pytest
 
 from runtime.backends.stub.spec import StubDefinition
-from runtime.errors import InvalidPriority, InvalidQueueTimeout, QueueDeadlineExceeded
+from runtime.errors import InvalidPriority, InvalidQueueTimeout, InvalidRequest, QueueDeadlineExceeded
 from runtime.inference.embedding import EmbeddingRequest
 from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.inputs.request import GenerationRequest
@@ -35,6 +35,15 @@ def test_the_ticket_carries_the_class_and_a_deadline_from_the_header_or_the_mode
     assert queue_ticket(embedding, definition(), 1, received=10.0).deadline == 12.0
 
 
+def test_the_ticket_carries_the_key_s_weight_from_the_wire():
+    """A database key's weight crosses the channel layer in the request's wire dict (the split)."""
+    wire = {**request(fairness_key="k").to_wire(), "weight": 2.5, "newer_field": 1}
+    assert queue_ticket(GenerationRequest.from_wire(wire), definition(), 1, received=0.0).weight == 2.5
+    assert queue_ticket(request(), definition(), 1, received=0.0).weight is None
+    embedding = EmbeddingRequest.from_wire({"request_id": "e1", "model": "m", "inputs": ["a"], "weight": 3})
+    assert queue_ticket(embedding, definition(), 1, received=0.0).weight == 3
+
+
 @pytest.mark.parametrize("fields, error", [
     ({"priority": "urgent"}, InvalidPriority),
     ({"queue_timeout_seconds": -1}, InvalidQueueTimeout),
@@ -43,6 +52,12 @@ def test_the_ticket_carries_the_class_and_a_deadline_from_the_header_or_the_mode
     ({"queue_timeout_seconds": True}, InvalidQueueTimeout),
     ({"queue_timeout_seconds": "5"}, InvalidQueueTimeout),
     ({"queue_timeout_seconds": 10**9}, InvalidQueueTimeout),
+    ({"weight": 0}, InvalidRequest),
+    ({"weight": -2}, InvalidRequest),
+    ({"weight": float("nan")}, InvalidRequest),
+    ({"weight": True}, InvalidRequest),
+    ({"weight": "2"}, InvalidRequest),
+    ({"weight": 1001}, InvalidRequest),
 ])
 def test_what_the_edge_refuses_the_runtime_refuses_too(fields, error):
     with pytest.raises(error):

@@ -87,6 +87,23 @@ def test_weights_share_tokens_by_virtual_counter():
     assert order == ["blocker", "a1", "b1", "b2", "b3", "a2", "b4", "a3", "a4"]
 
 
+def test_a_request_s_own_weight_shares_tokens_and_outranks_the_settings_weight():
+    """A database key's weight comes on its requests: weight 2 is served twice the tokens of weight 1
+    while both wait, whatever ``engine.fairness.weights`` says of its fairness key."""
+    scheduler, effects, blocker = blocked(weights={"heavy": 0.5})
+    for index in range(1, 5):
+        scheduler.on_request(Ticket(f"l{index}", "light", cost_estimate=10))
+    for index in range(1, 5):
+        scheduler.on_request(Ticket(f"h{index}", "heavy", cost_estimate=10, weight=2.0))
+    assert {row["key"]: row["weight"] for row in scheduler.key_report()} == {"light": 1.0, "heavy": 2.0, "z": 1.0}
+    scheduler.on_done(blocker, 0)
+    order = served_order(scheduler, effects, lambda rid: 10)
+    assert order == ["blocker", "l1", "h1", "h2", "l2", "h3", "h4", "l3", "l4"]
+    # Without a weight of its own, the request takes its key's weight from engine.fairness.
+    scheduler.on_request(Ticket("h5", "heavy", cost_estimate=10))
+    assert scheduler.keys["heavy"].weight == 0.5
+
+
 def test_a_key_that_becomes_backlogged_is_lifted_to_the_current_minimum():
     scheduler, effects, blocker = blocked()
     for index in range(1, 6):

@@ -7,6 +7,11 @@ margin for the other fields (413 ``request_too_large`` past it), and ``form.pars
 may use the model, ask the runtime (``OP_TRANSCRIBE``: the same model lookup, lifecycle rejections,
 admission, fair-share scheduler and error codes as a generation; the audio crosses the channel
 layer as msgpack bytes) and shape the answer (``shapes``).
+
+A database key is charged a transcription in the tokens its fair share is counted in
+(docs/scheduling.md): its ``input_tokens`` are the audio's (50 a second), its ``output_tokens``
+the transcript's, in its usage rows, its tokens per minute and its budget alike, whether the
+answer is streamed or not.  The answer itself shows OpenAI's usage (the audio's seconds).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from models_app.api.errors import error_answer
 from models_app.api.inference import PlainAnswer, inference_app, parsed, runtime_stream, sse_data, runtime_wire
 from models_app.api.keys import Caller
 from models_app.conf import service_settings
+from models_app.quotas import admission
 from models_app.transport.messages import OP_TRANSCRIBE, REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError
 from runtime.inputs.transcription import TRANSCRIBE, TRANSCRIPT_SEGMENT, TRANSLATE
@@ -42,7 +48,9 @@ async def _create(form, caller: Caller, task: str) -> dict | PlainAnswer | Async
     model = await caller.resolve(call.transcription.model)
     wire = runtime_wire({**call.transcription.to_wire(), "model": model})
     if not call.transcription.stream:
-        return shapes.answer(await placement.call(OP_TRANSCRIBE, wire), call)
+        result = await placement.call(OP_TRANSCRIBE, wire)
+        admission.count(model, result["usage"])
+        return shapes.answer(result, call)
     return _events(await runtime_stream(OP_TRANSCRIBE, wire, model))
 
 
