@@ -20,7 +20,8 @@ from runtime.config import parse_load_body
 from runtime.inference.embedding import EmbeddingRequest, check_embedding_request, embed_on_engine, estimate_input_tokens
 from runtime.model.queueing import before_deadline, queue_ticket
 from runtime.model.tickets import Ticket
-from runtime.inference.rerank import RerankRequest, check_rerank_request, estimate_rerank_tokens, rerank_on_engine
+from runtime.inference.rerank import check_rerank_request, rerank_on_engine
+from runtime.inputs.rerank import RerankRequest, estimate_rerank_tokens
 from runtime.errors import BackendError, SettingsReloadAborted, UnknownOperation
 from runtime.gpu import probe_gpus
 from runtime.observe.metrics import RuntimeMetrics

@@ -1,7 +1,7 @@
 """One rerank request (POST /v1/rerank), from the edge to the engine, and what the runtime checks
 and runs of it.
 
-The edge parses the body into a ``RerankRequest`` (the query and every document's text, in the
+The edge parses the body into a ``RerankRequest`` (``runtime.inputs.rerank``) (the query and every document's text, in the
 client's order); it crosses the channel layer as ``to_wire()``.  The runtime takes it through
 the same path as an embedding (``RuntimeService.op_rerank``): the model lookup,
 ``check_rerank_request`` (400/403 before it is queued), the controller's admission and its
@@ -16,37 +16,10 @@ rerank endpoint computes; the stub a documented deterministic score.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from runtime.errors import BackendError, RerankUnsupported
 from runtime.inference.deadline import request_deadline
-from runtime.inputs.wire import Wire
-from runtime.queue_terms import DEFAULT_PRIORITY
-
-if TYPE_CHECKING:  # runtime.pool.catalog imports the backends, which import this module
-    from runtime.pool.catalog import CatalogEntry
-
-
-@dataclass
-class RerankRequest(Wire):
-    """``documents`` as parsed (never empty); ``fairness_key``, ``priority``,
-    ``queue_timeout_seconds`` and ``weight`` as for ``GenerationRequest``."""
-
-    request_id: str
-    model: str
-    query: str
-    documents: list[str]
-    fairness_key: str | None = None
-    priority: str = DEFAULT_PRIORITY
-    queue_timeout_seconds: float | None = None
-    weight: float | None = None
-
-
-def estimate_rerank_tokens(query: str, documents: list[str]) -> int:
-    """The fair-share charge before the engine counts: every (query, document) pair is read, at
-    about four characters a token (as ``runtime.inference.admission.estimate_prompt_tokens``)."""
-    return sum((len(query) + len(document)) // 4 + 1 for document in documents)
+from runtime.inputs.rerank import RerankRequest
+from runtime.pool.catalog import CatalogEntry
 
 
 def check_rerank_request(entry: CatalogEntry, allow_remote: bool) -> None:

@@ -21,7 +21,7 @@ from runtime.backends.base import CommonDefinition
 from runtime.errors import InvalidPriority, InvalidQueueTimeout, InvalidRequest
 from runtime.inference.embedding import EmbeddingRequest
 from runtime.inference.prefix_marks import Mark
-from runtime.inference.rerank import RerankRequest
+from runtime.inputs.rerank import RerankRequest
 from runtime.inputs.request import GenerationRequest
 from runtime.inputs.transcription import TranscriptionRequest
 from runtime.queue_terms import MAX_QUEUE_TIMEOUT_SECONDS, MAX_WEIGHT, PRIORITY_CLASSES, RANKS, deadline_passed

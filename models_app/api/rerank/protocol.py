@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from models_app.api import limits
 from models_app.api.request_body import json_object, validated
 from runtime.errors import InvalidRequest
-from runtime.inference.rerank import RerankRequest
+from runtime.inputs.rerank import RerankRequest
 
 # Jina's and Cohere's clients post /v1/rerank; llama-server serves all three, vLLM the first two.
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking")

@@ -13,7 +13,7 @@ import httpx
 
 from runtime.backends.shared.openai_chat import upstream_error
 from runtime.errors import LLMPoolError
-from runtime.inference.rerank import estimate_rerank_tokens
+from runtime.inputs.rerank import estimate_rerank_tokens
 
 
 async def create_rerank(
