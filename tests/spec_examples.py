@@ -39,6 +39,14 @@ LLAMA_CPP_CONSTRAINTS = {
     },
     "gguf_type_k": _GGUF_CACHE_TYPE,
     "gguf_type_v": _GGUF_CACHE_TYPE,
+    "gguf_spec_type": {
+        "kind": "enum",
+        "default": None,
+        "allowed_values": ["ngram-simple", "draft-simple"],
+        "examples": ["ngram-simple", "draft-simple"],
+    },
+    "gguf_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 64, "step": 1, "default": 8},
+    "gguf_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
 }
 
 # ExLlamaV3.
