@@ -23,8 +23,7 @@ from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
 from runtime.backends.llama_cpp.speculative import SPEC_TYPES, speculation_problem
 from runtime.backends.shared.common_fields import refuse_embeddings_with_rerank
-from runtime.backends.shared.overrides import LoadOverride, PositiveInt, integer_override
-from runtime.errors import InvalidLoadRequest
+from runtime.backends.shared.overrides import LoadOverride, PositiveInt, fields_fit, integer_override, refuse_problem
 from runtime.pool.gguf_info import GgufError, GgufInfo, read_gguf_info
 from runtime.pool.model_files import locate_model_file
 
@@ -82,12 +81,7 @@ class LlamaCppDefinition(CommonDefinition):
         refuse_embeddings_with_rerank(self)
         return self
 
-    @model_validator(mode="after")
-    def _draft_model_named(self):
-        problem = speculation_problem(self.model_dump())
-        if problem is not None:
-            raise ValueError(problem[1])
-        return self
+    _draft_model_named = model_validator(mode="after")(fields_fit(speculation_problem))
 
     @model_validator(mode="after")
     def _known_prompt_format(self):
@@ -160,6 +154,17 @@ def gguf_estimate_parts(
     }
 
 
+def gguf_file(model_path: str | None, base_dir: str) -> tuple[str, GgufInfo] | None:
+    """The file ``model_path`` names and its GGUF header; None for a missing file or one that is not GGUF."""
+    path = locate_model_file(model_path, base_dir)
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        return path, read_gguf_info(path)
+    except (OSError, GgufError):
+        return None
+
+
 def kv_cells(config: dict) -> int:
     """The KV cache cells of one replica: n_ctx for each of its ``target_inflight`` sequences
     (the context's cache is not unified: every sequence has a stream of its own)."""
@@ -198,9 +203,7 @@ class LlamaCppSpec(BackendSpec):
 
     def check_override_combination(self, definition, overrides):
         """``draft-simple`` needs the definition's draft model (``speculation_problem``)."""
-        problem = speculation_problem(self.effective_config(definition, overrides))
-        if problem is not None:
-            raise InvalidLoadRequest(problem[1], param=problem[0])
+        refuse_problem(speculation_problem(self.effective_config(definition, overrides)))
 
     def context_length(self, config):
         return config.get("gguf_n_ctx")
@@ -308,16 +311,10 @@ class LlamaCppSpec(BackendSpec):
     def _draft_parts(config, base_dir, on_gpu: bool) -> dict | None:
         """The draft model's weights, KV cache (the target's cells and types) and compute margin;
         None without a readable draft model."""
-        if config.get("gguf_spec_type") != "draft-simple":
+        found = gguf_file(config.get("gguf_spec_draft_model"), base_dir)
+        if config.get("gguf_spec_type") != "draft-simple" or found is None:
             return None
-        path = locate_model_file(config.get("gguf_spec_draft_model"), base_dir)
-        if path is None or not os.path.isfile(path):
-            return None
-        try:
-            info = read_gguf_info(path)
-        except (OSError, GgufError):
-            return None
-        return gguf_estimate_parts(path, info, kv_cells(config), config["gguf_type_k"], config["gguf_type_v"],
+        return gguf_estimate_parts(*found, kv_cells(config), config["gguf_type_k"], config["gguf_type_v"],
                                    on_gpu=on_gpu)
 
     def vram_estimate(self, definition, config, replicas, base_dir):

@@ -33,10 +33,22 @@ from pydantic import Field, model_validator
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
 from runtime.backends.shared.common_fields import FamilyDefinition, refuse_embeddings_with_rerank
-from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
+from runtime.backends.llama_cpp.spec import (
+    GgmlCacheType,
+    cache_type_constraint,
+    gguf_estimate_parts,
+    gguf_file,
+    layers_on_gpu,
+)
 from runtime.backends.llama_server.slots import SLOT_CALL_SECONDS, SlotStore
 from runtime.backends.llama_server.speculative import SPEC_TYPES, spec_problem, spec_args
-from runtime.backends.shared.overrides import LoadOverride, PositiveInt, integer_override
+from runtime.backends.shared.overrides import (
+    LoadOverride,
+    PositiveInt,
+    fields_fit,
+    integer_override,
+    refuse_problem,
+)
 from runtime.errors import BackendError, InvalidLoadRequest
 from runtime.pool.gguf_info import GgufError, read_gguf_info
 from runtime.pool.model_files import ModelFileError, locate_model_file, resolve_model_file
@@ -98,12 +110,7 @@ class LlamaServerDefinition(
         refuse_embeddings_with_rerank(self)
         return self
 
-    @model_validator(mode="after")
-    def _speculative_fields_fit(self):
-        problem = spec_problem(self.model_dump())
-        if problem is not None:
-            raise ValueError(problem[1])
-        return self
+    _speculative_fields_fit = model_validator(mode="after")(fields_fit(spec_problem))
 
 
 def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str,
@@ -288,9 +295,7 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
     def check_override_combination(self, definition, overrides):
         """The speculative fields of the definition with ``overrides`` applied must fit together
         (``spec_problem``)."""
-        problem = spec_problem(self.effective_config(definition, overrides))
-        if problem is not None:
-            raise InvalidLoadRequest(problem[1], param=problem[0])
+        refuse_problem(spec_problem(self.effective_config(definition, overrides)))
 
     def prefix_cache_sequences(self, target_inflight):
         """Its slots' conversations, and the prompts its host-memory prompt cache (``--cache-ram``,
@@ -312,16 +317,12 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
         compute margin, and the process's GPU overhead, or on ``cpu`` (no GPU layers, or placed
         there) its vocabulary.  A missing file or one that is not GGUF: None (the file's size,
         ``vram_estimate``, counts then)."""
-        path = locate_model_file(config["model_path"], base_dir)
-        if path is None or not os.path.isfile(path):
-            return None
-        try:
-            info = read_gguf_info(path)
-        except (OSError, GgufError):
+        found = gguf_file(config["model_path"], base_dir)
+        if found is None:
             return None
         on_gpu = layers_on_gpu(config["llama_server_n_gpu_layers"], config.get("device"))
         return gguf_estimate_parts(
-            path, info, config["llama_server_n_ctx"], config["llama_server_type_k"], config["llama_server_type_v"],
+            *found, config["llama_server_n_ctx"], config["llama_server_type_k"], config["llama_server_type_v"],
             on_gpu=on_gpu,
         )
 
