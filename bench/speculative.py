@@ -12,6 +12,7 @@ after the first over the time after the first), its drafted and accepted tokens.
 Prints one JSON object: per model the median decode tokens/s, the drafted and accepted totals
 and the acceptance rate, and its speed-up over the same engine's plain model.
 Run: .venv/bin/python bench/speculative.py [--binary PATH] [--rounds 3] [--max-tokens 96] [--threads 2]
+     [--only pool|server]
 """
 from __future__ import annotations
 
@@ -52,9 +53,15 @@ MODELS = {
 }
 
 
+def chosen(args: argparse.Namespace) -> list[str]:
+    """The models of this run: every one, or ``--only``'s engine's."""
+    return [name for name in MODELS if args.only is None or name.startswith(args.only + "-")]
+
+
 def settings(args: argparse.Namespace) -> dict:
     models = {}
-    for name, (backend, fields) in MODELS.items():
+    for name in chosen(args):
+        backend, fields = MODELS[name]
         if backend == "llama_cpp":
             base = {"model_path": SMOLLM2, "gguf_n_ctx": args.ctx, "gguf_n_gpu_layers": 0,
                     "gguf_n_threads": args.threads, "gguf_flash_attn": "off"}
@@ -101,20 +108,22 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--ctx", type=int, default=2048)
+    parser.add_argument("--only", choices=["pool", "server"], help="one engine's models (default: both)")
     args = parser.parse_args()
-    args.binary = llama_server_binary(args.binary)
+    args.binary = llama_server_binary(args.binary) if args.only != "pool" else None
+    names = chosen(args)
     results = {}
     with pool_service(settings(args)) as url, httpx.Client(base_url=url, timeout=600) as http:
-        for name in MODELS:
+        for name in names:
             ask(http, name, "Say hello.", 8)  # warm: the first request pays for page faults
         for _ in range(args.rounds):  # the models take turns round by round: drift hits them alike
-            for name in MODELS:
+            for name in names:
                 for prompt in PROMPTS:
                     ask(http, name, prompt, args.max_tokens)
-        for name in MODELS:
+        for name in names:
             results[name] = figures(http, name, args.rounds * len(PROMPTS))
     for name, result in results.items():
-        plain = results["pool-plain" if name.startswith("pool-") else "server-plain"]["decode_tokens_per_second"]
+        plain = results[name.split("-")[0] + "-plain"]["decode_tokens_per_second"]
         speed = result["decode_tokens_per_second"]
         result["speedup_over_plain"] = round(speed / plain, 2) if speed and plain else None
     print(json.dumps({
