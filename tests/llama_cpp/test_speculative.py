@@ -42,7 +42,7 @@ def make_engine(state, **fields) -> LlamaCppEngine:
 
 def ask(prompt: str, max_output_tokens: int = 48, **sampling) -> GenerationRequest:
     return GenerationRequest("r", [{"role": "user", "content": [{"type": "input_text", "text": prompt}]}],
-                             max_output_tokens=max_output_tokens, temperature=0.0, **sampling).resolved()
+                             max_output_tokens=max_output_tokens, **{"temperature": 0.0, **sampling}).resolved()
 
 
 async def on_worker(engine: LlamaCppEngine, work, *args):
@@ -151,3 +151,4 @@ def test_prompt_lookup_drafts_nothing_without_a_match():
     drafter = NgramDrafter(size_n=2, n_max=4)
     assert drafter.propose([5, 6, 7], limit=4) == []
     assert drafter.propose([5, 6, 7, 5], limit=0) == []
+

@@ -6,9 +6,10 @@ draft tokens into the batch, every one with its logits.  The target's own sample
 at each of them in turn: while what it samples is the next draft token, that token is accepted
 (it is already in the KV cache, at the right position); the first token it samples that differs
 is the answer's next token, and the draft tokens after it are cut from the sequence
-(``llama_memory_seq_rm``).  Every token of the answer is thus one the target's sampler chose
-from the target's logits, so at temperature 0 the answer is the one plain decoding gives,
-token for token (as llama-server's ``common_sampler_sample_and_accept_n``).
+(``llama_memory_seq_rm``), as llama-server's ``common_sampler_sample_and_accept_n`` does.  Every
+token of the answer is thus one the target's sampler chose from the target's logits: at
+temperature 0 plain decoding's answer, as far as llama.cpp computes the same logits for a
+position in a batch of several as alone (docs/backends/llama_cpp.md, "Same answers").
 
 Where drafts come from (``gguf_spec_type``):
 
