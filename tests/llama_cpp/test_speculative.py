@@ -21,7 +21,6 @@ from runtime.backends import BACKENDS
 from runtime.backends.base import GenerationRequest
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import EngineLoadError
-from runtime.backends.llama_cpp.speculative import NgramDrafter
 
 SPEC = BACKENDS["llama_cpp"]
 SLOTS = 3
@@ -134,21 +133,3 @@ async def test_a_draft_model_on_another_vocabulary_fails_the_load(tmp_path, gemm
     with pytest.raises(EngineLoadError, match="vocabulary"):
         await engine.load()
     assert engine.weights is None and engine.context is None
-
-
-# ---- prompt lookup, without a model -----------------------------------------------------------
-
-
-def test_prompt_lookup_drafts_what_followed_the_latest_match_of_the_longest_ngram():
-    drafter = NgramDrafter(size_n=3, n_max=4)
-    history = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 6, 1, 2, 3]
-    assert drafter.propose(history, limit=10) == [4, 5, 9, 2]  # "1 2 3" at the start, not "2 3" after 9
-    history += [7, 8]
-    assert drafter.propose(history, limit=2) == [6, 1]  # "3 7 8" matched, the draft cut to the limit
-
-
-def test_prompt_lookup_drafts_nothing_without_a_match():
-    drafter = NgramDrafter(size_n=2, n_max=4)
-    assert drafter.propose([5, 6, 7], limit=4) == []
-    assert drafter.propose([5, 6, 7, 5], limit=0) == []
-
