@@ -5,7 +5,7 @@ itself (``draft-simple``), and llama-server (the ``llama_server`` backend) plain
 
 Every model is one replica on the same GGUF and threads in one ``manage.py serve``; they take
 turns, one request at a time: ``--rounds`` rounds of each repetitive prompt (code to extend, a
-table to copy: answers that repeat their input), greedy, ``max_tokens`` N.  Each request's
+table to copy: answers that repeat their input), greedy, streamed, ``max_tokens`` N.  Each request's
 figures are the runtime's own (``GET /v1/admin/activity``): its decode tokens/s (output tokens
 after the first over the time after the first), its drafted and accepted tokens.
 
@@ -74,11 +74,15 @@ def settings(args: argparse.Namespace) -> dict:
 
 
 def ask(http: httpx.Client, model: str, prompt: str, max_tokens: int) -> None:
+    """One streamed answer, read to its end: streamed, the runtime's record sees its first token
+    when the engine makes it (an answer forwarded unstreamed arrives whole)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0}
-    response = http.post("/v1/chat/completions", json=body)
-    if response.status_code != 200:
-        raise RuntimeError(f"{model}: {response.status_code} {response.text[:500]}")
+            "temperature": 0, "stream": True}
+    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{model}: {response.status_code} {response.read()[:500]!r}")
+        for _ in response.iter_lines():
+            pass
 
 
 def figures(http: httpx.Client, model: str, measured: int) -> dict:
