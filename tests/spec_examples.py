@@ -39,6 +39,14 @@ LLAMA_CPP_CONSTRAINTS = {
     },
     "gguf_type_k": _GGUF_CACHE_TYPE,
     "gguf_type_v": _GGUF_CACHE_TYPE,
+    "gguf_spec_type": {
+        "kind": "enum",
+        "default": None,
+        "allowed_values": ["ngram-simple", "draft-simple"],
+        "examples": ["ngram-simple", "draft-simple"],
+    },
+    "gguf_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 64, "step": 1, "default": 8},
+    "gguf_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
 }
 
 # ExLlamaV3.
@@ -166,12 +174,18 @@ LLAMA_SERVER_CONSTRAINTS = {
     "llama_server_image_max_tokens": {"kind": "integer", "minimum": 1, "step": 1},
     "llama_server_spec_type": {
         "kind": "enum",
-        "default": "draft-mtp",
-        "allowed_values": ["draft-mtp"],
-        "examples": ["draft-mtp"],
+        "default": None,
+        "allowed_values": [
+            "draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark", "draft-mtp",
+            "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+        ],
+        "examples": ["draft-mtp", "draft-simple", "ngram-mod"],
     },
-    "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
+    "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1, "default": 3},
+    "llama_server_spec_draft_n_min": {"kind": "integer", "minimum": 0, "maximum": 1024, "step": 1, "default": 0},
     "llama_server_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
+    "llama_server_spec_ngram_size_n": {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1, "default": 12},
+    "llama_server_spec_ngram_min_hits": {"kind": "integer", "minimum": 1, "step": 1, "default": 1},
 }
 
 # The whole load_constraints of each backend: its own constraints ("CT2, openai_remote, and

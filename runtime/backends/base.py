@@ -132,12 +132,15 @@ class TextDelta:
 class Finished:
     """The end of a generation.  ``cached_tokens``: how many of the ``input_tokens`` an engine
     that keeps its KV cache between requests reused instead of computing them (None: an engine
-    that does not say)."""
+    that does not say).  ``draft_tokens``, ``accepted_tokens``: with speculative decoding, the
+    draft tokens the model verified and how many of them it accepted (None: no speculation)."""
 
     input_tokens: int
     output_tokens: int
     finish_reason: Literal["stop", "length"] = "stop"
     cached_tokens: int | None = None
+    draft_tokens: int | None = None
+    accepted_tokens: int | None = None
 
 
 class Engine(Protocol):

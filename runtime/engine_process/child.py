@@ -216,7 +216,8 @@ def _generation_frame(request_id, event) -> dict | None:
     if isinstance(event, Finished):
         return {"op": p.FINISHED, "id": request_id, "input_tokens": event.input_tokens,
                 "output_tokens": event.output_tokens, "finish_reason": event.finish_reason,
-                "cached_tokens": event.cached_tokens}
+                "cached_tokens": event.cached_tokens, "draft_tokens": event.draft_tokens,
+                "accepted_tokens": event.accepted_tokens}
     return None
 
 

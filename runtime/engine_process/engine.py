@@ -96,7 +96,8 @@ class _Stream:
         if isinstance(item, LLMPoolError):
             raise item
         if item["op"] == p.FINISHED:
-            return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"], item.get("cached_tokens"))
+            return Finished(item["input_tokens"], item["output_tokens"], item["finish_reason"], item.get("cached_tokens"),
+                            item.get("draft_tokens"), item.get("accepted_tokens"))
         raise p.error_from_message(item)
 
     async def next_reply(self, op: str) -> dict[str, Any]:

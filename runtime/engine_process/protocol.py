@@ -25,8 +25,10 @@ runtime -> engine process
 engine process -> runtime
     ``delta`` {id, text, tokens, logprobs?}: all text of generation ``id`` produced since the
         last delta sent, how many tokens it holds and (when asked for) their logprobs entries
-    ``finished`` {id, input_tokens, output_tokens, finish_reason, cached_tokens}: ``cached_tokens``
-        the prompt tokens reused from the engine's KV cache (null where the engine does not say)
+    ``finished`` {id, input_tokens, output_tokens, finish_reason, cached_tokens, draft_tokens,
+        accepted_tokens}: ``cached_tokens`` the prompt tokens reused from the engine's KV cache,
+        the other two speculative decoding's drafted and accepted tokens (each null where the
+        engine does not say)
     ``embedded`` {id, vectors, prompt_tokens}: the vectors of embed ``id``, one per input
     ``segment`` {id, segment}: one TranscriptSegment of transcription ``id``, as its wire dict
     ``transcribed`` {id, language, duration}: the end of transcription ``id``

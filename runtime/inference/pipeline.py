@@ -160,6 +160,9 @@ class Output:
         }
         if self.finished.cached_tokens is not None:  # an engine that keeps its KV cache between requests
             result["usage"]["cached_tokens"] = self.finished.cached_tokens
+        if self.finished.draft_tokens is not None:  # speculative decoding (the activity view and /metrics)
+            result["usage"]["draft_tokens"] = self.finished.draft_tokens
+            result["usage"]["accepted_draft_tokens"] = self.finished.accepted_tokens or 0
         if self.reasoning:
             result["reasoning"] = "".join(self.reasoning)
             result["usage"]["reasoning_tokens"] = min(self.reasoning_tokens, self.finished.output_tokens)

@@ -58,12 +58,15 @@ class ActivityRing:
         return [{**r.to_wire(), "capture": r.capture} for r in chosen]
 
     def stats(self, model: str, window: float = STATS_WINDOW_SECONDS) -> dict:
-        """The entry's rolling ``stats``: requests, p50/p95 time to first token and output tokens
-        per second over the last ``window`` seconds."""
+        """The entry's rolling ``stats``: requests, p50/p95 time to first token, output tokens
+        per second and speculative decoding's drafted and accepted tokens (and their ratio: None
+        without drafts) over the last ``window`` seconds."""
         since = time.monotonic() - window
         recent = [r for r in self.records if r.model == model and (r.ended or 0) >= since]
         ttfts = sorted(r.ttft for r in recent if r.ttft is not None and r.code is None)
         tokens = sum(r.output_tokens for r in recent if r.code is None)
+        drafted = sum(r.draft_tokens or 0 for r in recent)
+        accepted = sum(r.accepted_tokens or 0 for r in recent)
         return {
             "window_seconds": window,
             "requests": len(recent),
@@ -72,6 +75,9 @@ class ActivityRing:
             "ttft_p95_ms": _percentile_ms(ttfts, 0.95),
             "output_tokens": tokens,
             "tokens_per_second": round(tokens / window, 3),
+            "draft_tokens": drafted,
+            "accepted_draft_tokens": accepted,
+            "draft_acceptance_rate": round(accepted / drafted, 3) if drafted else None,
         }
 
 
@@ -105,7 +111,7 @@ class RequestObserver:
         try:
             result = await work(record)
             usage = result.get("usage") or {}
-            record.succeeded(usage.get("input_tokens", usage.get("prompt_tokens")), usage.get("output_tokens"))
+            record.succeeded(usage.get("input_tokens", usage.get("prompt_tokens")), usage.get("output_tokens"), usage)
             return result
         except BaseException as exc:
             record.failed(exc)

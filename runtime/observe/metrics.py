@@ -123,6 +123,10 @@ class RuntimeMetrics:
                               labels, buckets=TOKEN_TIME_BUCKETS, registry=r)
         self.input_tokens = Counter("llmpool_input_tokens", "Prompt tokens of finished requests.", labels, registry=r)
         self.output_tokens = Counter("llmpool_output_tokens", "Output tokens of finished requests.", labels, registry=r)
+        self.draft_tokens = Counter("llmpool_spec_decode_draft_tokens", "Speculative decoding: draft tokens the model "
+                                    "verified, of finished requests.", ["model"], registry=r)
+        self.accepted_tokens = Counter("llmpool_spec_decode_accepted_tokens", "Speculative decoding: draft tokens the "
+                                       "model accepted, of finished requests.", ["model"], registry=r)
         self.rejections = Counter("llmpool_rejections", "Requests refused or failed, by error code.",
                                   ["model", "code"], registry=r)
         self.queue_drops = Counter("llmpool_queue_drops", "Requests the model's queue refused (full) or dropped "
@@ -190,18 +194,22 @@ class RuntimeMetrics:
         input_tokens.inc(record.input_tokens)
         output_tokens.inc(record.output_tokens)
         self.keys.add(record.fairness_key, tokens=record.input_tokens + record.output_tokens)
+        if record.draft_tokens is not None:
+            self._child(self.draft_tokens, model, None).inc(record.draft_tokens)
+            self._child(self.accepted_tokens, model, None).inc(record.accepted_tokens or 0)
         if record.ttft is not None:
             self._child(self.ttft, model, endpoint).observe(record.ttft)
             if record.output_tokens > 1:
                 per_token = (record.duration - record.ttft) / (record.output_tokens - 1)
                 self._child(self.tpot, model, endpoint).observe(max(0.0, per_token))
 
-    def _child(self, metric, model: str, endpoint: str):
-        """``metric.labels(model, endpoint)``, made on its first observation and kept."""
+    def _child(self, metric, model: str, endpoint: str | None):
+        """``metric.labels(model, endpoint)`` (``endpoint`` None: a metric by model alone), made on
+        its first observation and kept."""
         key = (id(metric), model, endpoint)
         child = self._served.get(key)
         if child is None:
-            child = self._served[key] = metric.labels(model, endpoint)
+            child = self._served[key] = metric.labels(model) if endpoint is None else metric.labels(model, endpoint)
         return child
 
     # ---- scrape ----------------------------------------------------------------------

@@ -32,6 +32,8 @@ class RequestRecord:
     ended: float | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    draft_tokens: int | None = None  # speculative decoding: draft tokens verified (None: no speculation)
+    accepted_tokens: int | None = None  # and of those, accepted
     status: int = 200
     code: str | None = None
     capture: dict | None = None  # {"request", "response"} when service.capture_requests
@@ -70,8 +72,11 @@ class RequestRecord:
             "generation_ns": round(max(0.0, now - first) * 1e9),
         }
 
-    def succeeded(self, input_tokens: int | None, output_tokens: int | None) -> None:
+    def succeeded(self, input_tokens: int | None, output_tokens: int | None, usage: dict | None = None) -> None:
+        """The answer's tokens; ``usage``'s ``draft_tokens`` and ``accepted_draft_tokens`` where it has them."""
         self.input_tokens, self.output_tokens = input_tokens or 0, output_tokens or 0
+        if usage is not None and usage.get("draft_tokens") is not None:
+            self.draft_tokens, self.accepted_tokens = usage["draft_tokens"], usage.get("accepted_draft_tokens") or 0
         self.ended = time.monotonic()
 
     def failed(self, error: BaseException) -> None:
@@ -115,6 +120,8 @@ class RequestRecord:
             "time_to_first_token_ms": None if self.ttft is None else round(self.ttft * 1000, 1),
             "duration_ms": round(self.duration * 1000, 1),
             "tokens_per_second": None if tps is None else round(tps, 2),
+            "draft_tokens": self.draft_tokens,
+            "accepted_draft_tokens": self.accepted_tokens,
             "replica": self.replica,
             "captured": self.capture is not None,
         }

@@ -185,3 +185,18 @@ async def test_vllm_share_of_the_device_is_counted_of_its_total(tmp_path, monkey
         assert override.needed_mib == 2000
     finally:
         await pool.shutdown()
+
+
+def test_a_draft_model_adds_its_weights_cache_and_margin_to_its_targets_parts(tmp_path):
+    spec = BACKENDS["llama_cpp"]
+    fields = {**SMOLLM2_MODEL, "gguf_n_ctx": 1024, "isolation": "none"}
+    plain = spec.definition_model.model_validate(fields)
+    drafted = spec.definition_model.model_validate(
+        {**fields, "gguf_spec_type": "draft-simple", "gguf_spec_draft_model": SMOLLM2_MODEL_PATH})
+    one = expected_parts(1024, "f16", False)
+    assert spec.estimate_parts(plain, spec.effective_config(plain, {}), "/") == one
+    twice = {part: 2 * one[part] for part in ("weights_mib", "kv_cache_mib", "compute_mib")}
+    assert spec.estimate_parts(drafted, spec.effective_config(drafted, {}), "/") == {**one, **twice}
+    # prompt lookup has no second model
+    lookup = spec.definition_model.model_validate({**fields, "gguf_spec_type": "ngram-simple"})
+    assert spec.estimate_parts(lookup, spec.effective_config(lookup, {}), "/") == one

@@ -110,6 +110,33 @@ def test_model_files_may_be_named_inside_an_installed_package(smollm2_gguf):
     assert llama_server_command(config, HOST, PORT, BASE)[:3] == ["llama-server", "--model", smollm2_gguf]
 
 
+@pytest.mark.parametrize(
+    "fields, expected",
+    [
+        ({"llama_server_spec_type": "draft-simple", "llama_server_draft_model": "/models/draft.gguf",
+          "llama_server_spec_draft_n_max": 16, "llama_server_spec_draft_n_min": 2, "llama_server_spec_draft_p_min": 0.75},
+         ["--spec-draft-model", "/models/draft.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "16",
+          "--spec-draft-n-min", "2", "--spec-draft-p-min", "0.75"]),
+        ({"llama_server_spec_type": "ngram-simple", "llama_server_spec_draft_n_max": 8,
+          "llama_server_spec_ngram_size_n": 4, "llama_server_spec_ngram_min_hits": 2},
+         ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "8", "--spec-ngram-simple-size-n", "4",
+          "--spec-ngram-simple-min-hits", "2"]),
+        ({"llama_server_spec_type": "ngram-map-k4v", "llama_server_spec_ngram_size_n": 6},
+         ["--spec-type", "ngram-map-k4v", "--spec-ngram-map-k4v-size-n", "6"]),
+        ({"llama_server_spec_type": "ngram-mod", "llama_server_spec_draft_n_max": 32, "llama_server_spec_draft_n_min": 8,
+          "llama_server_spec_ngram_size_n": 16},
+         ["--spec-type", "ngram-mod", "--spec-ngram-mod-n-max", "32", "--spec-ngram-mod-n-min", "8",
+          "--spec-ngram-mod-n-match", "16"]),
+        ({"llama_server_spec_type": "ngram-cache"}, ["--spec-type", "ngram-cache"]),
+    ],
+    ids=["draft-model", "ngram-simple", "ngram-map-k4v", "ngram-mod", "ngram-cache"],
+)
+def test_each_speculative_mode_maps_its_knobs_to_its_own_flags(fields, expected):
+    config = effective("llama_server", {"model_path": "/models/m.gguf", **fields}, {})
+    assert llama_server_command(config, HOST, PORT, BASE)[len(LLAMA_BASE):] == [
+        "--parallel", "1", "-c", "4096", "--flash-attn", "auto", "--jinja", *expected]
+
+
 def test_a_null_spec_type_override_drops_the_flag():
     config = effective(
         "llama_server",

@@ -155,6 +155,10 @@ ACCEPTED_BODIES = [
     ("sglang_serve", {"sglang_chunked_prefill_size": -1, "sglang_speculative_algorithm": None}),
     ("llama_server", LLAMA_SERVER_BODY),
     ("llama_server", {"llama_server_spec_type": None}),
+    ("llama_cpp", {"gguf_spec_type": "ngram-simple", "gguf_spec_draft_n_max": 12, "gguf_spec_draft_p_min": 0.5}),
+    ("llama_server", {"llama_server_spec_type": "ngram-mod", "llama_server_spec_draft_n_max": 64,
+                      "llama_server_spec_draft_n_min": 16, "llama_server_spec_ngram_size_n": 24}),
+    ("llama_server", {"llama_server_spec_type": "ngram-map-k4v", "llama_server_spec_ngram_min_hits": 2}),
     ("openai_remote", {"target_inflight": 16}),
 ]
 
@@ -220,8 +224,25 @@ REJECTED_BODIES = [
     ),
     ("exllamav3", {"target_inflight": 2}, "target_inflight"),
     ("llama_server", {"llama_server_spec_type": "medusa"}, "llama_server_spec_type"),
+    ("llama_server", {"llama_server_spec_type": "draft-mtp", "llama_server_spec_draft_n_max": 2000},
+     "llama_server_spec_draft_n_max"),
     ("llama_server", {"llama_server_spec_draft_n_max": 7}, "llama_server_spec_draft_n_max"),
+    ("llama_server", {"llama_server_spec_type": "draft-simple"}, "llama_server_spec_type"),
+    ("llama_server", {"llama_server_spec_type": "ngram-mod", "llama_server_spec_draft_p_min": 0.5},
+     "llama_server_spec_draft_p_min"),
+    ("llama_server", {"llama_server_spec_type": "ngram-simple", "llama_server_spec_draft_n_min": 2},
+     "llama_server_spec_draft_n_min"),
+    ("llama_server", {"llama_server_spec_type": "ngram-cache", "llama_server_spec_ngram_size_n": 4},
+     "llama_server_spec_ngram_size_n"),
+    ("llama_server", {"llama_server_spec_type": "draft-mtp", "llama_server_spec_ngram_min_hits": 2},
+     "llama_server_spec_ngram_min_hits"),
+    ("llama_server", {"llama_server_spec_type": "draft-mtp", "llama_server_spec_draft_n_max": 2,
+                      "llama_server_spec_draft_n_min": 3}, "llama_server_spec_draft_n_min"),
     ("llama_server", {"llama_server_spec_draft_p_min": 1.5}, "llama_server_spec_draft_p_min"),
+    ("llama_cpp", {"gguf_spec_type": "ngram-mod"}, "gguf_spec_type"),
+    ("llama_cpp", {"gguf_spec_type": "draft-simple"}, "gguf_spec_type"),
+    ("llama_cpp", {"gguf_spec_draft_n_max": 65}, "gguf_spec_draft_n_max"),
+    ("llama_cpp", {"gguf_spec_draft_p_min": 1.5}, "gguf_spec_draft_p_min"),
     ("llama_server", {"llama_server_spec_draft_p_min": -0.1}, "llama_server_spec_draft_p_min"),
     ("trtllm_serve", {"trtllm_kv_cache_dtype": "int8"}, "trtllm_kv_cache_dtype"),
     ("trtllm_serve", {"trtllm_max_seq_len": 20000}, "trtllm_max_seq_len"),
@@ -253,6 +274,29 @@ def test_invalid_overrides_are_400(backend, body, param):
     assert caught.value.http_status == 400
     assert caught.value.code == "invalid_load_request"
     assert caught.value.param == param
+
+
+def test_a_draft_model_mode_is_accepted_where_the_definition_names_the_draft_file():
+    body = {"llama_server_spec_type": "draft-simple", "llama_server_spec_draft_n_max": 16}
+    assert validate_body("llama_server", body, llama_server_draft_model="/models/draft.gguf") == body
+
+
+def test_a_speculative_override_checks_the_knobs_the_definition_set():
+    """The definition's knobs fit its mode; a load override that switches the mode must still fit them."""
+    configured = {"llama_server_spec_type": "draft-mtp", "llama_server_spec_draft_p_min": 0.5}
+    with pytest.raises(InvalidLoadRequest) as caught:
+        validate_body("llama_server", {"llama_server_spec_type": "ngram-mod"}, **configured)
+    assert caught.value.param == "llama_server_spec_draft_p_min"
+    assert validate_body("llama_server", {"llama_server_spec_type": "ngram-mod", "llama_server_spec_draft_p_min": None},
+                         **configured)
+
+
+def test_a_llama_cpp_draft_model_mode_needs_the_definitions_draft_file():
+    body = {"gguf_spec_type": "draft-simple", "gguf_spec_draft_n_max": 4}
+    assert validate_body("llama_cpp", body, gguf_spec_draft_model="/models/draft.gguf") == body
+    with pytest.raises(InvalidLoadRequest) as caught:
+        validate_body("llama_cpp", body)
+    assert caught.value.param == "gguf_spec_type"
 
 
 def test_sglang_draft_tokens_conflict_uses_the_configured_steps():
@@ -321,7 +365,13 @@ def test_exllama_cache_quant_formats_are_accepted(quant):
         ("sglang_serve", {"sglang_speculative_num_steps": 3, "sglang_speculative_num_draft_tokens": 6}),
         ("llama_server", {"llama_server_spec_type": "medusa"}),
         ("llama_server", {"llama_server_spec_draft_n_max": 7}),
+        ("llama_server", {"llama_server_spec_type": "draft-mtp", "llama_server_spec_draft_n_max": 2000}),
+        ("llama_server", {"llama_server_spec_type": "draft-eagle3"}),
+        ("llama_server", {"llama_server_spec_type": "ngram-map-k", "llama_server_spec_draft_p_min": 0.1}),
         ("llama_server", {"llama_server_n_ctx": "4096"}),
+        ("llama_cpp", {"gguf_spec_type": "draft-simple"}),
+        ("llama_cpp", {"gguf_spec_type": "ngram-mod"}),
+        ("llama_cpp", {"gguf_spec_ngram_size_n": 0}),
         ("openai_remote", {"remote_base_url": "api.example.com"}),
         ("openai_remote", {"remote_api_key": "k", "remote_api_key_env": "REMOTE_KEY"}),
         ("ct2", {"ct2_compute_type": "int4"}),

@@ -18,6 +18,12 @@
     return td;
   }
 
+  // Speculative decoding's figures of one request: "drafted / accepted", or none without drafts.
+  function drafts(item) {
+    return item.draft_tokens === null || item.draft_tokens === undefined
+      ? null : `${item.draft_tokens} / ${item.accepted_draft_tokens}`;
+  }
+
   function renderRows(requests) {
     const body = root.querySelector("[data-activity-rows]");
     body.replaceChildren(...requests.slice(0, 50).map((item) => {
@@ -25,7 +31,7 @@
       tr.dataset.model = item.model || "";
       [item.at.replace("T", " ").replace("Z", ""), item.model, item.endpoint, item.fairness_key, item.status,
         item.input_tokens, item.output_tokens, item.time_to_first_token_ms, item.duration_ms,
-        item.tokens_per_second, item.replica].forEach((value) => tr.appendChild(cell(value)));
+        item.tokens_per_second, drafts(item), item.replica].forEach((value) => tr.appendChild(cell(value)));
       return tr;
     }));
   }

@@ -5,7 +5,8 @@ Each step builds one ``llama_batch``: first the token each answering sequence sa
 then, in the room left of ``n_batch``, the next chunk of each prompt still being prefilled, so
 a long prompt goes in between decode steps and never stalls the answers already running.  One
 ``llama_decode`` computes them all; every sequence whose logits came out samples its next token
-with its own sampler.  A new request waits for a free sequence (the runtime's scheduler lets at
+with its own sampler.  With speculative decoding an answering sequence also puts the draft
+tokens of its pending one in the batch, and keeps those its sampler agrees with (``speculative``).  A new request waits for a free sequence (the runtime's scheduler lets at
 most ``target_inflight`` in), and takes the free one whose cached tokens share the longest
 prefix with its prompt, when that prefix is more than a tenth of the prompt (llama-server's
 ``--slot-prompt-similarity`` 0.1); otherwise, and among equals, the least recently used one.
@@ -23,6 +24,7 @@ from collections import deque
 
 from runtime.backends.llama_cpp.generation import Generation
 from runtime.backends.llama_cpp.native import common_prefix
+from runtime.backends.llama_cpp.speculative import Speculation, SpeculationSettings, verify
 from runtime.errors import BackendError, LLMPoolError
 
 logger = logging.getLogger("llmpool.llama_cpp")
@@ -45,9 +47,10 @@ class BatchLoop:
     """The waiting and active generations of one replica.  ``state()`` gives the replica's
     current (context, kv_store); a context of None (asleep, unloaded) ends what waits with an error."""
 
-    def __init__(self, model_name: str, state):
+    def __init__(self, model_name: str, state, speculation: Speculation | None = None):
         self.model_name = model_name
         self._state = state
+        self._speculation = speculation or Speculation(SpeculationSettings(None))
         self._waiting: deque[Generation] = deque()
         self._lock = threading.Lock()
         self._running = False
@@ -118,6 +121,7 @@ class BatchLoop:
                 seq = choose_sequence(context.sequences, [s for s in range(context.n_seq) if s not in active],
                                       tokens, self._last_used)
                 generation.start(context, seq, kv_store)
+                self._speculation.start(generation)
             except Exception as exc:  # this request fails, not the others
                 if not isinstance(exc, LLMPoolError):
                     logger.exception("model %s: a generation could not start", self.model_name)
@@ -137,12 +141,16 @@ class BatchLoop:
         batch = context.batch
         batch.clear()
         appended: dict[int, list[int]] = {}
-        outputs: dict[int, int] = {}  # sequence -> the batch entry whose logits it samples
-        for seq, generation in active.items():
-            if generation.pending is not None:
-                outputs[seq] = batch.add(generation.pending, len(context.sequences[seq]), seq, True)
-                appended[seq] = [generation.pending]
-                generation.pending = None
+        outputs: dict[int, list[int]] = {}  # sequence -> the batch entries whose logits it samples
+        drafts: dict[int, list[int]] = {}  # sequence -> the draft tokens after its pending one
+        answering = {seq: generation for seq, generation in active.items() if generation.pending is not None}
+        if self._speculation.enabled and answering:
+            drafts = self._speculation.drafts(context, answering, max(0, context.n_batch - len(active)) // len(active))
+        for seq, generation in answering.items():
+            appended[seq] = [generation.pending, *drafts.get(seq, ())]
+            start = len(context.sequences[seq])
+            outputs[seq] = [batch.add(token, start + offset, seq, True) for offset, token in enumerate(appended[seq])]
+            generation.pending = None
         room = context.n_batch - len(batch)
         for seq, generation in active.items():
             if room <= 0:
@@ -152,7 +160,7 @@ class BatchLoop:
                 last = generation.prefilled + len(chunk) == len(generation.tokens)
                 index = batch.add_run(chunk, generation.prefilled, seq, logits_last=last)
                 if last:
-                    outputs[seq] = index
+                    outputs[seq] = [index]
                 appended[seq] = chunk
                 generation.prefilled += len(chunk)
                 room -= len(chunk)
@@ -162,9 +170,9 @@ class BatchLoop:
             for seq in appended:
                 self._release(active, seq).end(exc)
             return
-        for seq, index in outputs.items():
+        for seq, indices in outputs.items():
             generation = active[seq]
-            if generation.accept(context, index):
+            if verify(generation, context, seq, indices, drafts.get(seq, [])):
                 self._release(active, seq)
                 generation.finish()
 

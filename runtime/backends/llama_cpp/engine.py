@@ -27,6 +27,7 @@ from typing import Any
 
 from runtime.backends.base import GenerationRequest
 from runtime.backends.llama_cpp.batching import BatchLoop
+from runtime.backends.llama_cpp.draft_model import DraftModel
 from runtime.backends.llama_cpp.generation import Generation, sampling_options
 from runtime.backends.llama_cpp.kv_store import KvStore
 from runtime.backends.llama_cpp.native import (
@@ -39,6 +40,7 @@ from runtime.backends.llama_cpp.native import (
 )
 from runtime.backends.llama_cpp.rerank import PairLayout, context_pooling, score_pairs
 from runtime.backends.llama_cpp.sampling import grammar_of_schema
+from runtime.backends.llama_cpp.speculative import Speculation, SpeculationSettings
 from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
 from runtime.backends.shared.in_process import drain
 from runtime.backends.shared.vectors import normalized
@@ -92,7 +94,8 @@ class LlamaCppEngine:
         self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
-        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store))
+        self._speculation = Speculation(SpeculationSettings.from_config(config))  # its draft model set at load
+        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store), self._speculation)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def load(self) -> None:
@@ -144,6 +147,8 @@ class LlamaCppEngine:
         self.context = GgufContext(self.weights, settings)
         self.pair_layout = PairLayout.of(self.weights, info) if pooling == "rank" else None
         self._open_kv_store()
+        if self._speculation.settings.spec_type == "draft-simple":
+            self._speculation.draft_model = self._open_draft_model(settings)
         if chats and self.prompt_format == GGUF_TEMPLATE:
             bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
             self.gguf_template = GgufChatTemplate(info.chat_template, bos, eos)
@@ -152,6 +157,16 @@ class LlamaCppEngine:
             "model %s replica %d loaded from %s (%s, threads=%d)",
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
         )
+
+    def _open_draft_model(self, settings: ContextSettings) -> DraftModel:
+        """``gguf_spec_draft_model`` on the target's GPU layers and context settings (EngineLoadError
+        where it cannot be read, or its vocabulary is not the target's)."""
+        try:
+            path = resolve_model_file(self.config["gguf_spec_draft_model"], self.base_dir)
+        except ModelFileError as exc:
+            raise EngineLoadError(f"gguf_spec_draft_model: {exc}") from None
+        return DraftModel(path, self.config["gguf_n_gpu_layers"], settings, self.weights,
+                          main_gpu=main_gpu(self.config.get("placement")))
 
     def _open_kv_store(self) -> None:
         """The saved KV caches of this model file under the context's settings (None: off)."""
@@ -228,6 +243,9 @@ class LlamaCppEngine:
             self._asleep = None
 
     def _release(self) -> None:
+        if self._speculation.draft_model is not None:
+            self._speculation.draft_model.close()
+            self._speculation.draft_model = None
         if self.context is not None:
             self._save_kv()
             self.context.close()

@@ -44,6 +44,8 @@ class Generation:
         self.cached = 0  # of which were reused, not decoded
         self.pending: int | None = None  # the sampled token the next step decodes
         self.produced = 0
+        self.drafter = None  # speculative decoding's state for this answer (speculative.Speculation)
+        self.drafted = self.accepted_drafts = 0  # draft tokens verified, and of those accepted
         self.reason = "length"
         self._sampler: Sampler | None = None
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -80,11 +82,14 @@ class Generation:
     def prefilling(self) -> bool:
         return self.prefilled < len(self.tokens)
 
-    def accept(self, context: GgufContext, index: int) -> bool:
-        """Sample the next token from batch entry ``index`` of the last decode and send its
-        text; True when the answer is over (end of generation, a stop sequence, max_output_tokens
-        or a full sequence), else the token is ``pending`` for the next step."""
-        token = self._sampler.sample(context, index)
+    def sample(self, context: GgufContext, index: int) -> int:
+        """The target's next token from batch entry ``index`` (the sampler's state moves on with it)."""
+        return self._sampler.sample(context, index)
+
+    def take(self, context: GgufContext, token: int, index: int, held: int) -> bool:
+        """Count ``token`` (sampled from batch entry ``index``) and send its text; True when the
+        answer is over: end of generation, a stop sequence, max_output_tokens, or a full sequence
+        (``held``: the tokens the sequence holds before this one)."""
         self.produced += 1  # an end-of-generation token counts too: the model produced it
         if self.weights.is_end_of_generation(token):
             self.reason = "stop"
@@ -96,10 +101,7 @@ class Generation:
         if self._hit_stop:
             self.reason = "stop"
             return True
-        if self.produced >= self.request.max_output_tokens or len(context.sequences[self.seq]) >= context.n_ctx:
-            return True  # a full sequence cuts the reply, as max_output_tokens does
-        self.pending = token
-        return False
+        return self.produced >= self.request.max_output_tokens or held >= context.n_ctx  # a full sequence cuts it
 
     def finish(self) -> None:
         """Send the text still held back and the Finished event, then end."""
@@ -108,8 +110,10 @@ class Generation:
             text += "" if hit_stop else self._stop_filter.flush()
             if text or self._unsent.logprobs:
                 self.emit(self._unsent.delta(text))
+        drafting = self.drafter is not None
         self.emit(Finished(input_tokens=len(self.tokens), output_tokens=self.produced, finish_reason=self.reason,
-                           cached_tokens=self.cached))
+                           cached_tokens=self.cached, draft_tokens=self.drafted if drafting else None,
+                           accepted_tokens=self.accepted_drafts if drafting else None))
         self.end()
 
     def end(self, error: BaseException | None = None) -> None:

@@ -21,8 +21,9 @@ from runtime.backends.base import (
 )
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
+from runtime.backends.llama_cpp.speculative import SPEC_TYPES, speculation_problem
 from runtime.backends.shared.common_fields import refuse_embeddings_with_rerank
-from runtime.backends.shared.overrides import LoadOverride, integer_override
+from runtime.backends.shared.overrides import LoadOverride, PositiveInt, fields_fit, integer_override, refuse_problem
 from runtime.pool.gguf_info import GgufError, GgufInfo, read_gguf_info
 from runtime.pool.model_files import locate_model_file
 
@@ -61,6 +62,13 @@ class LlamaCppDefinition(CommonDefinition):
     # chat template (prompt_formats.tool_call_format: the template's own, else hermes, as the
     # tools are then described in the hermes format); "none": no tool calling (capabilities.tools false).
     tool_call_format: Literal["auto", "hermes", "llama3_json", "mistral", "none"] = "auto"
+    # Speculative decoding (runtime.backends.llama_cpp.speculative): "ngram-simple" drafts by prompt
+    # lookup, "draft-simple" with gguf_spec_draft_model (a GGUF on the same vocabulary); null: off.
+    gguf_spec_type: Literal[SPEC_TYPES] | None = None
+    gguf_spec_draft_model: str | None = None
+    gguf_spec_draft_n_max: int = Field(8, ge=1, le=64)  # the longest draft a step verifies
+    gguf_spec_draft_p_min: float = Field(0.0, ge=0, le=1)  # the draft model's confidence to go on drafting
+    gguf_spec_ngram_size_n: int = Field(3, ge=1, le=16)  # the longest n-gram prompt lookup matches
 
     @model_validator(mode="after")
     def _context_floor(self):
@@ -72,6 +80,8 @@ class LlamaCppDefinition(CommonDefinition):
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
         return self
+
+    _draft_model_named = model_validator(mode="after")(fields_fit(speculation_problem))
 
     @model_validator(mode="after")
     def _known_prompt_format(self):
@@ -144,6 +154,17 @@ def gguf_estimate_parts(
     }
 
 
+def gguf_file(model_path: str | None, base_dir: str) -> tuple[str, GgufInfo] | None:
+    """The file ``model_path`` names and its GGUF header; None for a missing file or one that is not GGUF."""
+    path = locate_model_file(model_path, base_dir)
+    if path is None or not os.path.isfile(path):
+        return None
+    try:
+        return path, read_gguf_info(path)
+    except (OSError, GgufError):
+        return None
+
+
 def kv_cells(config: dict) -> int:
     """The KV cache cells of one replica: n_ctx for each of its ``target_inflight`` sequences
     (the context's cache is not unified: every sequence has a stream of its own)."""
@@ -173,7 +194,16 @@ class LlamaCppSpec(BackendSpec):
         ),
         LoadOverride("gguf_type_k", str, cache_type_constraint()),
         LoadOverride("gguf_type_v", str, cache_type_constraint()),
+        LoadOverride("gguf_spec_type", str, {"kind": "enum", "default": None, "allowed_values": list(SPEC_TYPES),
+                                             "examples": ["ngram-simple", "draft-simple"]}),
+        LoadOverride("gguf_spec_draft_n_max", PositiveInt,
+                     {"kind": "integer", "minimum": 1, "maximum": 64, "step": 1, "default": 8}),
+        LoadOverride("gguf_spec_draft_p_min", float, {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0}),
     )
+
+    def check_override_combination(self, definition, overrides):
+        """``draft-simple`` needs the definition's draft model (``speculation_problem``)."""
+        refuse_problem(speculation_problem(self.effective_config(definition, overrides)))
 
     def context_length(self, config):
         return config.get("gguf_n_ctx")
@@ -271,7 +301,21 @@ class LlamaCppSpec(BackendSpec):
         )
         if not on_gpu and config["isolation"] == "process":
             parts["overhead_mib"] += ENGINE_PROCESS_BASELINE_MIB
+        draft = self._draft_parts(config, base_dir, on_gpu)
+        if draft is not None:  # draft-simple: a second model and context in the same process
+            for part in ("weights_mib", "kv_cache_mib", "compute_mib"):
+                parts[part] += draft[part]
         return parts
+
+    @staticmethod
+    def _draft_parts(config, base_dir, on_gpu: bool) -> dict | None:
+        """The draft model's weights, KV cache (the target's cells and types) and compute margin;
+        None without a readable draft model."""
+        found = gguf_file(config.get("gguf_spec_draft_model"), base_dir)
+        if config.get("gguf_spec_type") != "draft-simple" or found is None:
+            return None
+        return gguf_estimate_parts(*found, kv_cells(config), config["gguf_type_k"], config["gguf_type_v"],
+                                   on_gpu=on_gpu)
 
     def vram_estimate(self, definition, config, replicas, base_dir):
         """Per replica: the GGUF file plus its KV cache (``kv_cells``) at the effective cache types.

@@ -33,9 +33,22 @@ from pydantic import Field, model_validator
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
 from runtime.backends.shared.common_fields import FamilyDefinition, refuse_embeddings_with_rerank
-from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
+from runtime.backends.llama_cpp.spec import (
+    GgmlCacheType,
+    cache_type_constraint,
+    gguf_estimate_parts,
+    gguf_file,
+    layers_on_gpu,
+)
 from runtime.backends.llama_server.slots import SLOT_CALL_SECONDS, SlotStore
-from runtime.backends.shared.overrides import LoadOverride, PositiveInt, integer_override
+from runtime.backends.llama_server.speculative import SPEC_TYPES, spec_problem, spec_args
+from runtime.backends.shared.overrides import (
+    LoadOverride,
+    PositiveInt,
+    fields_fit,
+    integer_override,
+    refuse_problem,
+)
 from runtime.errors import BackendError, InvalidLoadRequest
 from runtime.pool.gguf_info import GgufError, read_gguf_info
 from runtime.pool.model_files import ModelFileError, locate_model_file, resolve_model_file
@@ -67,9 +80,14 @@ class LlamaServerDefinition(
     llama_server_type_k: GgmlCacheType | None = None
     llama_server_type_v: GgmlCacheType | None = None
     llama_server_image_max_tokens: int | None = Field(None, ge=1)
-    llama_server_spec_type: Literal["draft-mtp"] | None = None
-    llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=6)
+    # Speculative decoding (runtime.backends.llama_server.speculative: which knob maps to which
+    # flag of each mode); null leaves it off.
+    llama_server_spec_type: Literal[SPEC_TYPES] | None = None
+    llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=1024)
+    llama_server_spec_draft_n_min: int | None = Field(None, ge=0, le=1024)
     llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
+    llama_server_spec_ngram_size_n: int | None = Field(None, ge=1, le=1024)
+    llama_server_spec_ngram_min_hits: int | None = Field(None, ge=1)
     # POST /v1/embeddings too: started with --embeddings (see llama_server_command for --pooling).
     embeddings: bool = False
     # POST /v1/audio/transcriptions and translations: the server serves them (an audio model) and
@@ -92,6 +110,8 @@ class LlamaServerDefinition(
         refuse_embeddings_with_rerank(self)
         return self
 
+    _speculative_fields_fit = model_validator(mode="after")(fields_fit(spec_problem))
+
 
 def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir: str,
                          slot_save_path: str | None = None) -> list[str]:
@@ -113,8 +133,9 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
             ("--mmproj", local("llama_server_mmproj")),
             ("--spec-draft-model", local("llama_server_draft_model")),
         ),
-        *server_spec.named_flags(config, "llama_server", "reasoning_format", "reasoning_budget", "image_max_tokens",
-                                 "spec_type", "spec_draft_n_max", "spec_draft_p_min", "api_key"),
+        *server_spec.named_flags(config, "llama_server", "reasoning_format", "reasoning_budget", "image_max_tokens"),
+        *spec_args(config),
+        *server_spec.named_flags(config, "llama_server", "api_key"),
         *server_spec.flag_args(("--slot-save-path", slot_save_path)),
         *(_embedding_args(local("model_path")) if config["embeddings"] else []),
         *(["--reranking"] if config["rerank"] else []),
@@ -238,16 +259,28 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
         LoadOverride(
             "llama_server_spec_type",
             str,
-            {"kind": "enum", "default": "draft-mtp", "allowed_values": ["draft-mtp"], "examples": ["draft-mtp"]},
+            {"kind": "enum", "default": None, "allowed_values": list(SPEC_TYPES),
+             "examples": ["draft-mtp", "draft-simple", "ngram-mod"]},
         ),
         LoadOverride(
             "llama_server_spec_draft_n_max",
             PositiveInt,
-            {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
+            {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1, "default": 3},
+        ),
+        LoadOverride(
+            "llama_server_spec_draft_n_min",
+            Annotated[int, Field(ge=0, le=1024)],
+            {"kind": "integer", "minimum": 0, "maximum": 1024, "step": 1, "default": 0},
         ),
         LoadOverride(
             "llama_server_spec_draft_p_min", float, {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0}
         ),
+        LoadOverride(
+            "llama_server_spec_ngram_size_n",
+            PositiveInt,
+            {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1, "default": 12},
+        ),
+        integer_override("llama_server_spec_ngram_min_hits", default=1),
         # Not in the contract's list: the rest of the reconfigurable server flags.
         LoadOverride("llama_server_type_k", str, cache_type_constraint(**RESTART)),
         LoadOverride("llama_server_type_v", str, cache_type_constraint(**RESTART)),
@@ -258,6 +291,11 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
              "examples": ["auto", "on", "off"], **RESTART},
         ),
     )
+
+    def check_override_combination(self, definition, overrides):
+        """The speculative fields of the definition with ``overrides`` applied must fit together
+        (``spec_problem``)."""
+        refuse_problem(spec_problem(self.effective_config(definition, overrides)))
 
     def prefix_cache_sequences(self, target_inflight):
         """Its slots' conversations, and the prompts its host-memory prompt cache (``--cache-ram``,
@@ -279,16 +317,12 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
         compute margin, and the process's GPU overhead, or on ``cpu`` (no GPU layers, or placed
         there) its vocabulary.  A missing file or one that is not GGUF: None (the file's size,
         ``vram_estimate``, counts then)."""
-        path = locate_model_file(config["model_path"], base_dir)
-        if path is None or not os.path.isfile(path):
-            return None
-        try:
-            info = read_gguf_info(path)
-        except (OSError, GgufError):
+        found = gguf_file(config["model_path"], base_dir)
+        if found is None:
             return None
         on_gpu = layers_on_gpu(config["llama_server_n_gpu_layers"], config.get("device"))
         return gguf_estimate_parts(
-            path, info, config["llama_server_n_ctx"], config["llama_server_type_k"], config["llama_server_type_v"],
+            *found, config["llama_server_n_ctx"], config["llama_server_type_k"], config["llama_server_type_v"],
             on_gpu=on_gpu,
         )
 

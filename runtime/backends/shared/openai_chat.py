@@ -221,18 +221,27 @@ def upstream_finished(usage: Any, timings: Any, finish_reason: str, fallback_out
     """The end of an upstream's answer: its ``usage``'s prompt and completion tokens (none reported:
     ``fallback_output`` tokens out), and the prompt tokens it reused from its cache,
     ``usage.prompt_tokens_details.cached_tokens`` (OpenAI's, vLLM's, llama-server's), else
-    llama-server's ``timings.cache_n``; None where it says neither."""
+    llama-server's ``timings.cache_n``; None where it says neither.  Speculative decoding's
+    figures come from llama-server's ``timings.draft_n`` and ``timings.draft_n_accepted``."""
     usage = usage if isinstance(usage, dict) else {}
+    timings = timings if isinstance(timings, dict) else {}
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if cached is None and isinstance(timings, dict):
+    if cached is None:
         cached = timings.get("cache_n")
     return Finished(
         input_tokens=usage.get("prompt_tokens") or 0,
         output_tokens=usage.get("completion_tokens") or fallback_output,
         finish_reason=finish_reason,
-        cached_tokens=cached if type(cached) is int and cached >= 0 else None,
+        cached_tokens=_count(cached),
+        draft_tokens=_count(timings.get("draft_n")),
+        accepted_tokens=_count(timings.get("draft_n_accepted")),
     )
+
+
+def _count(value: Any) -> int | None:
+    """A token count an upstream reported: a non-negative integer, else None."""
+    return value if type(value) is int and value >= 0 else None
 
 
 async def stream_chat(

@@ -76,6 +76,24 @@ def load_body_model(declarations: Iterable[LoadOverride]) -> type[BaseModel]:
     return create_model("LoadBody", __base__=_LoadBodyBase, **fields)
 
 
+def fields_fit(problem_of):
+    """A definition's ``model_validator`` for a rule over several fields: ``problem_of(config)``
+    answers ``(field, why)`` or None, and a problem is the definition's ValueError."""
+    def validator(definition):
+        problem = problem_of(definition.model_dump())
+        if problem is not None:
+            raise ValueError(problem[1])
+        return definition
+
+    return validator
+
+
+def refuse_problem(problem: tuple[str, str] | None) -> None:
+    """The load body's side of ``fields_fit``: a problem ``(field, why)`` is 400 invalid_load_request."""
+    if problem is not None:
+        raise InvalidLoadRequest(problem[1], param=problem[0])
+
+
 def check_against_constraint(key: str, value: Any, constraint: dict, extra_accepted: tuple = ()) -> None:
     """Apply a load_constraints entry to one non-null override value (400 on violation)."""
     allowed = constraint.get("allowed_values")
