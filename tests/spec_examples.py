@@ -174,14 +174,16 @@ LLAMA_SERVER_CONSTRAINTS = {
     "llama_server_image_max_tokens": {"kind": "integer", "minimum": 1, "step": 1},
     "llama_server_spec_type": {
         "kind": "enum",
-        "default": None,
+        "default": "draft-mtp",
+        # The contract's ["draft-mtp"], extended (additively) to every mode llama-server has.
         "allowed_values": [
             "draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark", "draft-mtp",
             "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
         ],
-        "examples": ["draft-mtp", "draft-simple", "ngram-mod"],
+        "examples": ["draft-mtp"],
     },
-    "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1, "default": 3},
+    "llama_server_spec_draft_n_max": {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
+    "llama_server_spec_ngram_n_max": {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1},
     "llama_server_spec_draft_n_min": {"kind": "integer", "minimum": 0, "maximum": 1024, "step": 1, "default": 0},
     "llama_server_spec_draft_p_min": {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0},
     "llama_server_spec_ngram_size_n": {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1, "default": 12},

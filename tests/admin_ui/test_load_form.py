@@ -47,7 +47,9 @@ def bound(form_entry: dict, data: dict) -> LoadForm:
 def test_llama_cpp_controls_follow_its_constraints():
     form = LoadForm(spec_entry("llama_cpp", {"model_path": "/m.gguf"}))
     html = {row.name: str(row.field) for row in form.rows}
-    assert list(html) == ["replicas", "target_inflight", "gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v"]
+    assert list(html) == ["replicas", "target_inflight", "gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v",
+                          "gguf_spec_type", "gguf_spec_draft_n_max", "gguf_spec_draft_p_min"]
+    assert "<select" in html["gguf_spec_type"] and 'value="ngram-simple"' in html["gguf_spec_type"]
     assert 'type="number"' in html["gguf_n_ctx"] and 'min="1"' in html["gguf_n_ctx"] and 'step="1"' in html["gguf_n_ctx"]
     assert 'max="1"' in html["replicas"]  # replica_max
     assert "<select" in html["gguf_flash_attn"]

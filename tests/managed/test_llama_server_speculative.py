@@ -22,7 +22,7 @@ def test_an_ngram_mode_and_a_draft_model_report_their_drafts(live_service, llama
                                                              tmp_path):
     base = smollm2_server(llama_server_binary, smollm2_gguf)
     service = live_service({
-        "ngram": {**base, "llama_server_spec_type": "ngram-mod", "llama_server_spec_draft_n_max": 16,
+        "ngram": {**base, "llama_server_spec_type": "ngram-mod", "llama_server_spec_ngram_n_max": 16,
                   "llama_server_spec_draft_n_min": 2, "llama_server_spec_ngram_size_n": 8},
         "draft": {**base, "llama_server_spec_type": "draft-simple", "llama_server_draft_model": smollm2_gguf,
                   "llama_server_spec_draft_n_max": 4},

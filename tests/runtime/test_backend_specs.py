@@ -156,7 +156,7 @@ ACCEPTED_BODIES = [
     ("llama_server", LLAMA_SERVER_BODY),
     ("llama_server", {"llama_server_spec_type": None}),
     ("llama_cpp", {"gguf_spec_type": "ngram-simple", "gguf_spec_draft_n_max": 12, "gguf_spec_draft_p_min": 0.5}),
-    ("llama_server", {"llama_server_spec_type": "ngram-mod", "llama_server_spec_draft_n_max": 64,
+    ("llama_server", {"llama_server_spec_type": "ngram-mod", "llama_server_spec_ngram_n_max": 64,
                       "llama_server_spec_draft_n_min": 16, "llama_server_spec_ngram_size_n": 24}),
     ("llama_server", {"llama_server_spec_type": "ngram-map-k4v", "llama_server_spec_ngram_min_hits": 2}),
     ("openai_remote", {"target_inflight": 16}),
@@ -227,6 +227,12 @@ REJECTED_BODIES = [
     ("llama_server", {"llama_server_spec_type": "draft-mtp", "llama_server_spec_draft_n_max": 2000},
      "llama_server_spec_draft_n_max"),
     ("llama_server", {"llama_server_spec_draft_n_max": 7}, "llama_server_spec_draft_n_max"),
+    ("llama_server", {"llama_server_spec_type": "draft-simple", "llama_server_spec_draft_n_max": 7},
+     "llama_server_spec_draft_n_max"),  # the contract's range, 1 to 6
+    ("llama_server", {"llama_server_spec_type": "draft-mtp", "llama_server_spec_ngram_n_max": 16},
+     "llama_server_spec_ngram_n_max"),  # an n-gram mode's knob
+    ("llama_server", {"llama_server_spec_type": "ngram-mod", "llama_server_spec_ngram_n_max": 2000},
+     "llama_server_spec_ngram_n_max"),
     ("llama_server", {"llama_server_spec_type": "draft-simple"}, "llama_server_spec_type"),
     ("llama_server", {"llama_server_spec_type": "ngram-mod", "llama_server_spec_draft_p_min": 0.5},
      "llama_server_spec_draft_p_min"),
@@ -277,7 +283,7 @@ def test_invalid_overrides_are_400(backend, body, param):
 
 
 def test_a_draft_model_mode_is_accepted_where_the_definition_names_the_draft_file():
-    body = {"llama_server_spec_type": "draft-simple", "llama_server_spec_draft_n_max": 16}
+    body = {"llama_server_spec_type": "draft-simple", "llama_server_spec_draft_n_max": 6}
     assert validate_body("llama_server", body, llama_server_draft_model="/models/draft.gguf") == body
 
 

@@ -83,7 +83,8 @@ class LlamaServerDefinition(
     # Speculative decoding (runtime.backends.llama_server.speculative: which knob maps to which
     # flag of each mode); null leaves it off.
     llama_server_spec_type: Literal[SPEC_TYPES] | None = None
-    llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=1024)
+    llama_server_spec_draft_n_max: int | None = Field(None, ge=1, le=6)
+    llama_server_spec_ngram_n_max: int | None = Field(None, ge=1, le=1024)
     llama_server_spec_draft_n_min: int | None = Field(None, ge=0, le=1024)
     llama_server_spec_draft_p_min: float | None = Field(None, ge=0, le=1)
     llama_server_spec_ngram_size_n: int | None = Field(None, ge=1, le=1024)
@@ -259,13 +260,18 @@ class LlamaServerSpec(server_spec.ManagedServerSpec):
         LoadOverride(
             "llama_server_spec_type",
             str,
-            {"kind": "enum", "default": None, "allowed_values": list(SPEC_TYPES),
-             "examples": ["draft-mtp", "draft-simple", "ngram-mod"]},
+            # The contract's constraint, its allowed values extended to every mode (additive).
+            {"kind": "enum", "default": "draft-mtp", "allowed_values": list(SPEC_TYPES), "examples": ["draft-mtp"]},
         ),
         LoadOverride(
             "llama_server_spec_draft_n_max",
             PositiveInt,
-            {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1, "default": 3},
+            {"kind": "integer", "minimum": 1, "maximum": 6, "step": 1, "default": 2},
+        ),
+        LoadOverride(
+            "llama_server_spec_ngram_n_max",
+            PositiveInt,
+            {"kind": "integer", "minimum": 1, "maximum": 1024, "step": 1},
         ),
         LoadOverride(
             "llama_server_spec_draft_n_min",

@@ -4,9 +4,10 @@ which definition fields apply to which mode.
 One field names the mode (``llama_server_spec_type``) and a few name its knobs the same way
 across modes, mapped to the flags of that mode (llama.cpp's ``common/arg.cpp``):
 
-* ``llama_server_spec_draft_n_max``: the longest draft.  A draft model's (or MTP head's)
-  ``--spec-draft-n-max``; ngram-mod's ``--spec-ngram-mod-n-max``; the m-gram a lookup mode
-  proposes (``--spec-ngram-<mode>-size-m``).
+* ``llama_server_spec_draft_n_max``: the longest draft of a draft model or MTP head
+  (``--spec-draft-n-max``), 1 to 6 as the contract bounds it.
+* ``llama_server_spec_ngram_n_max``: the longest draft of an n-gram mode: ngram-mod's
+  ``--spec-ngram-mod-n-max``, the m-gram a lookup mode proposes (``--spec-ngram-<mode>-size-m``).
 * ``llama_server_spec_draft_n_min``: the shortest draft worth verifying (``--spec-draft-n-min``,
   ``--spec-ngram-mod-n-min``).
 * ``llama_server_spec_draft_p_min``: a draft model stops drafting below this probability.
@@ -28,7 +29,8 @@ NGRAM_MOD = "ngram-mod"
 NGRAM_CACHE = "ngram-cache"
 SPEC_TYPES = (*DRAFT_MODEL_TYPES, MTP_TYPE, *LOOKUP_TYPES, NGRAM_MOD, NGRAM_CACHE)
 
-KNOBS = ("spec_draft_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_ngram_size_n", "spec_ngram_min_hits")
+KNOBS = ("spec_draft_n_max", "spec_ngram_n_max", "spec_draft_n_min", "spec_draft_p_min", "spec_ngram_size_n",
+         "spec_ngram_min_hits")
 # The knobs each mode takes: knob -> its flag.
 _DRAFT_FLAGS = {
     "spec_draft_n_max": "--spec-draft-n-max",
@@ -39,14 +41,14 @@ _DRAFT_FLAGS = {
 
 def _lookup_flags(mode: str) -> dict[str, str]:
     stem = "--spec-" + mode
-    return {"spec_draft_n_max": f"{stem}-size-m", "spec_ngram_size_n": f"{stem}-size-n",
+    return {"spec_ngram_n_max": f"{stem}-size-m", "spec_ngram_size_n": f"{stem}-size-n",
             "spec_ngram_min_hits": f"{stem}-min-hits"}
 
 
 FLAGS: dict[str, dict[str, str]] = {
     **{mode: _DRAFT_FLAGS for mode in (*DRAFT_MODEL_TYPES, MTP_TYPE)},
     **{mode: _lookup_flags(mode) for mode in LOOKUP_TYPES},
-    NGRAM_MOD: {"spec_draft_n_max": "--spec-ngram-mod-n-max", "spec_draft_n_min": "--spec-ngram-mod-n-min",
+    NGRAM_MOD: {"spec_ngram_n_max": "--spec-ngram-mod-n-max", "spec_draft_n_min": "--spec-ngram-mod-n-min",
                 "spec_ngram_size_n": "--spec-ngram-mod-n-match"},
     NGRAM_CACHE: {},
 }
@@ -67,10 +69,11 @@ def spec_problem(config: dict[str, Any]) -> tuple[str, str] | None:
             return f"llama_server_{knob}", f"llama_server_{knob} does not apply to llama_server_spec_type {mode}"
     if mode in DRAFT_MODEL_TYPES and config.get("llama_server_draft_model") is None:
         return "llama_server_spec_type", f"llama_server_spec_type {mode} needs llama_server_draft_model (a draft GGUF)"
-    n_max, n_min = config.get("llama_server_spec_draft_n_max"), config.get("llama_server_spec_draft_n_min")
+    longest = "spec_ngram_n_max" if mode == NGRAM_MOD else "spec_draft_n_max"
+    n_max, n_min = config.get(f"llama_server_{longest}"), config.get("llama_server_spec_draft_n_min")
     if n_max is not None and n_min is not None and n_min > n_max:
         return "llama_server_spec_draft_n_min", (
-            f"llama_server_spec_draft_n_min ({n_min}) must not exceed llama_server_spec_draft_n_max ({n_max})")
+            f"llama_server_spec_draft_n_min ({n_min}) must not exceed llama_server_{longest} ({n_max})")
     return None
 
 
