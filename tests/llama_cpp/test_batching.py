@@ -173,6 +173,30 @@ async def test_a_client_leaving_mid_batch_leaves_the_other_streams_untouched(eng
     assert await every_slot_serves(engine)  # the one that left freed its sequence
 
 
+async def test_a_batch_step_wakes_the_event_loop_once_for_all_its_sequences(engine):
+    requests = [turn(question, max_output_tokens=12) for question in QUESTIONS]
+    await on_worker(engine, engine.context.clear)
+    loop, batch = asyncio.get_running_loop(), engine.context.batch
+    wake_ups, steps = [0], [0]
+
+    def counted_wake_up(*args, **kwargs):
+        wake_ups[0] += 1
+        return type(loop).call_soon_threadsafe(loop, *args, **kwargs)
+
+    def counted_decode(ctx) -> None:
+        steps[0] += 1
+        type(batch).decode(batch, ctx)
+
+    loop.call_soon_threadsafe, batch.decode = counted_wake_up, counted_decode
+    try:
+        answers = await together(engine, requests)
+    finally:
+        del loop.call_soon_threadsafe, batch.decode
+    tokens = sum(finished.output_tokens for _, finished in answers)
+    assert tokens > 2 * steps[0]  # several sequences answered in most steps
+    assert wake_ups[0] <= steps[0]
+
+
 async def test_unload_under_active_batched_streams_ends_each_of_them(tmp_path):
     engine = make_engine(tmp_path)
     await engine.load()

@@ -12,7 +12,9 @@ prefix with its prompt, when that prefix is more than a tenth of the prompt (lla
 
 Everything here runs on the replica's worker thread, the one caller of its native objects: the
 loop runs while any generation is active or waiting, and ends when none is; ``submit`` starts
-it again.  Load, sleep, reconfigure and unload queue behind it on the same thread.
+it again.  Load, sleep, reconfigure and unload queue behind it on the same thread.  After each
+admission and each step it calls ``flush``, which hands what the generations emitted meanwhile
+to their readers at once.
 """
 from __future__ import annotations
 
@@ -45,9 +47,10 @@ class BatchLoop:
     """The waiting and active generations of one replica.  ``state()`` gives the replica's
     current (context, kv_store); a context of None (asleep, unloaded) ends what waits with an error."""
 
-    def __init__(self, model_name: str, state):
+    def __init__(self, model_name: str, state, flush=lambda: None):
         self.model_name = model_name
         self._state = state
+        self._flush = flush
         self._waiting: deque[Generation] = deque()
         self._lock = threading.Lock()
         self._running = False
@@ -84,6 +87,7 @@ class BatchLoop:
             while True:
                 context, kv_store = self._state()
                 self._admit(active, context, kv_store)
+                self._flush()
                 if not active:
                     with self._lock:
                         if not self._waiting:
@@ -91,6 +95,7 @@ class BatchLoop:
                             return
                     continue
                 self._step(active, context)
+                self._flush()
         except BaseException as exc:  # a native failure ends this batch's generations, not the worker
             logger.exception("model %s: the batch loop failed", self.model_name)
             error = exc if isinstance(exc, LLMPoolError) else BackendError(f"llama.cpp generation failed: {exc}")
@@ -99,6 +104,7 @@ class BatchLoop:
                 self._running = False
             for generation in [*active.values(), *waiting]:
                 generation.end(error)
+            self._flush()
 
     def _admit(self, active: dict[int, Generation], context, kv_store) -> None:
         """Give each waiting generation a free sequence, while there is one."""
