@@ -5,9 +5,9 @@ engine has one worker thread: load, the batch loop and unload run on it in order
 so native calls of a replica never overlap and the event loop never blocks.  Up to
 ``target_inflight`` generations share the context, one sequence each, decoded together
 (``batching.BatchLoop``: continuous batching).  Tokens travel from the worker to the
-request's async iterator through an ``asyncio.Queue``, every sequence's of one batch step
-handed to the event loop at once (``StepDelivery``); closing the iterator (request cancelled)
-or unloading sets a flag the loop checks before every step.
+request's async iterator through an ``asyncio.Queue``, those of all the sequences of one
+batch step handed to the event loop at once (``StepDelivery``); closing the iterator (request
+cancelled) or unloading sets a flag the loop checks before every step.
 
 Tools (``request.tools``, tool_choice not "none") go into the prompt through the chat template
 (``render_prompt``); the runtime reads the calls out of the answer in ``tool_call_format``
