@@ -14,7 +14,10 @@ all its requests over the time from the first send to the last answer.  The syst
 round by round, so a drifting machine affects both alike and only one works at a time.
 
 Prints one JSON object: per concurrency and system the median aggregate tokens/s and the
-rounds' figures, and llm-pool's ratio to llama-server (target: at least 0.9).
+rounds' figures, and llm-pool's ratio to llama-server (target: at least 0.9); and per system the
+CPU seconds each of its processes spent per completion token over all the rounds
+(``cpu_ms_per_token``: llama-server's one process; llm-pool's serving process and its engine
+processes, the idle spare among them), which a loaded machine changes far less than tokens/s.
 Run: .venv/bin/python bench/batched.py [--binary PATH] [--rounds 3] [--max-tokens 64] [--threads 2]
      [--concurrency 1 2 4]
 """
@@ -31,10 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.common import llama_cpp_server  # noqa: E402
+from bench.common import llama_cpp_server, serving_process  # noqa: E402
 from bench.warm_turns import SMOLLM2, llama_server_binary, local_file, pool_service, warm_up  # noqa: E402
 
 SLOTS = 4
@@ -55,24 +59,51 @@ def completion_tokens(http: httpx.Client, model: str, index: int, max_tokens: in
     return response.json()["usage"]["completion_tokens"]
 
 
-def one_round(http: httpx.Client, model: str, concurrency: int, first: int, max_tokens: int) -> dict:
+def processes_of(system: str, binary: str) -> dict[str, list[psutil.Process]]:
+    """The processes whose CPU time ``system`` spends, by role: llama-server's one, or llm-pool's
+    serving process and its engine processes (the warm spare among them: it idles)."""
+    if system == "llama-server":
+        return {"llama-server": [p for p in psutil.Process().children() if p.cmdline()[:1] == [binary]]}
+    server = serving_process()
+    engines = [p for p in server.children(recursive=True) if "runtime.engine_process.child" in " ".join(p.cmdline())]
+    return {"serve": [server], "engine": engines}
+
+
+def cpu_seconds(processes: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """User plus system CPU seconds so far of each role's processes (every thread)."""
+    return {role: sum(sum(p.cpu_times()[:2]) for p in group) for role, group in processes.items()}
+
+
+def one_round(http: httpx.Client, model: str, concurrency: int, first: int, max_tokens: int,
+              processes: dict[str, list[psutil.Process]]) -> dict:
+    used = cpu_seconds(processes)
     with ThreadPoolExecutor(concurrency) as pool:
         began = time.perf_counter()
         counts = list(pool.map(lambda i: completion_tokens(http, model, first + i, max_tokens), range(concurrency)))
         elapsed = time.perf_counter() - began
-    return {"tokens": sum(counts), "seconds": elapsed, "tokens_per_s": sum(counts) / elapsed}
+    cpu = {role: seconds - used[role] for role, seconds in cpu_seconds(processes).items()}
+    return {"tokens": sum(counts), "seconds": elapsed, "tokens_per_s": sum(counts) / elapsed, "cpu_s": cpu}
 
 
-def measure(clients: dict[str, tuple[httpx.Client, str]], args: argparse.Namespace) -> dict:
+def cpu_ms_per_token(samples: list[dict]) -> dict[str, float]:
+    """Each role's CPU milliseconds per completion token over ``samples`` (and their total)."""
+    tokens = sum(sample["tokens"] for sample in samples)
+    per_role = {role: 1000 * sum(sample["cpu_s"][role] for sample in samples) / tokens for role in samples[0]["cpu_s"]}
+    return {**{role: round(ms, 3) for role, ms in per_role.items()}, "total": round(sum(per_role.values()), 3)}
+
+
+def measure(clients: dict[str, tuple[httpx.Client, str]], processes: dict[str, dict], args: argparse.Namespace) -> dict:
     result: dict = {}
     for concurrency in args.concurrency:
         rounds: dict[str, list[dict]] = {name: [] for name in clients}
         for number in range(args.rounds):
             for name, (http, model) in clients.items():
-                rounds[name].append(one_round(http, model, concurrency, number * concurrency, args.max_tokens))
+                rounds[name].append(one_round(http, model, concurrency, number * concurrency, args.max_tokens,
+                                              processes[name]))
         entry = {name: {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in samples), 1),
                         "tokens_per_s_each": [round(r["tokens_per_s"], 1) for r in samples],
-                        "completion_tokens_each": [r["tokens"] for r in samples]}
+                        "completion_tokens_each": [r["tokens"] for r in samples],
+                        "cpu_ms_per_token": cpu_ms_per_token(samples)}
                  for name, samples in rounds.items()}
         entry["llm_pool_over_llama_server"] = round(
             entry["llm-pool"]["tokens_per_s"] / entry["llama-server"]["tokens_per_s"], 3)
@@ -107,8 +138,10 @@ def main() -> None:
                    for name, url in urls.items()}
         for http, name in clients.values():
             warm_up(http, name)
+        processes = {name: processes_of(name, binary) for name in clients}
         result = {"model": model, "threads": args.threads, "ctx_per_sequence": args.ctx, "slots": SLOTS,
-                  "rounds": args.rounds, "max_tokens": args.max_tokens, "concurrency": measure(clients, args)}
+                  "rounds": args.rounds, "max_tokens": args.max_tokens,
+                  "concurrency": measure(clients, processes, args)}
     print(json.dumps(result, indent=2))
 
 

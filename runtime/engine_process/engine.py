@@ -373,7 +373,8 @@ class ProcessEngine:
             if message is None:
                 self._lost()
                 return
-            self._receive(message)
+            for one in p.unbatched(message):
+                self._receive(one)
 
     def _receive(self, message: dict[str, Any]) -> None:
         op = message["op"]

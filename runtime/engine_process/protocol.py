@@ -25,6 +25,8 @@ runtime -> engine process
 engine process -> runtime
     ``delta`` {id, text, tokens, logprobs?}: all text of generation ``id`` produced since the
         last delta sent, how many tokens it holds and (when asked for) their logprobs entries
+    ``deltas`` {deltas}: ``delta`` frames of several generations sent together (``Outbox``), each
+        whole in the list, in their order (``unbatched`` gives them back)
     ``finished`` {id, input_tokens, output_tokens, finish_reason, cached_tokens, draft_tokens,
         accepted_tokens}: ``cached_tokens`` the prompt tokens reused from the engine's KV cache,
         the other two speculative decoding's drafted and accepted tokens (each null where the
@@ -68,6 +70,7 @@ RECONFIGURED, SLEPT, WOKEN = "reconfigured", "slept", "woken"
 LOADED, DELTA, FINISHED, EMBEDDED, CANCELLED, ERROR, FAILED, UNLOADED = (
     "loaded", "delta", "finished", "embedded", "cancelled", "error", "failed", "unloaded",
 )
+DELTAS = "deltas"
 PROGRESS = "progress"
 
 
@@ -93,6 +96,9 @@ def decode(body: bytes) -> dict[str, Any]:
         raise UndecodableFrame(f"undecodable frame: {exc}") from None
     if not isinstance(message, dict) or not isinstance(message.get("op"), str):
         raise UndecodableFrame("a frame must be a map with a string 'op'")
+    if message["op"] == DELTAS and not (isinstance(message.get("deltas"), list) and all(
+            isinstance(delta, dict) and delta.get("op") == DELTA for delta in message["deltas"])):
+        raise UndecodableFrame("a 'deltas' frame must hold a list of 'delta' maps")
     return message
 
 
@@ -135,8 +141,10 @@ class Outbox:
     Messages are written in order by one sender task.  A delta for a generation
     whose previous delta is still waiting to be written is appended to it, so when
     the socket is full (``drain`` waits) the text piles up in one frame instead of
-    many.  A message that cannot be encoded goes out as an ``error`` for its id.
-    Once the other end is gone, sending does nothing.
+    many.  Deltas of several generations sent one after the other (a batch step's)
+    go out as one ``deltas`` frame, so the reader decodes one frame per step, not
+    one per generation.  A message that cannot be encoded goes out as an ``error``
+    for its id.  Once the other end is gone, sending does nothing.
     """
 
     def __init__(self, writer: asyncio.StreamWriter, high_water: int = 16 * 1024):
@@ -171,7 +179,7 @@ class Outbox:
                 self._wake.clear()
                 batch, self._queue = self._queue, []
                 self._unsent_delta.clear()
-                self.writer.write(b"".join(_frame(message) for message in batch))
+                self.writer.write(b"".join(_frames(batch)))
                 await self.writer.drain()
                 if not self._queue:
                     self._idle.set()
@@ -198,6 +206,30 @@ def merge_deltas(pending: dict[str, Any], message: dict[str, Any]) -> None:
     pending["tokens"] = pending.get("tokens", 1) + message.get("tokens", 1)
     if message.get("logprobs") is not None:
         pending["logprobs"] = [*(pending.get("logprobs") or ()), *message["logprobs"]]
+
+
+def unbatched(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages a frame carries: the deltas of a ``deltas`` frame, else the message itself."""
+    return message["deltas"] if message["op"] == DELTAS else [message]
+
+
+def _frames(batch: list[dict[str, Any]]):
+    """The frames of ``batch``, each run of two deltas or more in one ``deltas`` frame."""
+    run: list[dict[str, Any]] = []
+    for message in [*batch, None]:
+        if message is not None and message["op"] == DELTA:
+            run.append(message)
+            continue
+        if len(run) > 1:
+            try:
+                yield encode({"op": DELTAS, "deltas": run})
+            except (ProtocolError, TypeError, ValueError):  # the one at fault answers for itself alone
+                yield from (_frame(delta) for delta in run)
+        elif run:
+            yield _frame(run[0])
+        run = []
+        if message is not None:
+            yield _frame(message)
 
 
 def _frame(message: dict[str, Any]) -> bytes:

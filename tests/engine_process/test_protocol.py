@@ -5,6 +5,7 @@ import asyncio
 import socket
 import sys
 
+import msgpack
 import pytest
 
 from runtime.backends.base import GenerationRequest
@@ -96,13 +97,54 @@ async def test_deltas_coalesce_while_the_reader_lags():
         outbox.send({"op": "delta", "id": 2, "text": "b"})
         await asyncio.sleep(0)
     outbox.send({"op": "finished", "id": 1, "input_tokens": 1, "output_tokens": 100, "finish_reason": "stop"})
-    received = [await p.read_frame(reader) for _ in range(4)]
+    received = [message for _ in range(3) for message in p.unbatched(await p.read_frame(reader))]
     assert [m["op"] for m in received] == ["stats", "delta", "delta", "finished"]
     # joined text, their tokens added up (a delta without a count is one token)
     assert received[1] == {"op": "delta", "id": 1, "text": "".join(f"{i} " for i in range(100)), "tokens": 100}
     assert received[2] == {"op": "delta", "id": 2, "text": "b" * 100, "tokens": 100}
     await outbox.close()
     other_writer.close()
+
+
+async def outbox_pair() -> tuple[p.Outbox, asyncio.StreamReader, asyncio.StreamWriter]:
+    ours, theirs = socket.socketpair()
+    _, writer = await asyncio.open_unix_connection(sock=ours)
+    reader, other_writer = await asyncio.open_unix_connection(sock=theirs)
+    return p.Outbox(writer), reader, other_writer
+
+
+async def test_the_deltas_of_several_generations_sent_together_go_out_in_one_frame_in_order():
+    outbox, reader, other_writer = await outbox_pair()
+    for request_id in (1, 2, 3):  # one batch step's deltas
+        outbox.send({"op": "delta", "id": request_id, "text": f"t{request_id}", "tokens": 1})
+    outbox.send({"op": "finished", "id": 2, "input_tokens": 1, "output_tokens": 1, "finish_reason": "stop"})
+    outbox.send({"op": "delta", "id": 4, "text": "alone", "tokens": 1})
+    frames = [await p.read_frame(reader) for _ in range(3)]
+    assert [frame["op"] for frame in frames] == ["deltas", "finished", "delta"]
+    assert p.unbatched(frames[0]) == [{"op": "delta", "id": i, "text": f"t{i}", "tokens": 1} for i in (1, 2, 3)]
+    assert p.unbatched(frames[2]) == [frames[2]]
+    await outbox.close()
+    other_writer.close()
+
+
+async def test_a_delta_that_cannot_be_encoded_among_others_fails_alone():
+    outbox, reader, other_writer = await outbox_pair()
+    outbox.send({"op": "delta", "id": 1, "text": "fine"})
+    outbox.send({"op": "delta", "id": 2, "text": "bad", "logprobs": [object()]})
+    outbox.send({"op": "delta", "id": 3, "text": "fine too"})
+    received = [await p.read_frame(reader) for _ in range(3)]
+    assert [(m["op"], m["id"]) for m in received] == [("delta", 1), ("error", 2), ("delta", 3)]
+    await outbox.close()
+    other_writer.close()
+
+
+@pytest.mark.parametrize("deltas", [None, "text", [{"op": "finished", "id": 1}], [["delta"]]])
+async def test_a_deltas_frame_without_a_list_of_deltas_is_undecodable_and_the_next_frame_reads(deltas):
+    bad = msgpack.packb({"op": "deltas", "deltas": deltas})
+    reader = reader_with(p.HEADER.pack(len(bad)) + bad + p.encode({"op": "delta", "id": 1, "text": "x"}))
+    with pytest.raises(p.UndecodableFrame):
+        await p.read_frame(reader)
+    assert await p.read_frame(reader) == {"op": "delta", "id": 1, "text": "x"}
 
 
 async def test_a_message_that_cannot_be_encoded_goes_out_as_an_error_for_its_id():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 import pytest
 import pytest_asyncio
@@ -20,6 +21,7 @@ from llama_helpers import SMOLLM2_MODEL, answer_of
 
 from runtime.backends import BACKENDS
 from runtime.backends.base import GenerationRequest, TextDelta
+from runtime.backends.llama_cpp import generation
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.errors import BackendError, ContextLengthExceeded
 
@@ -171,6 +173,75 @@ async def test_a_client_leaving_mid_batch_leaves_the_other_streams_untouched(eng
     await leaving
     assert summary(answers) == expected
     assert await every_slot_serves(engine)  # the one that left freed its sequence
+
+
+@contextlib.contextmanager
+def counting_wake_ups(loop: asyncio.AbstractEventLoop):
+    """Count ``loop.call_soon_threadsafe`` calls (each one wakes the loop) in the list yielded."""
+    calls = [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return type(loop).call_soon_threadsafe(loop, *args, **kwargs)
+
+    loop.call_soon_threadsafe = counted
+    try:
+        yield calls
+    finally:
+        del loop.call_soon_threadsafe
+
+
+async def deltas_and_wake_ups(engine: LlamaCppEngine, request: GenerationRequest) -> tuple[list[tuple[str, int]], int]:
+    """The (text, tokens) of each delta of ``request``'s answer, and how often the worker woke the loop for them."""
+    await on_worker(engine, engine.context.clear)
+    deltas = []
+    with counting_wake_ups(asyncio.get_running_loop()) as wake_ups:
+        async for event in engine.generate(request):
+            if isinstance(event, TextDelta):
+                deltas.append((event.text, event.tokens))
+    return deltas, wake_ups[0]
+
+
+async def test_a_batch_step_wakes_the_event_loop_once_for_all_its_sequences(engine):
+    requests = [dataclasses.replace(turn(question, max_output_tokens=12), stream=True) for question in QUESTIONS]
+    await on_worker(engine, engine.context.clear)
+    batch = engine.context.batch
+    steps = [0]
+
+    def counted_decode(ctx) -> None:
+        steps[0] += 1
+        type(batch).decode(batch, ctx)
+
+    batch.decode = counted_decode
+    try:
+        with counting_wake_ups(asyncio.get_running_loop()) as wake_ups:
+            answers = await together(engine, requests)
+    finally:
+        del batch.decode
+    tokens = sum(finished.output_tokens for _, finished in answers)
+    assert tokens > 2 * steps[0]  # several sequences answered in most steps
+    assert wake_ups[0] <= steps[0]
+
+
+async def test_an_answer_that_does_not_stream_is_handed_over_at_its_start_and_end_in_the_same_deltas(
+        engine, monkeypatch):
+    streamed = dataclasses.replace(turn("Count from 1 to 100.", max_output_tokens=40), stream=True)
+    expected, streamed_wake_ups = await deltas_and_wake_ups(engine, streamed)
+    assert streamed_wake_ups >= len(expected) > 10  # a stream: each token as it comes
+    monkeypatch.setattr(generation, "HOLD_SECONDS", 3600.0)
+    deltas, wake_ups = await deltas_and_wake_ups(engine, dataclasses.replace(streamed, stream=False))
+    assert deltas == expected
+    assert wake_ups == 2  # the first delta (when output began), then the rest with the end
+    # The runtime watches for a request's stop sequences: each delta goes out as it comes.
+    deltas, wake_ups = await deltas_and_wake_ups(engine, dataclasses.replace(streamed, stream=False, stop=["zzz"]))
+    assert deltas == expected and wake_ups == streamed_wake_ups
+
+
+async def test_the_deltas_of_an_answer_that_does_not_stream_wait_at_most_the_hold(engine, monkeypatch):
+    monkeypatch.setattr(generation, "HOLD_SECONDS", 0.0)
+    request = turn("Count from 1 to 100.", max_output_tokens=20)
+    deltas, wake_ups = await deltas_and_wake_ups(engine, request)
+    assert wake_ups >= len(deltas) > 10
 
 
 async def test_unload_under_active_batched_streams_ends_each_of_them(tmp_path):

@@ -13,7 +13,9 @@ prefix with its prompt, when that prefix is more than a tenth of the prompt (lla
 
 Everything here runs on the replica's worker thread, the one caller of its native objects: the
 loop runs while any generation is active or waiting, and ends when none is; ``submit`` starts
-it again.  Load, sleep, reconfigure and unload queue behind it on the same thread.
+it again.  Load, sleep, reconfigure and unload queue behind it on the same thread.  After each
+admission and each step it calls ``flush``, which hands what the generations emitted meanwhile
+to their readers at once.
 """
 from __future__ import annotations
 
@@ -47,10 +49,11 @@ class BatchLoop:
     """The waiting and active generations of one replica.  ``state()`` gives the replica's
     current (context, kv_store); a context of None (asleep, unloaded) ends what waits with an error."""
 
-    def __init__(self, model_name: str, state, speculation: Speculation | None = None):
+    def __init__(self, model_name: str, state, speculation: Speculation | None = None, flush=lambda: None):
         self.model_name = model_name
         self._state = state
         self._speculation = speculation or Speculation(SpeculationSettings(None))
+        self._flush = flush
         self._waiting: deque[Generation] = deque()
         self._lock = threading.Lock()
         self._running = False
@@ -87,6 +90,7 @@ class BatchLoop:
             while True:
                 context, kv_store = self._state()
                 self._admit(active, context, kv_store)
+                self._flush()
                 if not active:
                     with self._lock:
                         if not self._waiting:
@@ -94,6 +98,7 @@ class BatchLoop:
                             return
                     continue
                 self._step(active, context)
+                self._flush()
         except BaseException as exc:  # a native failure ends this batch's generations, not the worker
             logger.exception("model %s: the batch loop failed", self.model_name)
             error = exc if isinstance(exc, LLMPoolError) else BackendError(f"llama.cpp generation failed: {exc}")
@@ -102,6 +107,7 @@ class BatchLoop:
                 self._running = False
             for generation in [*active.values(), *waiting]:
                 generation.end(error)
+            self._flush()
 
     def _admit(self, active: dict[int, Generation], context, kv_store) -> None:
         """Give each waiting generation a free sequence, while there is one."""

@@ -5,8 +5,9 @@ engine has one worker thread: load, the batch loop and unload run on it in order
 so native calls of a replica never overlap and the event loop never blocks.  Up to
 ``target_inflight`` generations share the context, one sequence each, decoded together
 (``batching.BatchLoop``: continuous batching).  Tokens travel from the worker to the
-request's async iterator through an ``asyncio.Queue`` (``call_soon_threadsafe``); closing
-the iterator (request cancelled) or unloading sets a flag the loop checks before every step.
+request's async iterator through an ``asyncio.Queue``, those of all the sequences of one
+batch step handed to the event loop at once (``StepDelivery``); closing the iterator (request
+cancelled) or unloading sets a flag the loop checks before every step.
 
 Tools (``request.tools``, tool_choice not "none") go into the prompt through the chat template
 (``render_prompt``); the runtime reads the calls out of the answer in ``tool_call_format``
@@ -42,7 +43,7 @@ from runtime.backends.llama_cpp.rerank import PairLayout, context_pooling, score
 from runtime.backends.llama_cpp.sampling import grammar_of_schema
 from runtime.backends.llama_cpp.speculative import Speculation, SpeculationSettings
 from runtime.inputs.chat_templates import TemplateRenderError, UnsafeTemplate, render_chat_template
-from runtime.backends.shared.in_process import drain
+from runtime.backends.shared.in_process import StepDelivery, drain
 from runtime.backends.shared.vectors import normalized
 from runtime.errors import (
     BackendError,
@@ -95,7 +96,9 @@ class LlamaCppEngine:
         self._closing = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
         self._speculation = Speculation(SpeculationSettings.from_config(config))  # its draft model set at load
-        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store), self._speculation)
+        self._delivery = StepDelivery()
+        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store), self._speculation,
+                                  self._delivery.flush)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def load(self) -> None:
@@ -322,13 +325,7 @@ class LlamaCppEngine:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()
-
-        def emit(item) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop is gone: nobody is listening any more
-                cancelled.set()
-
+        emit = self._delivery.emitter(loop, queue, cancelled.set)
         generation = Generation(self.weights, prompt, request, options, emit,
                                 lambda: cancelled.is_set() or self._closing.is_set(), self.model_name)
         try:

@@ -6,11 +6,19 @@ The context's KV cache outlives each request: a prompt that starts with tokens i
 already holds (the system prompt and the earlier turns of a conversation) decodes only the rest
 (``GgufContext.reuse``), and ``Finished.cached_tokens`` says how many were reused.  The sampler
 is new for every generation, so nothing of one answer's sampling carries over to the next.
+
+A request that does not stream is read when it ends, so its text need not cross to the event
+loop (and, in an engine process, to the runtime) token by token: after its first delta, which
+marks when output began, its deltas are held and handed over together, at most
+``HOLD_SECONDS`` apart and all of them at its end, as the same events in the same order.  A
+request with stop sequences is not held: the runtime watches for them, and the sooner it sees
+one the fewer tokens are decoded past it.
 """
 from __future__ import annotations
 
 import codecs
 import logging
+import time
 
 from runtime.backends.base import Finished, GenerationRequest, TextDelta
 from runtime.backends.llama_cpp.kv_store import KvStore
@@ -22,6 +30,9 @@ from runtime.inference.stop_sequences import StopWatch
 from runtime.inputs.prompt_formats import RenderedPrompt
 
 logger = logging.getLogger("llmpool.llama_cpp")
+
+HOLD_SECONDS = 0.25  # how long the deltas of a request that does not stream may wait here
+
 
 class Generation:
     """One request's answer: its prompt tokens, where the prefill stands, its sampler and the
@@ -52,6 +63,9 @@ class Generation:
         self._stop_filter = StopWatch(prompt.stop)
         self._hit_stop = False
         self._unsent = _Unsent(request.logprobs)  # tokens whose text is still held back
+        self._holds = not request.stream and not request.stop  # the module docstring
+        self._held: list[TextDelta] = []
+        self._handed_at: float | None = None  # when deltas were last handed over
         self._ended = False
 
     def tokenize(self, n_ctx: int) -> list[int]:
@@ -97,7 +111,7 @@ class Generation:
         self._unsent.add(context, token, index)
         text, self._hit_stop = self._stop_filter.feed(self._decoder.decode(self.weights.piece(token)))
         if text:
-            self.emit(self._unsent.delta(text))
+            self._send(self._unsent.delta(text))
         if self._hit_stop:
             self.reason = "stop"
             return True
@@ -109,7 +123,8 @@ class Generation:
             text, hit_stop = self._stop_filter.feed(self._decoder.decode(b"", final=True))
             text += "" if hit_stop else self._stop_filter.flush()
             if text or self._unsent.logprobs:
-                self.emit(self._unsent.delta(text))
+                self._held.append(self._unsent.delta(text))
+        self._hand_over()
         drafting = self.drafter is not None
         self.emit(Finished(input_tokens=len(self.tokens), output_tokens=self.produced, finish_reason=self.reason,
                            cached_tokens=self.cached, draft_tokens=self.drafted if drafting else None,
@@ -123,9 +138,25 @@ class Generation:
         self._ended = True
         if self._sampler is not None:
             self._sampler.close()
+        self._hand_over()
         if error is not None:
             self.emit(Failure(error))
         self.emit(DONE)
+
+    def _send(self, delta: TextDelta) -> None:
+        """Emit ``delta``, or hold it (the module docstring)."""
+        now = time.monotonic()
+        if self._holds and self._handed_at is not None and now - self._handed_at < HOLD_SECONDS:
+            self._held.append(delta)
+            return
+        self._held.append(delta)
+        self._hand_over()
+        self._handed_at = now
+
+    def _hand_over(self) -> None:
+        for delta in self._held:
+            self.emit(delta)
+        self._held = []
 
 
 def sampling_options(request: GenerationRequest, grammar: str | None = None) -> SamplingOptions:

@@ -10,6 +10,8 @@ token streams.
   waits for its thread, so an engine never runs two jobs at once behind the
   scheduler's back.
 - ``generate_in_thread``: ``stream_from_thread`` for an engine's ``generate``.
+- ``StepDelivery``: what a worker thread emits for several streams during one step of its
+  work, handed to their event loop at once at the end of the step.
 
 Their prompt helpers (chat-template messages, the thinking switch, tokenizer
 templates) are in ``runtime.backends.shared.prompts``.
@@ -125,3 +127,42 @@ async def generate_in_thread(produce: Produce, *, name: str, engine: str) -> Asy
         raise
     except Exception as exc:
         raise BackendError(f"{engine} generation failed: {exc}") from exc
+
+
+class StepDelivery:
+    """Items a worker thread emits for streams on event loops, handed over once per step.
+
+    ``emitter(loop, queue, lost)`` gives one stream's emit, which only collects (on the worker
+    thread); ``flush()``, which the worker calls when a step is over, puts everything collected
+    on its queues with one ``call_soon_threadsafe`` per loop, in the order emitted.  A step that
+    answers N streams then wakes their loop once, not N times: on a machine whose cores the
+    engine's own threads keep busy, each wake-up takes time from them.  Where the loop is gone
+    (nobody listens any more), ``lost`` of each of its streams is called instead.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object, Callable[[], None]]]] = {}
+
+    def emitter(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue,
+                lost: Callable[[], None]) -> Callable[[object], None]:
+        def emit(item) -> None:
+            with self._lock:
+                self._pending.setdefault(loop, []).append((queue, item, lost))
+
+        return emit
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for loop, items in pending.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed
+                for _, _, lost in items:
+                    lost()
+
+
+def _put_all(items: list[tuple[asyncio.Queue, object, Callable[[], None]]]) -> None:
+    for queue, item, _ in items:
+        queue.put_nowait(item)
