@@ -236,9 +236,12 @@ async def test_a_cancelled_stream_closes_the_upstream_call_and_frees_its_slot(
     with pytest.raises(asyncio.CancelledError):
         await task
     await eventually(lambda: controller.scheduler.inflight == 0, message="the slot freed")
-    # No usage came: charged the prompt estimate and a token per chunk that came.
+    # No usage came: charged the prompt estimate and a token per chunk that came, which the last
+    # event (``cancelled``) tells the edge, for the key's usage.
     estimate = estimate_prompt_tokens(GenerationRequest.from_wire(payload))
-    assert controller.scheduler.keys["bob"].counter == estimate + len(chunks) - 1
+    came = sum(1 for chunk in chunks if chunk.get("event") == "upstream")
+    assert controller.scheduler.keys["bob"].counter == estimate + came
+    assert chunks[-1] == {"event": "cancelled", "usage": {"input_tokens": estimate, "output_tokens": came}}
     # The fake server's next write found the connection closed.
     log = state_dir / "logs" / "m.r0.log"
     await eventually(lambda: any(error in log.read_text() for error in ("BrokenPipeError", "ConnectionResetError")),
