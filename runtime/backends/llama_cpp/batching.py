@@ -9,6 +9,8 @@ with its own sampler.  A new request waits for a free sequence (the runtime's sc
 most ``target_inflight`` in), and takes the free one whose cached tokens share the longest
 prefix with its prompt, when that prefix is more than a tenth of the prompt (llama-server's
 ``--slot-prompt-similarity`` 0.1); otherwise, and among equals, the least recently used one.
+Sequences with different LoRA adapters are not decoded in one batch (llama-server's rule): each
+step decodes the sequences of one adapter, the adapters taking turns (``adapters.LoraSet``).
 
 Everything here runs on the replica's worker thread, the one caller of its native objects: the
 loop runs while any generation is active or waiting, and ends when none is; ``submit`` starts
@@ -21,6 +23,7 @@ import logging
 import threading
 from collections import deque
 
+from runtime.backends.llama_cpp.adapters import LoraSet
 from runtime.backends.llama_cpp.generation import Generation
 from runtime.backends.llama_cpp.native import common_prefix
 from runtime.errors import BackendError, LLMPoolError
@@ -45,9 +48,10 @@ class BatchLoop:
     """The waiting and active generations of one replica.  ``state()`` gives the replica's
     current (context, kv_store); a context of None (asleep, unloaded) ends what waits with an error."""
 
-    def __init__(self, model_name: str, state):
+    def __init__(self, model_name: str, state, adapters: LoraSet):
         self.model_name = model_name
         self._state = state
+        self._adapters = adapters  # one adapter per decode (runtime.backends.llama_cpp.adapters)
         self._waiting: deque[Generation] = deque()
         self._lock = threading.Lock()
         self._running = False
@@ -115,9 +119,11 @@ class BatchLoop:
                 continue
             try:
                 tokens = generation.tokenize(context.n_ctx)
-                seq = choose_sequence(context.sequences, [s for s in range(context.n_seq) if s not in active],
-                                      tokens, self._last_used)
-                generation.start(context, seq, kv_store)
+                adapter = generation.request.adapter
+                seq = choose_sequence(self._adapters.visible(context, adapter),
+                                      [s for s in range(context.n_seq) if s not in active], tokens, self._last_used)
+                self._adapters.take(context, seq, adapter)
+                generation.start(context, seq, kv_store if adapter is None else None)
             except Exception as exc:  # this request fails, not the others
                 if not isinstance(exc, LLMPoolError):
                     logger.exception("model %s: a generation could not start", self.model_name)
@@ -134,17 +140,19 @@ class BatchLoop:
                 self._release(active, seq).end(self._stopped())
         if not active:
             return
+        adapter = self._adapters.turn([generation.request.adapter for generation in active.values()])
+        members = {seq: g for seq, g in active.items() if g.request.adapter == adapter}
         batch = context.batch
         batch.clear()
         appended: dict[int, list[int]] = {}
         outputs: dict[int, int] = {}  # sequence -> the batch entry whose logits it samples
-        for seq, generation in active.items():
+        for seq, generation in members.items():
             if generation.pending is not None:
                 outputs[seq] = batch.add(generation.pending, len(context.sequences[seq]), seq, True)
                 appended[seq] = [generation.pending]
                 generation.pending = None
         room = context.n_batch - len(batch)
-        for seq, generation in active.items():
+        for seq, generation in members.items():
             if room <= 0:
                 break
             if generation.prefilling:
@@ -157,6 +165,7 @@ class BatchLoop:
                 generation.prefilled += len(chunk)
                 room -= len(chunk)
         try:
+            self._adapters.apply(context, adapter)
             context.decode_batch(appended)
         except LLMPoolError as exc:
             for seq in appended:

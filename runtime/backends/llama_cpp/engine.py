@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.backends.base import GenerationRequest
+from runtime.backends.llama_cpp.adapters import LoraSet
 from runtime.backends.llama_cpp.batching import BatchLoop
 from runtime.backends.llama_cpp.generation import Generation, sampling_options
 from runtime.backends.llama_cpp.kv_store import KvStore
@@ -92,7 +93,8 @@ class LlamaCppEngine:
         self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
-        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store))
+        self.lora = LoraSet()  # the definition's LoRA adapters, loaded with the weights
+        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store), self.lora)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def load(self) -> None:
@@ -141,6 +143,7 @@ class LlamaCppEngine:
                                    main_gpu=main_gpu(self.config.get("placement")))
         if self._progress is not None:
             self._progress.stage_now(STAGE_CREATING_CONTEXT)
+        self.lora.sync(self.weights, self.config, self.base_dir)
         self.context = GgufContext(self.weights, settings)
         self.pair_layout = PairLayout.of(self.weights, info) if pooling == "rank" else None
         self._open_kv_store()
@@ -164,6 +167,8 @@ class LlamaCppEngine:
         sleep), the most recently used last: the store's budget drops the oldest first."""
         if self.kv_store is not None and self.context is not None:
             for seq in self._batches.recency():
+                if self.lora.held(seq) is not None:  # an adapter's cache: the store keeps the base's
+                    continue
                 try:
                     self.kv_store.save(self.context, seq)
                 except Exception:  # a failed save loses a cache, never the unload
@@ -192,6 +197,10 @@ class LlamaCppEngine:
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
         old = self.context.settings if self.context is not None else self._asleep
         new = dataclasses.replace(ContextSettings.from_config(config), pooling=old.pooling)
+        if new == old:  # only adapters_loaded changes: the context and its caches stay
+            self._sync_adapters(config)
+            self.config = config
+            return
         previous = self.context if overlap else None  # make-before-break: kept until the new one stands
         if self.context is not None and previous is None:
             self.context.close()
@@ -208,11 +217,20 @@ class LlamaCppEngine:
         if previous is not None:
             previous.close()
             release_heap()
+        self.lora.forget()
+        self._sync_adapters(config)
         self._asleep = None
         self.config = config
         self._open_kv_store()  # another n_ctx or cache type: another identity
         logger.info("model %s replica %d reconfigured (%s, %s)", self.model_name, self.replica_index + 1, new.describe(),
                     "make-before-break" if overlap else "break-then-make")
+
+    def _sync_adapters(self, config: dict[str, Any]) -> None:
+        """The adapters ``config`` keeps loaded, the weights untouched; 400 for one llama.cpp cannot read."""
+        try:
+            self.lora.sync(self.weights, config, self.base_dir)
+        except EngineLoadError as exc:
+            raise InvalidLoadRequest(str(exc), param="adapters_loaded") from None
 
     def _sleep(self) -> None:
         if self.context is not None:
@@ -225,6 +243,7 @@ class LlamaCppEngine:
     def _wake(self) -> None:
         if self.context is None and self._asleep is not None and self.weights is not None:
             self.context = GgufContext(self.weights, self._asleep)
+            self.lora.forget()
             self._asleep = None
 
     def _release(self) -> None:
@@ -232,6 +251,7 @@ class LlamaCppEngine:
             self._save_kv()
             self.context.close()
             self.context = None
+        self.lora.close()
         if self.weights is not None:
             self.weights.close()
             self.weights = None
@@ -350,8 +370,11 @@ class LlamaCppEngine:
             cancelled.set()
 
     def _guarded(self, what: str, work, *args):
-        """``work(*args)``; a native failure ends this request (BackendError), not the worker."""
+        """``work(*args)`` on the base (no adapter); a native failure ends this request
+        (BackendError), not the worker."""
         try:
+            if self.context is not None:
+                self.lora.apply(self.context, None)
             return work(*args)
         except LLMPoolError:
             raise

@@ -21,6 +21,7 @@ from runtime.backends.base import (
 )
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
+from runtime.backends.shared.adapters import ADAPTERS_LOADED, Adapters, adapters_field, check_loaded_names
 from runtime.backends.shared.common_fields import refuse_embeddings_with_rerank
 from runtime.backends.shared.overrides import LoadOverride, integer_override
 from runtime.pool.gguf_info import GgufError, GgufInfo, read_gguf_info
@@ -61,6 +62,9 @@ class LlamaCppDefinition(CommonDefinition):
     # chat template (prompt_formats.tool_call_format: the template's own, else hermes, as the
     # tools are then described in the hermes format); "none": no tool calling (capabilities.tools false).
     tool_call_format: Literal["auto", "hermes", "llama3_json", "mistral", "none"] = "auto"
+    # LoRA adapters (GGUF), each a model id <model>:<adapter>, loaded with the base and applied per
+    # batch (runtime.backends.shared.adapters, runtime.backends.llama_cpp.adapters).
+    adapters: Adapters = adapters_field()
 
     @model_validator(mode="after")
     def _context_floor(self):
@@ -173,7 +177,11 @@ class LlamaCppSpec(BackendSpec):
         ),
         LoadOverride("gguf_type_k", str, cache_type_constraint()),
         LoadOverride("gguf_type_v", str, cache_type_constraint()),
+        ADAPTERS_LOADED,  # adapters dropped or added back while loaded, the weights kept
     )
+
+    def check_override_combination(self, definition, overrides):
+        check_loaded_names(definition, overrides.get("adapters_loaded"))
 
     def context_length(self, config):
         return config.get("gguf_n_ctx")
