@@ -56,3 +56,15 @@ def test_an_adapters_id_or_alias_may_not_be_another_models_name_or_alias():
         ("$.models.m.adapters.sql.aliases[0]", "'tuned' is an alias of m already"),
         ("$.models.m.adapters.sql.aliases[1]", "'other' is the name of a model"),
     ]
+
+
+@pytest.mark.parametrize("definition", [
+    {**GGUF, "rerank": True},
+    {"backend": "llama_server", "model_path": "base.gguf", "rerank": True},
+    {"backend": "vllm_serve", "model_path": "org/base", "embeddings": True},
+    {"backend": "vllm_serve", "model_path": "org/base", "rerank": True},
+])
+def test_a_model_that_does_not_generate_declares_no_adapters(definition):
+    details = problems({"m": {**definition, "adapters": {"sql": {"path": "sql"}}}})
+    assert [p["path"] for p in details] == ["$.models.m"]
+    assert "adapters serve generation" in details[0]["message"]

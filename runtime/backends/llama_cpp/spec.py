@@ -21,7 +21,13 @@ from runtime.backends.base import (
 )
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
-from runtime.backends.shared.adapters import ADAPTERS_LOADED, Adapters, adapters_field, check_loaded_names
+from runtime.backends.shared.adapters import (
+    ADAPTERS_LOADED,
+    Adapters,
+    adapters_field,
+    check_loaded_names,
+    refuse_adapters_without_generation,
+)
 from runtime.backends.shared.common_fields import refuse_embeddings_with_rerank
 from runtime.backends.shared.overrides import LoadOverride, integer_override
 from runtime.pool.gguf_info import GgufError, GgufInfo, read_gguf_info
@@ -75,6 +81,7 @@ class LlamaCppDefinition(CommonDefinition):
     @model_validator(mode="after")
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
+        refuse_adapters_without_generation(self, self.rerank)
         return self
 
     @model_validator(mode="after")

@@ -32,7 +32,13 @@ from pydantic import Field, model_validator
 
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
-from runtime.backends.shared.adapters import Adapters, adapters_field, llama_server_lora_args, server_lora
+from runtime.backends.shared.adapters import (
+    Adapters,
+    adapters_field,
+    llama_server_lora_args,
+    refuse_adapters_without_generation,
+    server_lora,
+)
 from runtime.backends.shared.common_fields import FamilyDefinition, refuse_embeddings_with_rerank
 from runtime.backends.llama_cpp.spec import GgmlCacheType, cache_type_constraint, gguf_estimate_parts, layers_on_gpu
 from runtime.backends.llama_server.slots import SLOT_CALL_SECONDS, SlotStore
@@ -97,6 +103,7 @@ class LlamaServerDefinition(
     @model_validator(mode="after")
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
+        refuse_adapters_without_generation(self, self.rerank)
         return self
 
 

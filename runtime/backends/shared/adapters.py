@@ -79,6 +79,13 @@ def check_loaded_names(definition: Any, loaded: list[str] | None) -> None:
                                  param="adapters_loaded")
 
 
+def refuse_adapters_without_generation(definition: Any, pooling_only: bool) -> None:
+    """ValueError for adapters on a model that does not generate (``pooling_only``: a reranker, a
+    vLLM pooling runner): an adapter serves generation only."""
+    if pooling_only and declared(definition):
+        raise ValueError("adapters serve generation; this model does not generate (rerank, or vLLM's pooling runner)")
+
+
 def adapter_aliases(definition: Any) -> dict[str, list[str]]:
     """Each adapter's name -> its aliases: what a node's record says of a model's adapters."""
     return {name: list(a["aliases"]) for name, a in declared(definition).items()}

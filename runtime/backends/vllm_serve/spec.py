@@ -20,10 +20,11 @@ import json
 from typing import Any
 
 import httpx
+from pydantic import model_validator
 
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
-from runtime.backends.shared.adapters import vllm_lora_args
+from runtime.backends.shared.adapters import refuse_adapters_without_generation, vllm_lora_args
 from runtime.backends.shared.common_fields import GEMMA4, NonEmptyStr
 from runtime.backends.vllm import VllmFields, VllmSpec
 from runtime.backends.vllm.arguments import mm_processor_kwargs, speculative_config
@@ -58,6 +59,11 @@ class VllmServeDefinition(
     vllm_tool_call_parser: NonEmptyStr | None = None
     # The warm tier: --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, so POST .../sleep works.
     vllm_enable_sleep_mode: bool = False
+
+    @model_validator(mode="after")
+    def _generates_for_adapters(self):
+        refuse_adapters_without_generation(self, self.embeddings or self.rerank)
+        return self
 
 
 def _json(value: dict | None) -> str | None:
