@@ -23,6 +23,7 @@ from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
 from runtime.backends.shared.adapters import (
     ADAPTERS_LOADED,
+    AdapterName,
     Adapters,
     adapters_field,
     check_loaded_names,
@@ -71,6 +72,8 @@ class LlamaCppDefinition(CommonDefinition):
     # LoRA adapters (GGUF), each a model id <model>:<adapter>, loaded with the base and applied per
     # batch (runtime.backends.shared.adapters, runtime.backends.llama_cpp.adapters).
     adapters: Adapters = adapters_field()
+    # Which of them are loaded (null: all); a load override POST .../reconfigure changes live.
+    adapters_loaded: list[AdapterName] | None = None
 
     @model_validator(mode="after")
     def _context_floor(self):
@@ -82,6 +85,9 @@ class LlamaCppDefinition(CommonDefinition):
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
         refuse_adapters_without_generation(self, self.rerank)
+        unknown = [name for name in self.adapters_loaded or () if name not in self.adapters]
+        if unknown:
+            raise ValueError(f"adapters_loaded names adapters the model does not declare: {', '.join(unknown)}")
         return self
 
     @model_validator(mode="after")

@@ -50,8 +50,8 @@ Adapters = dict[AdapterName, AdapterDefinition]
 # llama_cpp's load override (reconfigurable): which declared adapters are loaded (null: all).
 ADAPTERS_LOADED = LoadOverride(
     "adapters_loaded", list[AdapterName],
-    {"kind": "string_list", "default": None, "null_means": "every declared adapter", "format": "adapter_names",
-     "reconfigurable": True},
+    {"kind": "string_list_or_null", "default": None, "null_means": "every declared adapter",
+     "format": "adapter_names", "reconfigurable": True},
 )
 
 
@@ -62,11 +62,12 @@ def adapters_field():
 
 def declared(definition_or_config: Any) -> dict[str, dict]:
     """A definition's adapters as plain dicts, in declared order; {} for a backend that has none.
-    Of an effective config (a dict): those its ``adapters_loaded`` load override keeps (null: all)."""
+    Of an effective config (a dict): those its ``adapters_loaded`` keeps (null: all)."""
     if isinstance(definition_or_config, dict):
         raw, kept = definition_or_config.get("adapters") or {}, definition_or_config.get("adapters_loaded")
     else:
-        raw, kept = getattr(definition_or_config, "adapters", None) or {}, None
+        raw = getattr(definition_or_config, "adapters", None) or {}
+        kept = None  # every declared adapter is a model id, loaded or not
     return {name: (a.model_dump() if isinstance(a, BaseModel) else dict(a))
             for name, a in raw.items() if kept is None or name in kept}
 
