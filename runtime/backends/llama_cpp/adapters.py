@@ -21,7 +21,7 @@ import ctypes
 
 from runtime.backends.llama_cpp.native import EngineLoadError, native
 from runtime.backends.shared.adapters import adapter_paths, declared
-from runtime.errors import AdapterNotLoaded
+from runtime.errors import AdapterNotLoaded, InvalidLoadRequest
 
 BASE = ""  # the turn of the generations without an adapter
 
@@ -63,6 +63,13 @@ class LoraSet:
         self._loaded = {name: self._loaded[name] for name in wanted}
         self._scales = {name: adapter["scale"] for name, adapter in declared(config).items()}
         self._applied = None
+
+    def resync(self, weights, config: dict, base_dir: str) -> None:
+        """``sync`` for a reconfigure: a file llama.cpp cannot read is 400 invalid_load_request."""
+        try:
+            self.sync(weights, config, base_dir)
+        except EngineLoadError as exc:
+            raise InvalidLoadRequest(str(exc), param="adapters_loaded") from None
 
     def close(self) -> None:
         """Free every adapter (before the weights)."""

@@ -198,7 +198,7 @@ class LlamaCppEngine:
         old = self.context.settings if self.context is not None else self._asleep
         new = dataclasses.replace(ContextSettings.from_config(config), pooling=old.pooling)
         if new == old:  # only adapters_loaded changes: the context and its caches stay
-            self._sync_adapters(config)
+            self.lora.resync(self.weights, config, self.base_dir)
             self.config = config
             return
         previous = self.context if overlap else None  # make-before-break: kept until the new one stands
@@ -218,19 +218,12 @@ class LlamaCppEngine:
             previous.close()
             release_heap()
         self.lora.forget()
-        self._sync_adapters(config)
+        self.lora.resync(self.weights, config, self.base_dir)
         self._asleep = None
         self.config = config
         self._open_kv_store()  # another n_ctx or cache type: another identity
         logger.info("model %s replica %d reconfigured (%s, %s)", self.model_name, self.replica_index + 1, new.describe(),
                     "make-before-break" if overlap else "break-then-make")
-
-    def _sync_adapters(self, config: dict[str, Any]) -> None:
-        """The adapters ``config`` keeps loaded, the weights untouched; 400 for one llama.cpp cannot read."""
-        try:
-            self.lora.sync(self.weights, config, self.base_dir)
-        except EngineLoadError as exc:
-            raise InvalidLoadRequest(str(exc), param="adapters_loaded") from None
 
     def _sleep(self) -> None:
         if self.context is not None:
