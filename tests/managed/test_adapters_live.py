@@ -18,15 +18,16 @@ def key(name: str, secret: str, models) -> dict:
     return {"name": name, "key_sha256": hashlib.sha256(secret.encode()).hexdigest(), "models": models}
 
 
-@pytest.fixture
-def service(live_service, fake_bin, tmp_path):
+@pytest.fixture(params=["embedded", "split"])
+def service(request, live_service, fake_bin, tmp_path):
+    """The model loaded, in both deployment shapes (split: the adapters travel in the node's record)."""
     model = {
         "backend": "vllm_serve", "vllm_serve_model": TARGET, "vllm_serve_binary": str(fake_bin / "vllm"),
         "vllm_serve_env": {"FAKE_REQUEST_LOG": str(tmp_path / "requests.jsonl")},
         "vllm_serve_startup_timeout_seconds": 30.0, "adapters": ADAPTERS,
     }
     keys = [key("all", KEY, "*"), key("base", BASE_ONLY_KEY, ["m", "m:poet"])]
-    live = live_service({"m": model}, service={"api_keys": keys},
+    live = live_service({"m": model}, service={"api_keys": keys}, mode=request.param,
                         env={"LLMPOOL_STATE_DIR": str(tmp_path / "state")})
     with live.client(headers={"Authorization": f"Bearer {KEY}"}) as http:
         loaded = http.post("/v1/admin/models/m/load").json()
