@@ -68,3 +68,8 @@ def test_a_model_that_does_not_generate_declares_no_adapters(definition):
     details = problems({"m": {**definition, "adapters": {"sql": {"path": "sql"}}}})
     assert [p["path"] for p in details] == ["$.models.m"]
     assert "adapters serve generation" in details[0]["message"]
+
+
+def test_a_llama_server_adapters_path_has_no_comma():
+    details = problems({"m": {"backend": "llama_server", "model_path": "b.gguf", "adapters": {"a": {"path": "x,y.gguf"}}}})
+    assert [p["path"] for p in details] == ["$.models.m"] and "comma" in details[0]["message"]

@@ -104,6 +104,9 @@ class LlamaServerDefinition(
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
         refuse_adapters_without_generation(self, self.rerank)
+        # llama-server splits --lora's value at commas (several adapters in one flag).
+        if any("," in adapter.path for adapter in self.adapters.values()):
+            raise ValueError("a llama_server adapter's path may not contain a comma")
         return self
 
 
