@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from runtime.backends.llama_server.spec import llama_server_command
+from runtime.backends.shared.adapters import server_lora
 from runtime.backends.vllm_serve.spec import vllm_serve_command
 from tests.managed.helpers import TARGET
 from tests.managed.test_commands import BASE, HOST, LLAMA_BASE, PORT, VLLM_BASE, effective
@@ -45,3 +46,10 @@ def test_no_adapters_no_lora_flags():
 def test_the_extra_args_may_not_set_the_adapter_flags(backend, fields, flag):
     with pytest.raises(ValidationError, match=f"must not set {flag}; adapters owns it"):
         effective(backend, {**fields, f"{backend}_extra_args": [flag, "x"]}, {})
+
+
+def test_every_llama_server_request_names_each_adapter_the_asked_one_at_its_scale():
+    config = effective("llama_server", {"model_path": "/models/m.gguf", "adapters": ADAPTERS}, {})
+    assert server_lora(config, "poet") == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 1.0}]
+    assert server_lora(config, "sql") == [{"id": 0, "scale": 0.5}, {"id": 1, "scale": 0.0}]
+    assert server_lora(config, None) == [{"id": 0, "scale": 0.0}, {"id": 1, "scale": 0.0}]  # the base

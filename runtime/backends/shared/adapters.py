@@ -10,8 +10,9 @@ swap.  What each backend does with the declaration:
 - llama_cpp: every adapter is loaded with the base (``llama_adapter_lora_init``) and applied per
   batch (``runtime.backends.llama_cpp.adapters``);
 - llama_server: ``--lora FILE`` per adapter, in the declared order (llama-server numbers them
-  from 0), and ``--lora-init-without-apply`` so a plain request gets the base; a request for an
-  adapter carries ``"lora": [{"id", "scale"}]`` (``server_lora``);
+  from 0), and ``--lora-init-without-apply`` (none applied at start); every request carries
+  ``"lora": [{"id", "scale"}]`` naming each adapter, the requested one at its scale and the
+  others at 0, the base's requests all at 0 (``server_lora``);
 - vllm / vllm_serve: ``--enable-lora``, ``--lora-modules name=path`` and ``--max-lora-rank``
   (``vllm_lora_args``); the request names the adapter as its model.
 
@@ -113,11 +114,13 @@ def adapters_mib(config: dict, base_dir: str) -> int:
     return int(-(-total // (1024 * 1024)))
 
 
-def server_lora(config: dict, adapter: str) -> list[dict]:
-    """llama-server's per-request ``lora`` field for ``adapter``: its index among ``--lora`` and
-    its scale; the other adapters stay at the 0 of ``--lora-init-without-apply``."""
-    names = list(declared(config))
-    return [{"id": names.index(adapter), "scale": declared(config)[adapter]["scale"]}]
+def server_lora(config: dict, adapter: str | None) -> list[dict]:
+    """llama-server's per-request ``lora`` field: every adapter by its index among ``--lora``,
+    ``adapter`` at its scale and the others (all of them for the base: None) at 0.  Every one is
+    named: llama-server gives an adapter a request leaves out its global scale, which
+    ``--lora-init-without-apply`` leaves at 1 in the pinned build."""
+    return [{"id": index, "scale": a["scale"] if name == adapter else 0.0}
+            for index, (name, a) in enumerate(declared(config).items())]
 
 
 def llama_server_lora_args(config: dict, base_dir: str) -> list[str]:

@@ -92,10 +92,10 @@ class ServerProfile:
     prefix: str
     build: Callable[[dict[str, Any], LaunchSite], ServerLaunch]
     served_model: Callable[[dict[str, Any], str], str] | None = None
-    # A request for one of the model's LoRA adapters (runtime.backends.shared.adapters): (config,
-    # the served model's name, the adapter) -> (the model name the server gets, the body fields
-    # that select the adapter).
-    adapter_request: Callable[[dict[str, Any], str, str], tuple[str, dict]] | None = None
+    # A request to a model with LoRA adapters (runtime.backends.shared.adapters): (config, the
+    # served model's name, the request's adapter or None) -> (the model name the server gets,
+    # the body fields that select the adapter, or none).
+    adapter_request: Callable[[dict[str, Any], str, str | None], tuple[str, dict]] | None = None
     # Forward a json_schema text.format as the chat response_format.
     json_schema: bool = False
     health_path: str = "/health"
@@ -313,9 +313,9 @@ class ManagedServerEngine:
         completion."""
         thinking = self.config.get("enable_thinking")
         model, adapter_fields = self._served_model, {}
-        adapter = typed_request(request).adapter
-        if adapter is not None:
-            model, adapter_fields = self.profile.adapter_request(self.config, self._served_model, adapter)
+        if self.config.get("adapters"):
+            model, adapter_fields = self.profile.adapter_request(
+                self.config, self._served_model, typed_request(request).adapter)
         match request:
             case ForwardedRequest(typed=typed, path=path, body=body):
                 if path == "/v1/chat/completions" and not self.profile.named_tool_choice:

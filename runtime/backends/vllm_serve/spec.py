@@ -106,7 +106,7 @@ def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerL
 
 # vLLM serves each --lora-modules adapter under its own name.
 VLLM_SERVE = managed.ServerProfile(program="vllm serve", prefix="vllm_serve", build=_launch, json_schema=True,
-                                   adapter_request=lambda config, served, adapter: (adapter, {}))
+                                   adapter_request=lambda config, served, adapter: (adapter or served, {}))
 SLEEP_LEVEL = 1  # the weights kept in host RAM (level 2 would drop them: a wake could not serve)
 CONTROL_TIMEOUT_SECONDS = 300.0  # a sleep copies the weights to host RAM, a wake back
 # What a level-1 sleep leaves on the GPU, as a share of what the server held awake: vLLM's docs say
