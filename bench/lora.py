@@ -14,11 +14,9 @@ Run: .venv/bin/python bench/lora.py [--rounds 3] [--max-tokens 48] [--threads 2]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import importlib.util
-import json
 import statistics
 import sys
 import tempfile
@@ -27,6 +25,7 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.common import print_run  # noqa: E402
 from runtime.backends import BACKENDS  # noqa: E402
 from runtime.backends.base import Finished, GenerationRequest  # noqa: E402
 from tests.llama_cpp.lora_gguf import write_lora_gguf  # noqa: E402
@@ -91,9 +90,4 @@ async def main(rounds: int, max_tokens: int, threads: int) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--threads", type=int, default=2)
-    arguments = parser.parse_args()
-    print(json.dumps(asyncio.run(main(arguments.rounds, arguments.max_tokens, arguments.threads)), indent=2))
+    print_run(__doc__, main, rounds=3, max_tokens=48, threads=2)
