@@ -196,3 +196,14 @@ async def http_latencies(url: str, body: dict, clients: int, requests_per_client
         await asyncio.gather(*(client() for _ in range(clients)))
         elapsed = time.perf_counter() - began
     return latencies, elapsed
+
+
+def print_run(doc: str, run, **defaults: int) -> None:
+    """Parse ``--<name> N`` for each of ``defaults`` (``max_tokens`` is ``--max-tokens``), await
+    ``run(**values)`` and print its JSON: the command line of the benchmarks that take only counts."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    for name, default in defaults.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=default)
+    print(json.dumps(asyncio.run(run(**vars(parser.parse_args()))), indent=2))

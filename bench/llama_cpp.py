@@ -26,7 +26,6 @@ Run: .venv/bin/python bench/llama_cpp.py [--runs 11] [--tokens 64] [--threads 1]
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -42,7 +41,7 @@ import httpx
 # would otherwise shadow the llama_cpp package.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.common import running_service, serving_process  # noqa: E402
+from bench.common import print_run, running_service, serving_process  # noqa: E402
 from runtime.backends import BACKENDS  # noqa: E402
 from runtime.backends.base import Finished, TextDelta  # noqa: E402
 from runtime.engine_process.engine import ProcessEngine  # noqa: E402
@@ -273,12 +272,7 @@ async def run(runs: int, tokens: int, threads: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=11)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.runs, args.tokens, args.threads)), indent=2))
+    print_run(__doc__, run, runs=11, tokens=64, threads=1)
 
 
 if __name__ == "__main__":

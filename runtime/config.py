@@ -21,6 +21,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from runtime.backends import BACKENDS
+from runtime.backends.shared.adapters import adapter_id
+from runtime.backends.shared.adapters import declared as declared_adapters
 from runtime.backends.shared.overrides import TARGET_INFLIGHT, load_body_model
 from runtime.errors import InvalidSettings, LoadBodyInvalid
 from runtime.pool.nodes import for_node, node_problems, take_node_fields
@@ -329,12 +331,17 @@ def api_key_problems(settings: Settings) -> list[dict]:
 
 
 def alias_problems(settings: Settings) -> list[dict]:
-    """An alias that is a model's name, or that two models (or one model twice) declare."""
+    """An alias, or an adapter's id (``<model>:<adapter>``) or alias, that is a model's name or
+    that two models (or one model twice) declare: every name a client may give means one model."""
     problems = []
     owners: dict[str, str] = {}
     for name, definition in settings.models.items():
-        for index, alias in enumerate(definition.aliases):
-            where = f"$.models.{name}.aliases[{index}]"
+        names = [(f"$.models.{name}.aliases[{i}]", alias) for i, alias in enumerate(definition.aliases)]
+        for adapter, declared in declared_adapters(definition).items():
+            where = f"$.models.{name}.adapters.{adapter}"
+            names += [(where, adapter_id(name, adapter))]
+            names += [(f"{where}.aliases[{i}]", alias) for i, alias in enumerate(declared["aliases"])]
+        for where, alias in names:
             if alias in settings.models:
                 problems.append({"path": where, "message": f"{alias!r} is the name of a model"})
             elif alias in owners:

@@ -87,6 +87,10 @@ EmbeddingsUnsupported = _error("EmbeddingsUnsupported", "embeddings_unsupported"
 TranscriptionUnsupported = _error("TranscriptionUnsupported", "transcription_unsupported", 400)
 # POST /v1/rerank to a model whose definition does not say rerank: true.
 RerankUnsupported = _error("RerankUnsupported", "rerank_unsupported", 400)
+# An embedding, rerank or transcription asked of a LoRA adapter's model id: adapters serve generation only.
+AdapterUnsupported = _error("AdapterUnsupported", "adapter_unsupported", 400)
+# A request for a declared LoRA adapter that the loaded model's adapters_loaded override left out.
+AdapterNotLoaded = _error("AdapterNotLoaded", "adapter_not_loaded", 409)
 # A token count (POST /v1/messages/count_tokens, .../input_tokens) for a model whose engine has no tokenizer here.
 TokenCountUnsupported = _error("TokenCountUnsupported", "token_count_unsupported", 400)
 # A raw text prompt (POST /v1/completions) for a model whose engine runs chat messages only.

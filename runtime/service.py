@@ -254,7 +254,9 @@ class RuntimeService:
             self._requests.pop(request_id, None)
 
     async def _generate(self, payload: dict, emit: Emit, record: RequestRecord) -> dict:
-        controller = self.pool.lookup(payload["model"])  # a name or an alias
+        # a name, an alias, or a LoRA adapter's id: the base's controller and the adapter it applies
+        controller, adapter = self.pool.lookup_target(payload["model"])
+        payload = {**payload, "adapter": adapter}
         record.model = controller.name
         runs = engine_request(controller.entry, payload, self.pool.settings.engine.decoding,
                               self.pool.startup_service["allow_remote_execution"])

@@ -212,7 +212,8 @@ LOAD_CONSTRAINTS = {
 ADDITIVE_CONSTRAINT_KEYS = ("reconfigurable", "reconfigure_mode")
 ADDITIVE_OVERRIDES = {
     "llama_server": ("llama_server_type_k", "llama_server_type_v", "llama_server_flash_attn"),
-    "llama_cpp": ("target_inflight",),  # its replicas batch several sequences (runtime.backends.llama_cpp.batching)
+    # its replicas batch several sequences (runtime.backends.llama_cpp.batching); its LoRA adapters loaded
+    "llama_cpp": ("target_inflight", "adapters_loaded"),
 }
 
 

@@ -30,6 +30,7 @@ from models_app.transport.nodes import (
     keys,
     node_channel,
 )
+from runtime.backends.shared.adapters import adapter_aliases
 from runtime.observe.read_models import model_entry
 
 logger = logging.getLogger("llmpool.runtime")
@@ -43,6 +44,7 @@ def node_record(node: str, service, started_at: float) -> dict:
         models.append({
             "name": controller.name,
             "aliases": list(controller.entry.definition.aliases),
+            "adapters": adapter_aliases(controller.entry.definition),
             "enabled": controller.entry.definition.enabled,
             "runtime_state": entry["runtime_state"],
             "load": entry["inflight_requests"] + entry["queue_depth"],
@@ -56,7 +58,8 @@ def node_record(node: str, service, started_at: float) -> dict:
 async def announce_here(service) -> None:
     """Embedded: ``service``'s models and their aliases in this process's registry (also a reload
     listener, so the API resolves names by the reloaded catalog before the reload is answered)."""
-    models = [{"name": c.name, "aliases": list(c.entry.definition.aliases)} for c in service.pool.controllers.values()]
+    models = [{"name": c.name, "aliases": list(c.entry.definition.aliases),
+               "adapters": adapter_aliases(c.entry.definition)} for c in service.pool.controllers.values()]
     REGISTRY.announce_here({"models": models})
 
 

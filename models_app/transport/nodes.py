@@ -36,7 +36,7 @@ from functools import cached_property
 from django.conf import settings
 
 from models_app.transport.messages import RUNTIME_CHANNEL
-from runtime.pool.catalog import canonical_model, model_names
+from runtime.pool.catalog import adapter_bases, base_of, canonical_model, model_names
 from runtime.errors import RuntimeUnavailable
 
 HEARTBEAT_SECONDS = 1.0
@@ -99,13 +99,19 @@ class Node:
         """The name and aliases of each model this node serves -> the model (``runtime.pool.catalog``)."""
         return _names_in([self])
 
+    @cached_property
+    def bases(self) -> dict[str, tuple[str, str]]:
+        """Each adapter's model id this node serves -> (its base, the adapter) (``runtime.pool.catalog``)."""
+        return adapter_bases({m["name"]: m.get("adapters") or {} for m in self.record.get("models", ())})
+
     def serves(self, name: str) -> bool:
-        """Whether ``name`` (a model's name or an alias) means a model this node serves."""
+        """Whether ``name`` (a model's name, an alias, an adapter's id) means a model this node serves."""
         return canonical_model(name, self.names) is not None
 
     def model(self, name: str) -> dict | None:
-        """This node's record of the model ``name`` (a name or an alias) means, or None."""
-        return self._models.get(canonical_model(name, self.names) or "")
+        """This node's record of the model ``name`` (a name, an alias, an adapter's id: its
+        base) means, or None."""
+        return self._models.get(base_of(canonical_model(name, self.names) or "", self.bases)[0])
 
     def describe(self) -> dict:
         """What GET /v1/admin/nodes and the merged answers say of this node."""
@@ -199,6 +205,10 @@ class Registry:
             self._names = (nodes, _names_in(nodes))
         return self._names[1]
 
+    async def adapter_bases(self) -> dict[str, tuple[str, str]]:
+        """Each adapter's model id of the pool -> (its base, the adapter) (``runtime.pool.catalog``)."""
+        return {model_id: base for node in await self.nodes() for model_id, base in node.bases.items()}
+
 
 REGISTRY = Registry()
 
@@ -206,7 +216,9 @@ REGISTRY = Registry()
 def _names_in(nodes: list[Node]) -> dict[str, str]:
     """``runtime.pool.catalog.model_names`` over the models of ``nodes``' records."""
     models: dict[str, list[str]] = {}
+    adapters: dict[str, dict[str, list[str]]] = {}
     for node in nodes:
         for model in node.record.get("models", ()):
             models.setdefault(model["name"], []).extend(model.get("aliases") or ())
-    return model_names(models)
+            adapters.setdefault(model["name"], {}).update(model.get("adapters") or {})
+    return model_names(models, adapters)

@@ -80,6 +80,9 @@ class LoadForm(forms.Form):
         elif kind == "float":
             widget = forms.NumberInput(attrs=_number_attrs(constraint, step_default="any"))
             self.fields[name] = forms.FloatField(required=False, widget=widget, help_text=help_text)
+        elif kind == "string_list_or_null":  # names separated by commas
+            help_text += " · names separated by commas"
+            self.fields[name] = forms.CharField(required=False, help_text=help_text)
         else:  # string_or_null, and any kind this UI does not know yet: free text
             widget = forms.TextInput(attrs={"list": f"{name}-values", "autocomplete": "off"})
             self.fields[name] = forms.CharField(required=False, widget=widget, help_text=help_text)
@@ -153,6 +156,8 @@ class LoadForm(forms.Form):
                 value = self._choice_values[name][value]
             elif name in self._scales:
                 value *= self._scales[name]
+            elif self.constraints[name].get("kind") == "string_list_or_null":
+                value = [item.strip() for item in value.split(",") if item.strip()]
             body[name] = value
         return body
 
@@ -232,6 +237,8 @@ def _number_attrs(constraint: dict, *, step_default) -> dict:
 
 
 def _plain(value):
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 async def count_tokens(pool: ModelPool, payload: dict) -> dict:
     """The runtime's ``count_tokens`` op: a generate payload's ``{"input_tokens"}`` on its model."""
-    controller = pool.lookup(payload["model"])  # a name or an alias
+    controller, _ = pool.lookup_target(payload["model"])  # an adapter's id counts on its base's tokenizer
     runs = engine_request(controller.entry, payload, pool.settings.engine.decoding,
                           pool.startup_service["allow_remote_execution"])
     return {"input_tokens": await count_on_engine(controller, typed_request(runs))}

@@ -121,6 +121,9 @@ class GenerationRequest:
     priority: str = DEFAULT_PRIORITY
     queue_timeout_seconds: float | None = None
     weight: float | None = None
+    # The LoRA adapter of the model the request runs with (runtime.backends.shared.adapters): set
+    # by the runtime from the model id the request names (ModelPool.lookup_target), never by a client.
+    adapter: str | None = None
 
     def resolved(self, decoding: DecodingSettings | None = None) -> GenerationRequest:
         """A copy with every unset sampling field given the service's default: ``decoding``

@@ -3,7 +3,10 @@ that says which model a name given by a client means.
 
 A model is asked for by its name or by one of its ``aliases``; an alias with ``*`` is a pattern
 (``claude-*haiku*``) that stands for every name it matches, so an operator can land the dated
-names a client asks for (Claude Code's) on a configured model.  ``model_names`` indexes names and
+names a client asks for (Claude Code's) on a configured model.  A model's LoRA adapters
+(``runtime.backends.shared.adapters``) are model ids of their own, ``<model>:<adapter>`` and the
+adapter's aliases, which mean that adapter on its base: ``adapter_bases`` says which base and
+adapter such an id is, ``base_of`` takes one apart.  ``model_names`` indexes names and
 aliases, ``canonical_model`` resolves a name through that index.  Every place that needs the model a name
 means uses the two: the runtime's lookup (``ModelPool.lookup``), the API's routing over the nodes'
 records (``models_app.transport.nodes``) and its key check (``models_app.api.keys``), so the three
@@ -17,6 +20,7 @@ from fnmatch import fnmatchcase
 
 from runtime.backends import BACKENDS, BackendSpec
 from runtime.backends.base import CommonDefinition
+from runtime.backends.shared.adapters import adapter_id
 from runtime.config import LoadedSettings, RoutingSettings
 from runtime.errors import RemoteExecutionDisallowed
 from runtime.redaction import redacted_dump
@@ -70,17 +74,39 @@ def build_catalog(loaded: LoadedSettings) -> dict[str, CatalogEntry]:
     }
 
 
-def model_names(models: Mapping[str, Iterable[str]]) -> dict[str, str]:
-    """Each name a client may give a model, mapped to that model: ``models`` maps a model's name to
-    its aliases.  A model's name means itself, each alias its model.  The settings keep aliases
-    unique and apart from every model name (``runtime.config.alias_problems``); should two sources
-    disagree all the same (two nodes' records read a moment apart), a model's name wins over an
-    alias, and the first model to declare an alias keeps it."""
+def model_names(
+    models: Mapping[str, Iterable[str]], adapters: Mapping[str, Mapping[str, Iterable[str]]] | None = None
+) -> dict[str, str]:
+    """Each name a client may give a model, mapped to the model id it means: ``models`` maps a
+    model's name to its aliases, ``adapters`` a model's name to its adapters and their aliases.
+    A model's name means itself, each alias its model; an adapter's id (``<model>:<adapter>``)
+    means itself, each of its aliases that id.  The settings keep every name unique
+    (``runtime.config.alias_problems``); should two sources disagree all the same (two nodes'
+    records read a moment apart), a model's name wins over an alias, and the first model to
+    declare an alias keeps it."""
     names = {name: name for name in models}
     for name, aliases in models.items():
         for alias in aliases:
             names.setdefault(alias, name)
+    for base, declared in (adapters or {}).items():
+        for adapter, aliases in declared.items():
+            model_id = adapter_id(base, adapter)
+            names.setdefault(model_id, model_id)
+            for alias in aliases:
+                names.setdefault(alias, model_id)
     return names
+
+
+def adapter_bases(adapters: Mapping[str, Iterable[str]]) -> dict[str, tuple[str, str]]:
+    """Each adapter's model id -> (its base model, the adapter's name), for ``adapters`` mapping
+    a model's name to its adapters' names."""
+    return {adapter_id(base, adapter): (base, adapter) for base, names in adapters.items() for adapter in names}
+
+
+def base_of(model_id: str, bases: Mapping[str, tuple[str, str]]) -> tuple[str, str | None]:
+    """The model a model id (``canonical_model``'s answer) runs on and its adapter (None: the
+    model itself), by ``bases`` (``adapter_bases``)."""
+    return bases.get(model_id, (model_id, None))
 
 
 def canonical_model(name: str, names: Mapping[str, str]) -> str | None:

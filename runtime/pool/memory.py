@@ -31,6 +31,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from runtime.backends.shared.adapters import adapters_mib
+from runtime.backends.shared.adapters import declared as declared_adapters
 from runtime.model import commands as cmd
 from runtime.pool.devices import MemorySettings, budgets, device_order, found_devices
 from runtime.pool.memory_plan import Charge, Plan, each_model_once, config_key, fewest_lru
@@ -93,16 +95,22 @@ class MemoryManager:
         if cache_key not in self._estimates:
             self._estimates[cache_key] = entry.spec.vram_estimate(entry.definition, config, replicas, entry.base_dir)
         mib, source = self._estimates[cache_key]
+        if mib is not None:
+            mib += adapters_mib(config, entry.base_dir) * replicas
         return (mib or 0), ("estimate" if mib is not None else "unavailable"), key
 
     def estimate_parts(self, controller, overrides: dict) -> dict | None:
         """One replica's estimate in parts (the backend's ``estimate_parts``), cached per catalog
-        entry and effective config; None when the backend gives only a total."""
+        entry and effective config; None when the backend gives only a total.  A model's LoRA
+        adapters are charged to it: their files' size, ``adapters_mib``."""
         entry = controller.entry
         config = entry.spec.effective_config(entry.definition, overrides)
         cache_key = ("parts", entry.name, id(entry), config_key(config))
         if cache_key not in self._estimates:
-            self._estimates[cache_key] = entry.spec.estimate_parts(entry.definition, config, entry.base_dir)
+            parts = entry.spec.estimate_parts(entry.definition, config, entry.base_dir)
+            if parts is not None and declared_adapters(config):
+                parts = {**parts, "adapters_mib": adapters_mib(config, entry.base_dir)}
+            self._estimates[cache_key] = parts
         return self._estimates[cache_key]
 
     def _fraction_totals(self, requested) -> list[int]:

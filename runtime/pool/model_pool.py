@@ -13,7 +13,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from runtime.pool.catalog import CatalogEntry, build_catalog, canonical_model, model_names
+from runtime.backends.shared.adapters import declared as declared_adapters
+from runtime.pool.catalog import CatalogEntry, adapter_bases, base_of, build_catalog, canonical_model, model_names
 from runtime.config import (
     FairnessSettings,
     LoadedSettings,
@@ -26,7 +27,7 @@ from runtime.model.controller import ModelController
 from runtime.pool.groups import SwapGroup
 from runtime.pool.memory import MemoryManager
 from runtime.engine_process.spares import SPARES
-from runtime.errors import SettingsReloadAborted, SettingsReloadConflict, UnknownModel
+from runtime.errors import AdapterUnsupported, SettingsReloadAborted, SettingsReloadConflict, UnknownModel
 from runtime.paths import state_dir
 from runtime.model.state import TransitionEvent
 
@@ -44,6 +45,7 @@ class ModelPool:
         self.controllers: dict[str, ModelController] = {}
         self.groups: dict[str, SwapGroup] = {}
         self.names: dict[str, str] = {}  # each model's name and alias -> the model (runtime.pool.catalog.model_names)
+        self.adapter_bases: dict[str, tuple[str, str]] = {}  # each adapter's model id -> (base, adapter)
         self.memory: MemoryManager | None = None  # device budgets and charges (runtime.pool.memory)
         self._reload_lock = asyncio.Lock()
 
@@ -61,7 +63,7 @@ class ModelPool:
         self.groups = self._build_groups(self.current.settings, {})
         for name, entry in build_catalog(self.current).items():
             self._add(entry)
-        self.names = _names(self.current.settings)
+        self.names, self.adapter_bases = _names(self.current.settings)
         self._keep_spares()
         if load_enabled:
             for controller in self.controllers.values():
@@ -89,12 +91,23 @@ class ModelPool:
     def lookup(self, name: str) -> ModelController:
         """The controller of the model a request names: by its name or one of its aliases.
 
-        Every inference operation finds its model here (admin operations use ``controller``,
-        which takes names only)."""
-        controller = self.controllers.get(canonical_model(name, self.names) or "")
+        Every inference operation but a generation finds its model here (admin operations use
+        ``controller``, which takes names only); an adapter's model id is refused (400
+        adapter_unsupported): adapters serve generation only."""
+        controller, adapter = self.lookup_target(name)
+        if adapter is not None:
+            raise AdapterUnsupported(f"{name!r} is the LoRA adapter {adapter!r} of {controller.name}; "
+                                     "adapters serve generation only", param="model")
+        return controller
+
+    def lookup_target(self, name: str) -> tuple[ModelController, str | None]:
+        """The controller a generation runs on and the adapter it applies (None: the model
+        itself), for a model's name, an alias, an adapter's id (``<model>:<adapter>``) or its alias."""
+        base, adapter = base_of(canonical_model(name, self.names) or "", self.adapter_bases)
+        controller = self.controllers.get(base)
         if controller is None:
             raise UnknownModel(f"model {name!r} is not configured", param="model")
-        return controller
+        return controller, adapter
 
     def group_of(self, name: str) -> SwapGroup | None:
         return next((group for group in self.groups.values() if name in group.settings.members), None)
@@ -168,7 +181,7 @@ class ModelPool:
             ))
             for name in diff["added_models"]:
                 self._add(new_catalog[name])
-            self.names = _names(loaded.settings)
+            self.names, self.adapter_bases = _names(loaded.settings)
             self._keep_spares()
             await asyncio.gather(*(controller.stop() for controller in removed))
         diff["service_restart_required"] = loaded.settings.service.model_dump() != self.startup_service
@@ -217,5 +230,9 @@ def _same_slots(old, new) -> bool:
     return old.members == new.members and old.max_loaded == new.max_loaded
 
 
-def _names(settings: Settings) -> dict[str, str]:
-    return model_names({name: definition.aliases for name, definition in settings.models.items()})
+def _names(settings: Settings) -> tuple[dict[str, str], dict[str, tuple[str, str]]]:
+    """The names index of ``settings`` (``model_names``) and its adapters' bases (``adapter_bases``)."""
+    adapters = {name: {adapter: declared["aliases"] for adapter, declared in declared_adapters(definition).items()}
+                for name, definition in settings.models.items()}
+    names = model_names({name: definition.aliases for name, definition in settings.models.items()}, adapters)
+    return names, adapter_bases(adapters)

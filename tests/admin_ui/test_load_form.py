@@ -48,7 +48,7 @@ def test_llama_cpp_controls_follow_its_constraints():
     form = LoadForm(spec_entry("llama_cpp", {"model_path": "/m.gguf"}))
     html = {row.name: str(row.field) for row in form.rows}
     assert list(html) == ["replicas", "target_inflight", "gguf_n_ctx", "gguf_flash_attn", "gguf_type_k", "gguf_type_v",
-                          "gguf_spec_type", "gguf_spec_draft_n_max", "gguf_spec_draft_p_min"]
+                          "gguf_spec_type", "gguf_spec_draft_n_max", "gguf_spec_draft_p_min", "adapters_loaded"]
     assert "<select" in html["gguf_spec_type"] and 'value="ngram-simple"' in html["gguf_spec_type"]
     assert 'type="number"' in html["gguf_n_ctx"] and 'min="1"' in html["gguf_n_ctx"] and 'step="1"' in html["gguf_n_ctx"]
     assert 'max="1"' in html["replicas"]  # replica_max
@@ -205,3 +205,10 @@ def test_replicas_show_the_current_load():
     assert rows_by_key(model)["replicas"]["effective"] == 3
     assert "loaded now: 3" in LoadForm(model).fields["replicas"].help_text
 
+
+
+def test_adapters_loaded_is_typed_as_names_separated_by_commas():
+    llama = spec_entry("llama_cpp", {"model_path": "/m.gguf", "adapters": {"sql": {"path": "s"}, "poet": {"path": "p"}}})
+    assert bound(llama, {"adapters_loaded": " sql, poet ,"}).load_body() == {"adapters_loaded": ["sql", "poet"]}
+    assert bound(llama, {"adapters_loaded__null": "on"}).load_body() == {"adapters_loaded": None}
+    assert bound(llama, {"adapters_loaded": ""}).load_body() == {}

@@ -121,6 +121,7 @@ STUB_CAPABILITY_FIELDS = {"thinking_modes", "response_formats", "multi_turn", "f
 EMBEDDING_BACKENDS = {"stub", "llama_cpp", "llama_server", "vllm_serve", "openai_remote"}
 # The same for ``rerank`` (POST /v1/rerank) and ``audio_transcription`` (a managed server's audio routes).
 RERANK_BACKENDS = {"stub", "llama_cpp", "llama_server", "vllm_serve", "openai_remote"}
+ADAPTER_BACKENDS = {"llama_cpp", "llama_server", "vllm", "vllm_serve"}  # LoRA adapters (settings.md)
 AUDIO_BACKENDS = {"llama_server", "vllm_serve"}
 FOREIGN_PREFIXES = ("gguf_", "exllama_", "vllm_", "trtllm_", "sglang_", "llama_server_", "ct2_", "remote_", "stub_")
 
@@ -207,6 +208,8 @@ def test_definition_has_common_fields_and_only_its_backends_fields(entries, name
     extra = extra | ({"rerank"} if backend in RERANK_BACKENDS else set())
     extra = extra | ({"audio_transcription"} if backend in AUDIO_BACKENDS else set())
     extra = extra | ({"tool_call_format"} if backend == "llama_cpp" else set())  # the tool-call parser's format
+    extra = extra | ({"adapters"} if backend in ADAPTER_BACKENDS else set())
+    extra = extra | ({"adapters_loaded"} if backend == "llama_cpp" else set())
     for key in set(definition) - COMMON_FIELDS - extra:
         assert key.startswith(own), f"{name} ({backend}) shows foreign field {key}"
     if backend == "vllm":
@@ -254,7 +257,7 @@ def test_llama_cpp_constraints_and_recommendations_equal_the_spec_example(entrie
     constraints = entries["gemma-gguf"]["load_constraints"]
     # Additive (docs/api.md): the fields POST .../reconfigure changes while the model is loaded.
     assert {key for key, entry in constraints.items() if entry.get("reconfigurable") is True} == {
-        "gguf_n_ctx", "gguf_type_k", "gguf_type_v", "gguf_flash_attn"
+        "gguf_n_ctx", "gguf_type_k", "gguf_type_v", "gguf_flash_attn", "adapters_loaded"
     }
     assert contract_view("llama_cpp", constraints) == LOAD_CONSTRAINTS["llama_cpp"]
     assert constraints["target_inflight"] == {"kind": "integer", "minimum": 1, "step": 1}  # additive

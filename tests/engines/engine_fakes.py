@@ -114,8 +114,9 @@ def install_fake_vllm(monkeypatch) -> Recorder:
         def get_tokenizer(self):
             return Tokenizer()
 
-        async def generate(self, prompt, sampling_params, request_id):
-            recorder.record("generate", prompt=prompt, request_id=request_id)
+        async def generate(self, prompt, sampling_params, request_id, lora_request=None):
+            recorder.record("generate", prompt=prompt, request_id=request_id,
+                            lora_request=None if lora_request is None else vars(lora_request))
             pieces = recorder.reply[: sampling_params.kwargs["max_tokens"]]
             length = len(recorder.reply) > sampling_params.kwargs["max_tokens"]
             for index, piece in enumerate(pieces):
@@ -136,6 +137,10 @@ def install_fake_vllm(monkeypatch) -> Recorder:
         def shutdown(self):
             recorder.record("shutdown")
 
+    class LoRARequest:
+        def __init__(self, lora_name, lora_int_id, lora_path):
+            self.lora_name, self.lora_int_id, self.lora_path = lora_name, lora_int_id, lora_path
+
     def cleanup_dist_env_and_memory(shutdown_ray=False):
         recorder.record("cleanup_dist_env_and_memory")
 
@@ -143,6 +148,8 @@ def install_fake_vllm(monkeypatch) -> Recorder:
     _module(monkeypatch, "vllm.engine", __path__=[])
     _module(monkeypatch, "vllm.engine.arg_utils", AsyncEngineArgs=AsyncEngineArgs)
     _module(monkeypatch, "vllm.sampling_params", SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind)
+    _module(monkeypatch, "vllm.lora", __path__=[])
+    _module(monkeypatch, "vllm.lora.request", LoRARequest=LoRARequest)
     _module(monkeypatch, "vllm.v1", __path__=[])
     _module(monkeypatch, "vllm.v1.engine", __path__=[])
     _module(monkeypatch, "vllm.v1.engine.async_llm", AsyncLLM=AsyncLLM)

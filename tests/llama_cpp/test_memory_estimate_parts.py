@@ -200,3 +200,21 @@ def test_a_draft_model_adds_its_weights_cache_and_margin_to_its_targets_parts(tm
     # prompt lookup has no second model
     lookup = spec.definition_model.model_validate({**fields, "gguf_spec_type": "ngram-simple"})
     assert spec.estimate_parts(lookup, spec.effective_config(lookup, {}), "/") == one
+
+
+async def test_lora_adapters_are_charged_to_their_base_in_the_memory_section(tmp_path):
+    (tmp_path / "a.gguf").write_bytes(b"\0" * (3 * MIB + 1))  # 4 MiB, rounded up
+    (tmp_path / "b.gguf").write_bytes(b"\0" * MIB)
+    adapters = {"a": {"path": "a.gguf"}, "b": {"path": "b.gguf"}}
+    models = {"smol": {**SMOLLM2_MODEL, "gguf_n_ctx": 1024, "isolation": "none", "adapters": adapters}}
+    pool = await start(tmp_path, models)
+    try:
+        smol = pool.controller("smol")
+        parts = {**expected_parts(1024, "f16", False), "adapters_mib": 5}
+        assert smol.memory_view()["estimate_parts"] == parts
+        assert model_entry(smol)["memory"]["estimate_parts"] == parts
+        assert smol.plan_load({}, 1, "admin").needed_mib == sum(parts.values())
+        # a load that keeps one adapter loaded is charged that one
+        assert smol.plan_load({"adapters_loaded": ["b"]}, 1, "admin").needed_mib == sum(parts.values()) - 4
+    finally:
+        await pool.shutdown()

@@ -1,6 +1,6 @@
 """The one rule a model's name is resolved by (runtime.pool.catalog): a model's name is itself, an alias
 is its model, any other name no model."""
-from runtime.pool.catalog import canonical_model, model_names
+from runtime.pool.catalog import adapter_bases, base_of, canonical_model, model_names
 
 NAMES = model_names({"qwen": ["gpt-4o-mini", "qwen-latest"], "echo": []})
 
@@ -38,3 +38,16 @@ def test_a_pattern_alias_means_its_model_for_every_name_it_matches():
 def test_the_first_matching_pattern_in_the_settings_order_wins():
     names = model_names({"a": ["claude-*"], "b": ["claude-*haiku*"]})
     assert canonical_model("claude-3-haiku", names) == "a"
+
+
+def test_an_adapters_id_and_its_aliases_mean_the_adapter_on_its_base():
+    adapters = {"qwen": {"sql": ["qwen-sql"], "poet": []}, "echo": {}}
+    names = model_names({"qwen": ["gpt-4o-mini"], "echo": []}, adapters)
+    bases = adapter_bases({"qwen": ["sql", "poet"], "echo": []})
+    assert [canonical_model(n, names) for n in ("qwen:sql", "qwen-sql", "qwen:poet", "qwen")] == [
+        "qwen:sql", "qwen:sql", "qwen:poet", "qwen",
+    ]
+    assert canonical_model("echo:sql", names) is None  # another model's adapter is no model
+    assert [base_of(m, bases) for m in ("qwen:sql", "qwen:poet", "qwen", "gpt-4o-mini")] == [
+        ("qwen", "sql"), ("qwen", "poet"), ("qwen", None), ("gpt-4o-mini", None),
+    ]

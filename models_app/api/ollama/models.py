@@ -25,9 +25,10 @@ from datetime import datetime, timezone
 
 from models_app import selectors
 from models_app.api.keys import Caller
-from models_app.api.openai_models import STARTED_AT, once_per_model
+from models_app.api.openai_models import STARTED_AT, model_ids, once_per_model
 from models_app.transport import nodes
 from runtime.json_codec import dumps
+from runtime.pool.catalog import base_of
 
 OLLAMA_VERSION = "0.12.6"
 MIB = 1024 * 1024
@@ -43,15 +44,17 @@ async def tags(caller: Caller) -> dict:
     entries = once_per_model(await selectors.models_list())
     names = await nodes.REGISTRY.model_names()
     return {"models": [
-        _listed(entry, name)
-        for entry in entries if caller.allows(entry["name"], names)
-        for name in (entry["name"], *(entry["definition"].get("aliases") or ()))
+        _listed(entry, name, meant)
+        for entry in entries
+        for name, meant in model_ids(entry)
+        if caller.allows(meant, names)
     ]}
 
 
 async def show(model: str, caller: Caller) -> dict:
     """``/api/show`` of ``model`` (a name or an alias); 403 model_not_allowed, 404 unknown_model."""
-    entry = await selectors.model_get(await caller.resolve(model))
+    base, _ = base_of(await caller.resolve(model), await nodes.REGISTRY.adapter_bases())
+    entry = await selectors.model_get(base)
     architecture = _architecture(entry)
     # Copilot shows general.basename as the model's name in its picker: the name the client asked for.
     info = {"general.architecture": architecture, "general.basename": model}
@@ -90,14 +93,19 @@ async def ps(caller: Caller) -> dict:
     return {"models": models}
 
 
-def _listed(entry: dict, name: str) -> dict:
+def _listed(entry: dict, name: str, meant: str | None = None) -> dict:
+    """``entry`` listed as ``name``, which means ``meant`` (the model, or one of its adapters:
+    ``details.parent_model`` is then the base)."""
+    details = _details(entry)
+    if meant not in (None, entry["name"]):
+        details["parent_model"] = entry["name"]
     return {
         "name": name,
         "model": name,
         "modified_at": MODIFIED_AT,
         "size": _file(entry).get("size_bytes") or (entry.get("vram_estimate_mib") or 0) * MIB,
         "digest": hashlib.sha256(dumps(entry["definition"])).hexdigest(),
-        "details": _details(entry),
+        "details": details,
     }
 
 

@@ -10,6 +10,8 @@ tokens of its pending one in the batch, and keeps those its sampler agrees with 
 most ``target_inflight`` in), and takes the free one whose cached tokens share the longest
 prefix with its prompt, when that prefix is more than a tenth of the prompt (llama-server's
 ``--slot-prompt-similarity`` 0.1); otherwise, and among equals, the least recently used one.
+Sequences with different LoRA adapters are not decoded in one batch (llama-server's rule): each
+step decodes the sequences of one adapter, the adapters taking turns (``adapters.LoraSet``).
 
 Everything here runs on the replica's worker thread, the one caller of its native objects: the
 loop runs while any generation is active or waiting, and ends when none is; ``submit`` starts
@@ -24,6 +26,7 @@ import logging
 import threading
 from collections import deque
 
+from runtime.backends.llama_cpp.adapters import LoraSet
 from runtime.backends.llama_cpp.generation import Generation
 from runtime.backends.llama_cpp.native import common_prefix
 from runtime.backends.llama_cpp.speculative import Speculation, SpeculationSettings, verify
@@ -49,9 +52,11 @@ class BatchLoop:
     """The waiting and active generations of one replica.  ``state()`` gives the replica's
     current (context, kv_store); a context of None (asleep, unloaded) ends what waits with an error."""
 
-    def __init__(self, model_name: str, state, speculation: Speculation | None = None, flush=lambda: None):
+    def __init__(self, model_name: str, state, adapters: LoraSet, speculation: Speculation | None = None,
+                 flush=lambda: None):
         self.model_name = model_name
         self._state = state
+        self._adapters = adapters  # one adapter per decode (runtime.backends.llama_cpp.adapters)
         self._speculation = speculation or Speculation(SpeculationSettings(None))
         self._flush = flush
         self._waiting: deque[Generation] = deque()
@@ -124,9 +129,11 @@ class BatchLoop:
                 continue
             try:
                 tokens = generation.tokenize(context.n_ctx)
-                seq = choose_sequence(context.sequences, [s for s in range(context.n_seq) if s not in active],
-                                      tokens, self._last_used)
-                generation.start(context, seq, kv_store)
+                adapter = generation.request.adapter
+                seq = choose_sequence(self._adapters.visible(context, adapter),
+                                      [s for s in range(context.n_seq) if s not in active], tokens, self._last_used)
+                self._adapters.take(context, seq, adapter)
+                generation.start(context, seq, kv_store if adapter is None else None)
                 self._speculation.start(generation)
             except Exception as exc:  # this request fails, not the others
                 if not isinstance(exc, LLMPoolError):
@@ -144,21 +151,23 @@ class BatchLoop:
                 self._release(active, seq).end(self._stopped())
         if not active:
             return
+        adapter = self._adapters.turn([generation.request.adapter for generation in active.values()])
+        members = {seq: g for seq, g in active.items() if g.request.adapter == adapter}
         batch = context.batch
         batch.clear()
         appended: dict[int, list[int]] = {}
         outputs: dict[int, list[int]] = {}  # sequence -> the batch entries whose logits it samples
         drafts: dict[int, list[int]] = {}  # sequence -> the draft tokens after its pending one
-        answering = {seq: generation for seq, generation in active.items() if generation.pending is not None}
+        answering = {seq: generation for seq, generation in members.items() if generation.pending is not None}
         if self._speculation.enabled and answering:
-            drafts = self._speculation.drafts(context, answering, max(0, context.n_batch - len(active)) // len(active))
+            drafts = self._speculation.drafts(context, answering, max(0, context.n_batch - len(members)) // len(members))
         for seq, generation in answering.items():
             appended[seq] = [generation.pending, *drafts.get(seq, ())]
             start = len(context.sequences[seq])
             outputs[seq] = [batch.add(token, start + offset, seq, True) for offset, token in enumerate(appended[seq])]
             generation.pending = None
         room = context.n_batch - len(batch)
-        for seq, generation in active.items():
+        for seq, generation in members.items():
             if room <= 0:
                 break
             if generation.prefilling:
@@ -171,6 +180,7 @@ class BatchLoop:
                 generation.prefilled += len(chunk)
                 room -= len(chunk)
         try:
+            self._adapters.apply(context, adapter)
             context.decode_batch(appended)
         except LLMPoolError as exc:
             for seq in appended:

@@ -14,6 +14,7 @@ import math
 
 from runtime.backends.llama_cpp.native import ContextSettings, EngineLoadError, GgufContext, GgufWeights, common_prefix
 from runtime.backends.llama_cpp.speculative import cut
+from runtime.pool.model_files import ModelFileError, resolve_model_file
 
 
 class DraftModel:
@@ -32,6 +33,17 @@ class DraftModel:
         except BaseException:
             self.weights.close()
             raise
+
+    @classmethod
+    def of_config(cls, config: dict, base_dir: str, settings: ContextSettings, target: GgufWeights,
+                  main_gpu: int) -> DraftModel:
+        """``gguf_spec_draft_model`` on the target's GPU layers and context settings (EngineLoadError
+        where it cannot be read, or its vocabulary is not the target's)."""
+        try:
+            path = resolve_model_file(config["gguf_spec_draft_model"], base_dir)
+        except ModelFileError as exc:
+            raise EngineLoadError(f"gguf_spec_draft_model: {exc}") from None
+        return cls(path, config["gguf_n_gpu_layers"], settings, target, main_gpu=main_gpu)
 
     def propose(self, wants: dict[int, tuple[list[int], int]], p_min: float) -> dict[int, list[int]]:
         """``{seq: draft}`` for ``wants`` (``{seq: (its accepted tokens and pending one, the most to draft)}``);

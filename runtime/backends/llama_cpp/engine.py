@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from runtime.backends.base import GenerationRequest
+from runtime.backends.llama_cpp.adapters import LoraSet
 from runtime.backends.llama_cpp.batching import BatchLoop
 from runtime.backends.llama_cpp.draft_model import DraftModel
 from runtime.backends.llama_cpp.generation import Generation, sampling_options
@@ -95,9 +96,10 @@ class LlamaCppEngine:
         self._asleep: ContextSettings | None = None  # the context's settings while it sleeps
         self._closing = threading.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"llama_cpp:{model_name}:{replica_index}")
+        self.lora = LoraSet()  # the definition's LoRA adapters, loaded with the weights
         self._speculation = Speculation(SpeculationSettings.from_config(config))  # its draft model set at load
         self._delivery = StepDelivery()
-        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store), self._speculation,
+        self._batches = BatchLoop(model_name, lambda: (self.context, self.kv_store), self.lora, self._speculation,
                                   self._delivery.flush)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -147,11 +149,13 @@ class LlamaCppEngine:
                                    main_gpu=main_gpu(self.config.get("placement")))
         if self._progress is not None:
             self._progress.stage_now(STAGE_CREATING_CONTEXT)
+        self.lora.sync(self.weights, self.config, self.base_dir)
         self.context = GgufContext(self.weights, settings)
         self.pair_layout = PairLayout.of(self.weights, info) if pooling == "rank" else None
         self._open_kv_store()
         if self._speculation.settings.spec_type == "draft-simple":
-            self._speculation.draft_model = self._open_draft_model(settings)
+            self._speculation.draft_model = DraftModel.of_config(self.config, self.base_dir, settings, self.weights,
+                                                                 main_gpu(self.config.get("placement")))
         if chats and self.prompt_format == GGUF_TEMPLATE:
             bos, eos = self.weights.token_text(self.weights.bos), self.weights.token_text(self.weights.eos)
             self.gguf_template = GgufChatTemplate(info.chat_template, bos, eos)
@@ -160,16 +164,6 @@ class LlamaCppEngine:
             "model %s replica %d loaded from %s (%s, threads=%d)",
             self.model_name, self.replica_index + 1, path, settings.describe(), settings.n_threads,
         )
-
-    def _open_draft_model(self, settings: ContextSettings) -> DraftModel:
-        """``gguf_spec_draft_model`` on the target's GPU layers and context settings (EngineLoadError
-        where it cannot be read, or its vocabulary is not the target's)."""
-        try:
-            path = resolve_model_file(self.config["gguf_spec_draft_model"], self.base_dir)
-        except ModelFileError as exc:
-            raise EngineLoadError(f"gguf_spec_draft_model: {exc}") from None
-        return DraftModel(path, self.config["gguf_n_gpu_layers"], settings, self.weights,
-                          main_gpu=main_gpu(self.config.get("placement")))
 
     def _open_kv_store(self) -> None:
         """The saved KV caches of this model file under the context's settings (None: off)."""
@@ -182,6 +176,8 @@ class LlamaCppEngine:
         sleep), the most recently used last: the store's budget drops the oldest first."""
         if self.kv_store is not None and self.context is not None:
             for seq in self._batches.recency():
+                if self.lora.held(seq) is not None:  # an adapter's cache: the store keeps the base's
+                    continue
                 try:
                     self.kv_store.save(self.context, seq)
                 except Exception:  # a failed save loses a cache, never the unload
@@ -210,6 +206,10 @@ class LlamaCppEngine:
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
         old = self.context.settings if self.context is not None else self._asleep
         new = dataclasses.replace(ContextSettings.from_config(config), pooling=old.pooling)
+        if new == old:  # only adapters_loaded changes: the context and its caches stay
+            self.lora.resync(self.weights, config, self.base_dir)
+            self.config = config
+            return
         previous = self.context if overlap else None  # make-before-break: kept until the new one stands
         if self.context is not None and previous is None:
             self.context.close()
@@ -226,6 +226,8 @@ class LlamaCppEngine:
         if previous is not None:
             previous.close()
             release_heap()
+        self.lora.forget()
+        self.lora.resync(self.weights, config, self.base_dir)
         self._asleep = None
         self.config = config
         self._open_kv_store()  # another n_ctx or cache type: another identity
@@ -243,16 +245,16 @@ class LlamaCppEngine:
     def _wake(self) -> None:
         if self.context is None and self._asleep is not None and self.weights is not None:
             self.context = GgufContext(self.weights, self._asleep)
+            self.lora.forget()
             self._asleep = None
 
     def _release(self) -> None:
-        if self._speculation.draft_model is not None:
-            self._speculation.draft_model.close()
-            self._speculation.draft_model = None
+        self._speculation.close()
         if self.context is not None:
             self._save_kv()
             self.context.close()
             self.context = None
+        self.lora.close()
         if self.weights is not None:
             self.weights.close()
             self.weights = None
@@ -365,8 +367,11 @@ class LlamaCppEngine:
             cancelled.set()
 
     def _guarded(self, what: str, work, *args):
-        """``work(*args)``; a native failure ends this request (BackendError), not the worker."""
+        """``work(*args)`` on the base (no adapter); a native failure ends this request
+        (BackendError), not the worker."""
         try:
+            if self.context is not None:
+                self.lora.apply(self.context, None)
             return work(*args)
         except LLMPoolError:
             raise

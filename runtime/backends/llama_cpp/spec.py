@@ -22,6 +22,14 @@ from runtime.backends.base import (
 from runtime.backends.llama_cpp.engine import LlamaCppEngine
 from runtime.backends.llama_cpp.native import native
 from runtime.backends.llama_cpp.speculative import SPEC_TYPES, speculation_problem
+from runtime.backends.shared.adapters import (
+    ADAPTERS_LOADED,
+    AdapterName,
+    Adapters,
+    adapters_field,
+    check_loaded_names,
+    refuse_adapters_without_generation,
+)
 from runtime.backends.shared.common_fields import refuse_embeddings_with_rerank
 from runtime.backends.shared.overrides import LoadOverride, PositiveInt, fields_fit, integer_override, refuse_problem
 from runtime.pool.gguf_info import GgufError, GgufInfo, read_gguf_info
@@ -69,6 +77,11 @@ class LlamaCppDefinition(CommonDefinition):
     gguf_spec_draft_n_max: int = Field(8, ge=1, le=64)  # the longest draft a step verifies
     gguf_spec_draft_p_min: float = Field(0.0, ge=0, le=1)  # the draft model's confidence to go on drafting
     gguf_spec_ngram_size_n: int = Field(3, ge=1, le=16)  # the longest n-gram prompt lookup matches
+    # LoRA adapters (GGUF), each a model id <model>:<adapter>, loaded with the base and applied per
+    # batch (runtime.backends.shared.adapters, runtime.backends.llama_cpp.adapters).
+    adapters: Adapters = adapters_field()
+    # Which of them are loaded (null: all); a load override POST .../reconfigure changes live.
+    adapters_loaded: list[AdapterName] | None = None
 
     @model_validator(mode="after")
     def _context_floor(self):
@@ -79,6 +92,10 @@ class LlamaCppDefinition(CommonDefinition):
     @model_validator(mode="after")
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
+        refuse_adapters_without_generation(self, self.rerank)
+        unknown = [name for name in self.adapters_loaded or () if name not in self.adapters]
+        if unknown:
+            raise ValueError(f"adapters_loaded names adapters the model does not declare: {', '.join(unknown)}")
         return self
 
     _draft_model_named = model_validator(mode="after")(fields_fit(speculation_problem))
@@ -199,11 +216,14 @@ class LlamaCppSpec(BackendSpec):
         LoadOverride("gguf_spec_draft_n_max", PositiveInt,
                      {"kind": "integer", "minimum": 1, "maximum": 64, "step": 1, "default": 8}),
         LoadOverride("gguf_spec_draft_p_min", float, {"kind": "float", "minimum": 0.0, "maximum": 1.0, "default": 0.0}),
+        ADAPTERS_LOADED,  # adapters dropped or added back while loaded, the weights kept
     )
 
     def check_override_combination(self, definition, overrides):
-        """``draft-simple`` needs the definition's draft model (``speculation_problem``)."""
+        """``draft-simple`` needs the definition's draft model (``speculation_problem``); the
+        adapters loaded must be the definition's."""
         refuse_problem(speculation_problem(self.effective_config(definition, overrides)))
+        check_loaded_names(definition, overrides.get("adapters_loaded"))
 
     def context_length(self, config):
         return config.get("gguf_n_ctx")

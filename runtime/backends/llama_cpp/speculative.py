@@ -102,6 +102,12 @@ class Speculation:
     def enabled(self) -> bool:
         return self.settings.spec_type is not None
 
+    def close(self) -> None:
+        """Free the draft model (the replica unloads); safe twice."""
+        if self.draft_model is not None:
+            self.draft_model.close()
+            self.draft_model = None
+
     def start(self, generation) -> None:
         if self.settings.spec_type == "ngram-simple":
             generation.drafter = NgramDrafter(self.settings.ngram_size_n, self.settings.n_max)

@@ -32,6 +32,13 @@ from pydantic import Field, model_validator
 
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
+from runtime.backends.shared.adapters import (
+    Adapters,
+    adapters_field,
+    llama_server_lora_args,
+    refuse_adapters_without_generation,
+    server_lora,
+)
 from runtime.backends.shared.common_fields import FamilyDefinition, refuse_embeddings_with_rerank
 from runtime.backends.llama_cpp.spec import (
     GgmlCacheType,
@@ -60,7 +67,10 @@ class LlamaServerDefinition(
         "llama_server",
         binary="llama-server",
         startup_timeout_seconds=300.0,
-        owned_flags={"target_inflight": ("--parallel", "-np")},
+        owned_flags={
+            "target_inflight": ("--parallel", "-np"),
+            "adapters": ("--lora", "--lora-scaled", "--lora-init-without-apply"),
+        },
         # No llama_server_model: model_path is the GGUF file.
         fields=("binary", "host", "port", "api_key", "library_path", "env", "extra_args", "startup_timeout_seconds"),
     )
@@ -105,10 +115,17 @@ class LlamaServerDefinition(
     # abandoned one holds its slot at most that long; a longer or unbounded one is streamed all the
     # same (LLAMA_SERVER.stream_always).  0: every call is streamed.
     llama_server_unstreamed_max_tokens: int = Field(16, ge=0)
+    # LoRA adapters (GGUF), each a model id <model>:<adapter>: --lora per adapter, applied per
+    # request through its "lora" field (runtime.backends.shared.adapters).
+    adapters: Adapters = adapters_field()
 
     @model_validator(mode="after")
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
+        refuse_adapters_without_generation(self, self.rerank)
+        # llama-server splits --lora's value at commas (several adapters in one flag).
+        if any("," in adapter.path for adapter in self.adapters.values()):
+            raise ValueError("a llama_server adapter's path may not contain a comma")
         return self
 
     _speculative_fields_fit = model_validator(mode="after")(fields_fit(spec_problem))
@@ -140,6 +157,7 @@ def llama_server_command(config: dict[str, Any], host: str, port: int, base_dir:
         *server_spec.flag_args(("--slot-save-path", slot_save_path)),
         *(_embedding_args(local("model_path")) if config["embeddings"] else []),
         *(["--reranking"] if config["rerank"] else []),
+        *llama_server_lora_args(config, base_dir),
     ]
     return server_spec.server_argv(config, "llama_server", host, port, ["--model", local("model_path")], options)
 
@@ -175,6 +193,7 @@ LLAMA_SERVER = managed.ServerProfile(
     prefix="llama_server",
     build=_launch,
     served_model=lambda config, base_dir: os.path.basename(config["model_path"]),
+    adapter_request=lambda config, served, adapter: (served, {"lora": server_lora(config, adapter)}),
     # llama-server checks for a closed connection before each chunk of a stream, but for an answer
     # it does not stream only after a whole second in which none of its tasks answered anything: a
     # busy server (other slots streaming, /slots or /metrics polls) finishes an abandoned one,

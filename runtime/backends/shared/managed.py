@@ -42,7 +42,7 @@ from runtime.backends.shared.upstream_rerank import create_rerank
 from runtime.backends.shared.prompts import template_variables
 from runtime.backends.shared.upstream import UpstreamClient
 from runtime.errors import BackendError
-from runtime.inputs.request import ForwardedRequest, GenerationRequest, InferenceRequest
+from runtime.inputs.request import ForwardedRequest, GenerationRequest, InferenceRequest, typed_request
 from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
 from runtime.model.load_progress import report as report_progress
@@ -92,6 +92,10 @@ class ServerProfile:
     prefix: str
     build: Callable[[dict[str, Any], LaunchSite], ServerLaunch]
     served_model: Callable[[dict[str, Any], str], str] | None = None
+    # A request to a model with LoRA adapters (runtime.backends.shared.adapters): (config, the
+    # served model's name, the request's adapter or None) -> (the model name the server gets,
+    # the body fields that select the adapter, or none).
+    adapter_request: Callable[[dict[str, Any], str, str | None], tuple[str, dict]] | None = None
     # Forward a json_schema text.format as the chat response_format.
     json_schema: bool = False
     health_path: str = "/health"
@@ -308,25 +312,29 @@ class ManagedServerEngine:
         """The server's answer: the client's own body forwarded, or the typed request as a chat
         completion."""
         thinking = self.config.get("enable_thinking")
+        model, adapter_fields = self._served_model, {}
+        if self.config.get("adapters"):
+            model, adapter_fields = self.profile.adapter_request(
+                self.config, self._served_model, typed_request(request).adapter)
         match request:
             case ForwardedRequest(typed=typed, path=path, body=body):
                 if path == "/v1/chat/completions" and not self.profile.named_tool_choice:
                     body = required_for_named(body)
                 return forward(
-                    self._client, path, body, self._served_model, self.label, BackendError,
+                    self._client, path, {**body, **adapter_fields}, model, self.label, BackendError,
                     template_variables(typed, thinking),
                     stream_upstream=self.profile.streams_upstream(self.config, False, answer_bound(body)),
                 )
             case GenerationRequest():
                 body = chat_request(
                     request,
-                    self._served_model,
+                    model,
                     configured_thinking=thinking,
                     json_schema=self.profile.json_schema,
                     stream=self.profile.streams_upstream(self.config, request.stream, request.max_output_tokens),
                     named_tool_choice=self.profile.named_tool_choice,
                     repeat_penalty_field=self.profile.repeat_penalty_field,
-                )
+                ) | adapter_fields
                 return chat_completion(self._client, "/v1/chat/completions", body, self.label, BackendError)
 
     async def embed(self, inputs, *, dimensions: int | None = None) -> tuple[list[list[float]], int]:

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta
+from runtime.backends.shared.adapters import vllm_lora_arguments, vllm_lora_modules
 from runtime.backends.shared.prompts import render_template_prompt, template_messages, template_variables
 from runtime.backends.vllm.arguments import engine_arguments, model_target
 from runtime.errors import BackendError, InvalidRequest, LLMPoolError
@@ -36,6 +37,7 @@ _live_engines: set[int] = set()
 def import_vllm() -> SimpleNamespace:
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.lora.request import LoRARequest
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError as exc:
@@ -44,7 +46,8 @@ def import_vllm() -> SimpleNamespace:
             "to load models with the vllm backend"
         ) from exc
     return SimpleNamespace(
-        AsyncEngineArgs=AsyncEngineArgs, AsyncLLM=AsyncLLM, SamplingParams=SamplingParams, DELTA=RequestOutputKind.DELTA
+        AsyncEngineArgs=AsyncEngineArgs, AsyncLLM=AsyncLLM, SamplingParams=SamplingParams,
+        DELTA=RequestOutputKind.DELTA, LoRARequest=LoRARequest,
     )
 
 
@@ -91,7 +94,13 @@ def _cleanup_process_state() -> None:
 class VllmEngine:
     def __init__(self, config: dict[str, Any], context: dict):
         self.config = config
-        self.engine_args = engine_arguments(config, model_target(config["model_path"], context["base_dir"]))
+        self.engine_args = {
+            **engine_arguments(config, model_target(config["model_path"], context["base_dir"])),
+            **vllm_lora_arguments(config),
+        }
+        # A request's adapter -> (vLLM's LoRA id: 1, 2, ... in declared order, its folder).
+        self._adapters = {name: (index + 1, path) for index, (name, path)
+                          in enumerate(vllm_lora_modules(config, context["base_dir"]).items())}
         self._on_failure = context["on_engine_failure"]
         self._vllm: SimpleNamespace | None = None
         self._llm = None
@@ -143,9 +152,14 @@ class VllmEngine:
         else:
             prompt_ids = list(self._tokenizer.encode(self.prompt_text(request), add_special_tokens=False))
         params = self._vllm.SamplingParams(**sampling_arguments(request), output_kind=self._vllm.DELTA)
+        lora = None
+        if request.adapter is not None:
+            lora_id, path = self._adapters[request.adapter]
+            lora = self._vllm.LoRARequest(request.adapter, lora_id, path)
         output_tokens, finish_reason = 0, "stop"
         try:
-            async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id):
+            async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id,
+                                                   lora_request=lora):
                 completion = output.outputs[0]
                 output_tokens += len(completion.token_ids)
                 logprobs = None if request.logprobs is None else token_logprobs(completion, request.logprobs)

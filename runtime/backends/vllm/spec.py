@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 from pydantic import Field
 
 from runtime.backends.base import SAMPLING_OPTIONS
+from runtime.backends.shared.adapters import Adapters, adapters_field
 from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.shared.common_fields import (
     GEMMA4,
@@ -73,6 +74,10 @@ class VllmFields(FamilyDefinition):
     vllm_enforce_eager: bool = False
     vllm_trust_remote_code: bool = False
     vllm_reasoning_parser: str | None = None
+    # LoRA adapters (PEFT folders), each a model id <model>:<adapter>, served with vLLM's LoRA
+    # support (runtime.backends.shared.adapters); the largest rank among them where it exceeds vLLM's default.
+    adapters: Adapters = adapters_field()
+    vllm_max_lora_rank: int | None = Field(None, ge=1)
 
 
 class VllmDefinition(LibraryFields, VllmFields):

@@ -20,9 +20,11 @@ import json
 from typing import Any
 
 import httpx
+from pydantic import model_validator
 
 import runtime.backends.shared.managed as managed
 import runtime.backends.shared.server_spec as server_spec
+from runtime.backends.shared.adapters import refuse_adapters_without_generation, vllm_lora_args
 from runtime.backends.shared.common_fields import GEMMA4, NonEmptyStr
 from runtime.backends.vllm import VllmFields, VllmSpec
 from runtime.backends.vllm.arguments import mm_processor_kwargs, speculative_config
@@ -38,6 +40,7 @@ class VllmServeDefinition(
         owned_flags={
             "target_inflight": ("--max-num-seqs",),
             "vllm_tool_call_parser": ("--enable-auto-tool-choice", "--tool-call-parser"),
+            "adapters": ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank"),
         },
     )
 ):
@@ -56,6 +59,11 @@ class VllmServeDefinition(
     vllm_tool_call_parser: NonEmptyStr | None = None
     # The warm tier: --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1, so POST .../sleep works.
     vllm_enable_sleep_mode: bool = False
+
+    @model_validator(mode="after")
+    def _generates_for_adapters(self):
+        refuse_adapters_without_generation(self, self.embeddings or self.rerank)
+        return self
 
 
 def _json(value: dict | None) -> str | None:
@@ -80,6 +88,7 @@ def vllm_serve_command(config: dict[str, Any], host: str, port: int, base_dir: s
         *(["--runner", "pooling"] if config["embeddings"] or config["rerank"] else []),
         *(["--enable-sleep-mode"] if config["vllm_enable_sleep_mode"] else []),
         *_tool_args(config["vllm_tool_call_parser"]),
+        *vllm_lora_args(config, base_dir),
     ]
     model_args = ["serve", managed.server_target(config, "vllm_serve", base_dir)]
     return server_spec.server_argv(config, "vllm_serve", host, port, model_args, options)
@@ -95,7 +104,9 @@ def _launch(config: dict[str, Any], site: managed.LaunchSite) -> managed.ServerL
     return managed.ServerLaunch(vllm_serve_command(config, site.host, site.port, site.base_dir), env=env)
 
 
-VLLM_SERVE = managed.ServerProfile(program="vllm serve", prefix="vllm_serve", build=_launch, json_schema=True)
+# vLLM serves each --lora-modules adapter under its own name.
+VLLM_SERVE = managed.ServerProfile(program="vllm serve", prefix="vllm_serve", build=_launch, json_schema=True,
+                                   adapter_request=lambda config, served, adapter: (adapter or served, {}))
 SLEEP_LEVEL = 1  # the weights kept in host RAM (level 2 would drop them: a wake could not serve)
 CONTROL_TIMEOUT_SECONDS = 300.0  # a sleep copies the weights to host RAM, a wake back
 # What a level-1 sleep leaves on the GPU, as a share of what the server held awake: vLLM's docs say

@@ -10,10 +10,11 @@ VALUED = {
     "--kv-cache-dtype", "--kv-cache-memory-bytes", "--mm-processor-kwargs", "--speculative-config",
     "--tensor-parallel-size", "--dtype", "--quantization", "--reasoning-parser", "--served-model-name",
     "--seed", "--max-num-batched-tokens", "--runner", "--tool-call-parser", "--tool-parser-plugin",
+    "--max-loras", "--max-lora-rank",
 }
 SWITCHES = {
     "--enforce-eager", "--trust-remote-code", "--enable-prefix-caching", "--enable-chunked-prefill",
-    "--enable-auto-tool-choice", "--enable-sleep-mode",
+    "--enable-auto-tool-choice", "--enable-sleep-mode", "--enable-lora",
 }
 CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "nvfp4")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -26,10 +27,28 @@ TOOL_PARSERS = (
 )
 
 
+def lora_modules(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """``--lora-modules name=path ...`` (vLLM's nargs "+": every value up to the next flag) taken
+    out of ``argv``: the rest, and the modules by name."""
+    if "--lora-modules" not in argv:
+        return argv, {}
+    start = argv.index("--lora-modules")
+    end = next((i for i in range(start + 1, len(argv)) if argv[i].startswith("-")), len(argv))
+    values = argv[start + 1:end]
+    if not values or not all("=" in value for value in values):
+        raise UsageError(f"argument --lora-modules: expected name=path values (got {values})")
+    return argv[:start] + argv[end:], dict(value.split("=", 1) for value in values)
+
+
 def parse(argv: list[str]) -> tuple[dict, dict]:
     if not argv or argv[0] != "serve":
         raise UsageError("the only subcommand here is 'serve'")
-    options, positionals = parse_flags(argv[1:], VALUED, SWITCHES, dashes=True)
+    rest, modules = lora_modules(argv[1:])
+    options, positionals = parse_flags(rest, VALUED, SWITCHES, dashes=True)
+    if modules and not options.get("--enable-lora"):
+        raise UsageError("--lora-modules requires --enable-lora")
+    require_int(options, "--max-loras", minimum=len(modules) or 1)
+    require_int(options, "--max-lora-rank", minimum=1)
     if len(positionals) != 1:
         raise UsageError(f"serve takes exactly one model tag (got {positionals})")
     for name in ("--port", "--max-num-seqs", "--max-model-len", "--kv-cache-memory-bytes", "--tensor-parallel-size"):
@@ -59,6 +78,8 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
         "tools": "auto" if auto_tools else None,
         # --enable-sleep-mode: /sleep, /wake_up, /is_sleeping (with VLLM_SERVER_DEV_MODE=1, as vLLM).
         "sleep_mode": bool(options.get("--enable-sleep-mode")),
+        # --lora-modules: each adapter is a model name of its own, as vLLM serves them.
+        "adapters": sorted(modules),
     }
     return settings, {}
 

@@ -437,7 +437,7 @@ class _Handler(BaseHTTPRequestHandler):
         if drop:
             self.close_connection = True
             return
-        if request.get("model") != self.state["settings"]["model"]:
+        if request.get("model") not in (self.state["settings"]["model"], *self.state["settings"].get("adapters", ())):
             self._error(404, f"The model `{request.get('model')}` does not exist.", "NotFoundError")
             return
         try:
