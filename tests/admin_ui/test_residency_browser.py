@@ -132,7 +132,10 @@ def test_reconfigure_a_real_llama_cpp_model(page, service, http, screenshot_dir)
         expect(form.locator("#id_reconfigure-gguf_flash_attn")).to_have_value("auto")
         expect(form.locator("#id_reconfigure-gguf_type_k__null")).to_be_checked()
         expect(form.locator("#id_reconfigure-gguf_type_k")).to_be_disabled()
-        expect(form.locator("[data-row]")).to_have_count(4)  # gguf_n_ctx, gguf_flash_attn, gguf_type_k, gguf_type_v
+        # gguf_n_ctx, gguf_flash_attn, gguf_type_k, gguf_type_v and adapters_loaded (the speculative
+        # overrides are load-time only)
+        expect(form.locator("[data-row]")).to_have_count(5)
+        expect(form.locator("#id_reconfigure-adapters_loaded")).to_have_count(1)
         expect(page.locator("#residency-module [data-sleep-submit]")).to_be_visible()  # llama_cpp can sleep
 
         # The live feed's refresh of the fragment, asked before the operator types and answered
