@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,9 +38,15 @@ def smollm2_server(llama_server_binary: str, smollm2_gguf: str) -> dict:
     }
 
 
-def smollm2_service(live_service, llama_server_binary: str, smollm2_gguf: str, state: Path):
-    """A live service with ``smollm2_server`` as model ``smol``, its state (and saved caches) in ``state``."""
-    return live_service({"smol": smollm2_server(llama_server_binary, smollm2_gguf)}, env={"LLMPOOL_STATE_DIR": str(state)})
+@contextmanager
+def smollm2_client(live_service, llama_server_binary: str, smollm2_gguf: str, state: Path):
+    """A client of a live service with ``smollm2_server`` as model ``smol``, its state (and saved
+    caches) in ``state``; the service must stop cleanly after."""
+    service = live_service({"smol": smollm2_server(llama_server_binary, smollm2_gguf)},
+                           env={"LLMPOOL_STATE_DIR": str(state)})
+    with service.client(timeout=120) as client:
+        yield client
+    assert service.stop() == 0
 
 
 def librarian(shelves: int) -> str:

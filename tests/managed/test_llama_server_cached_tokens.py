@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.managed.helpers import librarian, smollm2_service, sse_events
+from tests.managed.helpers import librarian, smollm2_client, sse_events
 
 SYSTEM = librarian(15)
 FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
@@ -15,11 +15,9 @@ FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
 
 @pytest.fixture
 def http(live_service, llama_server_binary, smollm2_gguf, tmp_path):
-    service = smollm2_service(live_service, llama_server_binary, smollm2_gguf, tmp_path / "state")
-    with service.client(timeout=120) as client:
+    with smollm2_client(live_service, llama_server_binary, smollm2_gguf, tmp_path / "state") as client:
         assert client.post("/v1/admin/models/smol/load").json()["runtime_state"] == "loaded"
         yield client
-    assert service.stop() == 0
 
 
 def responses_turns(http) -> tuple[dict, dict]:

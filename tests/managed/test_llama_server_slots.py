@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from runtime.backends.llama_server.slots import SlotStore, content_name
-from tests.managed.helpers import librarian, smollm2_service
+from tests.managed.helpers import librarian, smollm2_client
 
 SYSTEM = librarian(30)
 FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
@@ -21,10 +21,8 @@ FIRST, SECOND = "Where are books by Austen?", "And books by Dickens?"
 @pytest.fixture
 def smol(live_service, llama_server_binary, smollm2_gguf, tmp_path):
     """A service with SmolLM2 on llama-server: (an HTTP client, the KV store's folder)."""
-    service = smollm2_service(live_service, llama_server_binary, smollm2_gguf, tmp_path / "state")
-    with service.client(timeout=120) as http:
+    with smollm2_client(live_service, llama_server_binary, smollm2_gguf, tmp_path / "state") as http:
         yield http, tmp_path / "state" / "kv"
-    assert service.stop() == 0
 
 
 def cycle(http, action: str) -> None:
