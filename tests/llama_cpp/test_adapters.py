@@ -107,6 +107,38 @@ async def test_adapters_loaded_drops_and_adds_back_an_adapter_on_the_same_weight
         await engine.unload()
 
 
+async def test_a_dropped_adapters_cache_stays_marked_and_is_not_reused_by_the_base(adapter_files):
+    engine = make_engine(adapter_files)
+    await engine.load()
+    try:
+        await on_worker(engine, engine.context.clear)
+        await answer_of(engine, ask("sea"))  # one sequence now holds the adapter's cache of the prompt
+        await engine.reconfigure(SPEC.effective_config(definition(adapter_files), {"adapters_loaded": ["quiet"]}))
+        assert [seq for seq in range(engine.context.n_seq) if engine.lora.held(seq) is not None]  # marked: never saved as the base's
+        text, finished = await answer_of(engine, ask(None))
+        assert finished.cached_tokens == 0  # the dropped adapter's cache is not the base's
+        assert text == await alone(engine, None)
+    finally:
+        await engine.unload()
+
+
+async def test_a_reconfigure_whose_adapter_file_fails_changes_nothing(adapter_files, tmp_path):
+    engine = make_engine(adapter_files)
+    await engine.load()
+    try:
+        context, settings = engine.context, engine.context.settings
+        broken = {**engine.config, "gguf_n_ctx": 256,
+                  "adapters": {**engine.config["adapters"], "sea": {**engine.config["adapters"]["sea"],
+                                                                     "path": str(tmp_path / "gone.gguf")}}}
+        with pytest.raises(InvalidLoadRequest):
+            await engine.reconfigure(broken)
+        assert engine.context is context and engine.context.settings == settings
+        assert engine.lora.names == ["sea", "quiet"]
+        assert (await alone(engine, "sea")).strip()
+    finally:
+        await engine.unload()
+
+
 async def test_adapters_loaded_names_declared_adapters_only(adapter_files):
     with pytest.raises(InvalidLoadRequest) as caught:
         SPEC.validate_overrides(definition(adapter_files), {"adapters_loaded": ["sea", "nope"]})

@@ -21,9 +21,12 @@ import ctypes
 
 from runtime.backends.llama_cpp.native import EngineLoadError, native
 from runtime.backends.shared.adapters import adapter_paths, declared
-from runtime.errors import AdapterNotLoaded, InvalidLoadRequest
+from runtime.errors import AdapterNotLoaded, BackendError, InvalidLoadRequest
 
 BASE = ""  # the turn of the generations without an adapter
+# What a sequence holds once the adapter that filled it is dropped or replaced: a name no adapter
+# has (adapter names have no ":"), so no generation reuses it and the KV store does not save it.
+DROPPED = ":dropped"
 
 
 class LoraSet:
@@ -58,7 +61,7 @@ class LoraSet:
             added[name] = (handle, path)
         for name in [n for n in self._loaded if n not in wanted or n in added]:
             lib.llama_adapter_lora_free(self._loaded.pop(name)[0])
-            self._held = {seq: held for seq, held in self._held.items() if held != name}
+            self._held = {seq: DROPPED if held == name else held for seq, held in self._held.items()}
         self._loaded.update(added)
         self._loaded = {name: self._loaded[name] for name in wanted}
         self._scales = {name: adapter["scale"] for name, adapter in declared(config).items()}
@@ -89,7 +92,8 @@ class LoraSet:
         return self._last_turn or None
 
     def held(self, seq: int) -> str | None:
-        """The adapter sequence ``seq``'s cache was computed with (None: the base)."""
+        """The adapter sequence ``seq``'s cache was computed with (None: the base; ``DROPPED``: one
+        no longer loaded as it was)."""
         return self._held.get(seq) or None
 
     def visible(self, context, adapter: str | None) -> list[list[int]]:
@@ -126,5 +130,5 @@ class LoraSet:
             handles = (lib.llama_adapter_lora_p_ctypes * 1)(handle)
             scales = (ctypes.c_float * 1)(self._scales[adapter])
             if lib.llama_set_adapters_lora(context.ctx, handles, 1, scales) != 0:
-                raise RuntimeError(f"llama.cpp refused the LoRA adapter {adapter!r}")
+                raise BackendError(f"llama.cpp refused the LoRA adapter {adapter!r}")
         self._applied = (id(context), adapter or BASE)

@@ -206,8 +206,8 @@ class LlamaCppEngine:
             raise BackendError(f"model {self.model_name} replica {self.replica_index + 1} is not loaded")
         old = self.context.settings if self.context is not None else self._asleep
         new = dataclasses.replace(ContextSettings.from_config(config), pooling=old.pooling)
+        self.lora.resync(self.weights, config, self.base_dir)  # first: a file it refuses changes nothing
         if new == old:  # only adapters_loaded changes: the context and its caches stay
-            self.lora.resync(self.weights, config, self.base_dir)
             self.config = config
             return
         previous = self.context if overlap else None  # make-before-break: kept until the new one stands
@@ -220,6 +220,9 @@ class LlamaCppEngine:
         except EngineLoadError as exc:
             # The configuration that served before: still there, or rebuilt after a break.
             self.context = previous if previous is not None else GgufContext(self.weights, old)
+            self.lora.sync(self.weights, self.config, self.base_dir)  # the adapters that served with it
+            if previous is None:
+                self.lora.forget()
             if OOM_WORDS.search(str(exc)):
                 raise InsufficientMemory(str(exc)) from None
             raise InvalidLoadRequest(str(exc)) from None
@@ -227,7 +230,6 @@ class LlamaCppEngine:
             previous.close()
             release_heap()
         self.lora.forget()
-        self.lora.resync(self.weights, config, self.base_dir)
         self._asleep = None
         self.config = config
         self._open_kv_store()  # another n_ctx or cache type: another identity
