@@ -82,3 +82,13 @@ async def test_a_context_refusal_is_context_length_exceeded():
     refusal = httpx.Response(400, json={"error": {"message": "the request exceeds the available context size"}})
     with pytest.raises(ContextLengthExceeded):
         await run(refusal)
+
+
+async def test_logprobs_the_upstream_gives_come_with_the_delta():
+    tokens = [{"token": "Hi", "logprob": -0.1, "bytes": [72, 105], "top_logprobs": []}]
+    answer = httpx.Response(200, json={"choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"},
+                                                    "logprobs": {"content": tokens}, "finish_reason": "stop"}]})
+    events, _ = await run(answer)
+    assert events[0] == TextDelta("Hi", logprobs=tokens)
+    bare, _ = await run(httpx.Response(200, json={"choices": [{"message": {"content": "Hi"}, "logprobs": "x"}]}))
+    assert bare[0] == TextDelta("Hi")  # no usable logprobs: none, never a failure

@@ -147,3 +147,9 @@ async def test_streamed_text_before_a_call_comes_first_and_fragments_count_witho
     events = await post(answer, {"stream": True})
     assert events == [TextDelta("Sure."), ToolCall("time", "{}", "c"),
                       Finished(input_tokens=0, output_tokens=3, finish_reason="stop")]
+
+
+def test_a_typed_requests_logprobs_are_asked_of_the_upstream():
+    body = chat_request(request(logprobs=2), "m")
+    assert body["logprobs"] is True and body["top_logprobs"] == 2
+    assert "logprobs" not in chat_request(request(), "m")

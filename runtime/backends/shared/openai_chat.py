@@ -72,6 +72,8 @@ def chat_request(
     ):
         if value is not None:
             body[name] = value
+    if request.logprobs is not None:  # each delta's logprobs come back in the chat completions shape
+        body["logprobs"], body["top_logprobs"] = True, request.logprobs
     template_kwargs = template_variables(request, configured_thinking)
     if template_kwargs:
         body["chat_template_kwargs"] = template_kwargs
@@ -206,7 +208,7 @@ async def _completion(
     message = choices[0].get("message") or {}
     text = message.get("content") or ""
     if text:
-        yield TextDelta(text)
+        yield TextDelta(text, logprobs=content_logprobs(choices[0]))
     calls = ToolCallFragments(upstream, failure)
     for index, call in enumerate(message.get("tool_calls") or ()):
         calls.add({"index": index, **call} if isinstance(call, dict) else call)
@@ -215,6 +217,14 @@ async def _completion(
     reason = "length" if choices[0].get("finish_reason") == "length" else "stop"
     # An upstream that reports no usage: about four characters a token, as the scheduler estimates.
     yield upstream_finished(answer.get("usage"), answer.get("timings"), reason, max(1, len(text) // 4) if text else 0)
+
+
+def content_logprobs(choice: dict) -> list | None:
+    """A chat completion choice's ``logprobs.content`` (one entry per token, the shape
+    ``TextDelta.logprobs`` carries), or None where it has none."""
+    logprobs = choice.get("logprobs")
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    return content if isinstance(content, list) else None
 
 
 def upstream_finished(usage: Any, timings: Any, finish_reason: str, fallback_output: int) -> Finished:
@@ -270,7 +280,7 @@ async def stream_chat(
                 text = delta.get("content")
                 if text:
                     pieces += 1
-                    yield TextDelta(text)
+                    yield TextDelta(text, logprobs=content_logprobs(choice))
                 for fragment in delta.get("tool_calls") or ():
                     pieces += 1
                     calls.add(fragment)
