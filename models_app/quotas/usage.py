@@ -95,8 +95,10 @@ async def run_periodic() -> None:
         try:
             if nodes.is_split():
                 await SPLIT_STORE.renew_leases()
-            if loop.time() - pruned_at >= PRUNE_SECONDS and await _elected():
-                pruned_at = loop.time()
+            if loop.time() - pruned_at >= PRUNE_SECONDS:
+                pruned_at = loop.time()  # elected or not: the next election is an hour away
+                if not await _elected():
+                    continue
                 before = datetime.now(timezone.utc).date() - timedelta(days=KEEP_DAYS)
                 await sync_to_async(services.key_usage_prune)(before=before)
         except Exception as exc:

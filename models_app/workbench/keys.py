@@ -39,7 +39,8 @@ def form_fields(form) -> dict:
     fields["models"] = "*" if listed in ([], ["*"]) else listed
     for name in _INTEGER_FIELDS:
         raw = form.get(name, "").strip()
-        fields[name] = None if not raw else int(raw) if raw.isascii() and raw.isdigit() else raw
+        # Past 18 digits it stays text (the schema refuses it): int() refuses 4,300 digits and more.
+        fields[name] = None if not raw else int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 18 else raw
     for name in _NUMBER_FIELDS:
         raw = form.get(name, "").strip()
         try:

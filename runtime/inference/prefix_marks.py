@@ -38,7 +38,9 @@ def prefix_marks(request: GenerationRequest) -> tuple[Mark, ...]:
             lead += 1
         if not (request.tools or request.instructions or lead):
             lead = 1  # a head shared by every conversation without a system part would match them all
-        head = orjson.dumps([request.tools, request.instructions, messages[:lead]], option=orjson.OPT_SORT_KEYS)
+        # The adapter too: a cache computed with one LoRA adapter is no use to a request with another.
+        head = orjson.dumps([request.adapter, request.tools, request.instructions, messages[:lead]],
+                            option=orjson.OPT_SORT_KEYS)
         pieces = [head, *(orjson.dumps(message, option=orjson.OPT_SORT_KEYS) for message in messages[lead:])]
     else:
         return ()

@@ -23,3 +23,9 @@ def test_a_queue_timeout_the_schema_refuses_is_refused(value):
     with pytest.raises(InvalidRequest) as refused:
         services.validated_key_fields(form_fields({"name": "x", "queue_timeout_seconds": value}))
     assert refused.value.param == "queue_timeout_seconds"
+
+
+def test_a_limit_of_thousands_of_digits_is_refused_by_the_schema_not_a_500():
+    with pytest.raises(InvalidRequest) as refused:
+        services.validated_key_fields(form_fields({"name": "x", "requests_per_minute": "9" * 5000}))
+    assert refused.value.param == "requests_per_minute"

@@ -1,6 +1,8 @@
 """Prefix-affinity routing: the scheduler's replica choice driven synchronously with a fake
 effects object (runtime.model.routing), and the conversation marks it matches
 (runtime.inference.prefix_marks)."""
+import dataclasses
+
 from runtime.config import FairnessSettings
 from runtime.errors import ModelUnloading
 from runtime.inference.prefix_marks import RAW_BLOCK_CHARS, prefix_marks
@@ -52,6 +54,12 @@ def test_a_later_turn_starts_with_every_mark_of_the_earlier_ones():
     assert second[: len(first)] == first and third[: len(second)] == second
     assert len(first) == 2 and len(second) == 4  # the system part, then one mark per message
     assert [size for _, size in third] == sorted(size for _, size in third)
+
+
+def test_the_same_conversation_with_another_lora_adapter_shares_no_mark():
+    base = GenerationRequest("b", conversation("ann", 2))
+    adapted = dataclasses.replace(base, adapter="sea")
+    assert not set(prefix_marks(base)) & set(prefix_marks(adapted))
 
 
 def test_conversations_share_only_the_marks_of_what_they_share():

@@ -36,7 +36,8 @@ async def create_rerank(
         raise failure(f"{upstream} answered 200 without rerank results (index, relevance_score): {exc!r}") from None
     if sorted(scores) != list(range(len(documents))):
         raise failure(f"{upstream} answered scores for documents {sorted(scores)} of {len(documents)}")
-    usage = answer.get("usage") or {}
+    usage = answer.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
     tokens = usage.get("prompt_tokens", usage.get("total_tokens"))
     if not isinstance(tokens, int):
         # An upstream that reports no usage: the pairs' estimate, as the scheduler charges it.
