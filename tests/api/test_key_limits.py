@@ -18,6 +18,11 @@ import httpx
 import pytest
 
 from models_app.quotas.usage import FLUSH_SECONDS
+
+# How long a test waits for usage rows: they are written in batches every FLUSH_SECONDS, after the
+# runtime's answer to a cancel (at most its 2 s reply timeout). A patience, not a target: on a
+# loaded CI machine the batch's write can take several periods; the wait ends as soon as they are there.
+USAGE_PATIENCE = 30
 from tests.api.test_keys_api import bearer, healthy, wait_for
 from tests.conftest import ROOT, LiveService, _terminate, api_command, free_port, write_settings
 
@@ -168,8 +173,7 @@ def test_a_key_of_settings_json_has_its_limits_enforced_and_its_usage_kept(servi
     assert (refused.status_code, refused.json()["error"]["code"]) == (429, "rate_limited")
     assert 1 <= int(refused.headers["Retry-After"]) <= 60
     spent = 3 * usage_tokens(answers[0])
-    wait_for(lambda: admin.get("/v1/admin/keys/settings:ops/usage").json()["total"]["requests"] == 3,
-             2 * FLUSH_SECONDS + 2)
+    wait_for(lambda: admin.get("/v1/admin/keys/settings:ops/usage").json()["total"]["requests"] == 3, USAGE_PATIENCE)
     kept = admin.get("/v1/admin/keys/settings:ops/usage").json()
     assert (kept["id"], kept["name"], kept["budget"]["used"]) == ("settings:ops", "ops", spent)
     assert [day["model"] for day in kept["days"]] == ["echo"]
@@ -225,9 +229,7 @@ def test_a_stream_the_client_closes_early_is_charged_the_tokens_it_used(service,
                 deltas += 1
                 if deltas == 2:
                     break
-    # The edge waits for the runtime's answer to the cancel (at most the 2 s reply timeout), then
-    # the usage is written at the next flush: both bounds, and slack for a busy machine.
-    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], 2.0 + 2 * FLUSH_SECONDS + 2)
+    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], USAGE_PATIENCE)
     [day] = admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"]
     assert (day["model"], day["requests"]) == ("slow", 1)
     assert day["input_tokens"] > 0 and 2 <= day["output_tokens"] < 6  # cut short: fewer than six words
@@ -246,7 +248,7 @@ def test_a_request_whose_client_leaves_before_its_whole_answer_is_charged_what_i
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(service.urls[0] + "/v1/responses", headers=bearer(made["key"]), timeout=httpx.Timeout(30, read=0.4),
                    json={"model": "slow", "input": "go"})
-    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], 2 * FLUSH_SECONDS + 2)
+    wait_for(lambda: admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"], USAGE_PATIENCE)
     [day] = admin.get(f"/v1/admin/keys/{made['id']}/usage").json()["days"]
     assert day["requests"] == 1 and day["input_tokens"] > 0 and 1 <= day["output_tokens"] < 6
 
