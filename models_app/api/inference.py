@@ -37,6 +37,7 @@ from models_app.quotas import admission
 from models_app.transport.messages import OP_EMBED, OP_GENERATE, REPLY_CHUNK, REPLY_RESULT
 from runtime.errors import LLMPoolError, MethodNotAllowed, RequestTooLarge
 from runtime.json_codec import dumps
+from runtime.inference.admission import estimate_prompt_tokens
 from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_WAITING, InferenceRequest, typed_request
 
 logger = logging.getLogger("llmpool.api")
@@ -139,30 +140,34 @@ async def generate(request: InferenceRequest, model: str) -> dict | AsyncIterato
     whose client leaves before its answer is charged what it used (``_charge_if_cancelled``).
     """
     wire = runtime_wire({**request.to_wire(), "model": model})
+    charge = _charge_if_cancelled(model, request)
     if not typed_request(request).stream:
-        result = await placement.call(OP_GENERATE, wire, on_cancelled=_charge_if_cancelled(model))
+        result = await placement.call(OP_GENERATE, wire, on_cancelled=charge)
         admission.count(model, result["usage"])
         return result
-    return await runtime_stream(OP_GENERATE, wire, model)
+    return await runtime_stream(OP_GENERATE, wire, model, on_cancelled=charge)
 
 
-def _charge_if_cancelled(model: str) -> Callable[[dict], None] | None:
+def _charge_if_cancelled(model: str, request) -> Callable[[dict], None] | None:
     """For a generate of a key's request: what counts what the request used when its client leaves
     before the answer (``RuntimeClient.exchange``'s ``on_cancelled``), so that leaving early is
-    never a way round the key's limits.  None for a request of no key: nothing waits then."""
+    never a way round the key's limits; where the runtime's count does not come, the prompt's
+    estimate (as the scheduler charges it) and the chunks relayed.  None for a request of no key:
+    nothing waits then."""
     if admission.CURRENT.get() is None:
         return None
-    return lambda used: admission.count(model, used)
+    return lambda used: admission.count(model, {"input_tokens": estimate_prompt_tokens(typed_request(request)), **used})
 
 
-async def runtime_stream(op: str, wire: dict, model: str) -> AsyncIterator[dict]:
+async def runtime_stream(op: str, wire: dict, model: str,
+                         on_cancelled: Callable[[dict], None] | None = None) -> AsyncIterator[dict]:
     """A streamed request ``op`` (generate, transcribe) with its payload ``wire``, for ``model``:
     returned, as ``generate`` says, once the runtime admitted it (or it waits for its model's load
     under the ASGI front); an iterator of the runtime's chunk messages, then its result.
 
     A generate that the client closes early is charged to its key all the same
-    (``_charge_if_cancelled``), before the key's grant finishes."""
-    exchange = placement.exchange(op, wire, on_cancelled=_charge_if_cancelled(model) if op == OP_GENERATE else None)
+    (``on_cancelled``: ``_charge_if_cancelled``), before the key's grant finishes."""
+    exchange = placement.exchange(op, wire, on_cancelled=on_cancelled)
     early = _EARLY.get()
     try:
         waiting_for = await _until_admitted(exchange, stop_when_waiting=early is not None)

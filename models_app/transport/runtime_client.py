@@ -49,10 +49,15 @@ async def result_of(exchange: AsyncIterator[dict]) -> dict:
     raise RuntimeUnavailable("the runtime closed the exchange without a result")
 
 
+CANCEL_ANSWER_SECONDS = 10.0  # the longest wait for the runtime's count of a cancelled generate
+
 class RuntimeClient:
     def __init__(self, reply_timeout: float | None = None):
         self.layer = get_channel_layer()
         self.reply_timeout = reply_timeout or service_settings().runtime_reply_timeout_seconds
+        # How long the runtime's exact count of a cancelled generate is waited for (the client is
+        # gone; only the key's concurrency slot waits): a loaded machine can take seconds.
+        self.cancel_answer_seconds = max(self.reply_timeout, CANCEL_ANSWER_SECONDS)
 
     async def call(self, channel: str, op: str, payload: dict | None = None, *, deadline: float | None = None,
                    on_silent: Callable[[], None] | None = None) -> dict:
@@ -130,7 +135,7 @@ class RuntimeClient:
             if not finished:
                 await self._cancel(request_id, channel)
                 if closed_early and on_cancelled is not None:
-                    await self._answer_to_cancel(reply_channel, on_cancelled)
+                    await self._answer_to_cancel(reply_channel, on_cancelled, chunks)
 
     async def _receive(self, channel: str, give_up_at: float | None) -> dict:
         """The next message on ``channel``, or RuntimeUnavailable once the timeout passes.
@@ -176,21 +181,25 @@ class RuntimeClient:
             raise RuntimeUnavailable("the runtime did not finish within the call's time limit")
         raise RuntimeUnavailable(f"the runtime did not answer within {self.reply_timeout:g} s")
 
-    async def _answer_to_cancel(self, reply_channel: str, on_cancelled: Callable[[dict], None]) -> None:
-        """Wait (up to the reply timeout) for what the runtime answers a cancel with, and hand its
-        usage to ``on_cancelled``; a runtime that says nothing in time is left at that."""
-        give_up_at = time.monotonic() + self.reply_timeout
-        try:
-            while True:
+    async def _answer_to_cancel(self, reply_channel: str, on_cancelled: Callable[[dict], None], chunks: int) -> None:
+        """Wait (up to ``cancel_answer_seconds``) for what the runtime answers a cancel with, and hand its
+        usage to ``on_cancelled``.  A runtime that says nothing in time, or fails, is charged what
+        the edge saw, ``{"output_tokens": chunks}`` (the chunks relayed, a token each at most), so
+        that leaving early is never free (the caller adds its prompt estimate)."""
+        give_up_at = time.monotonic() + self.cancel_answer_seconds
+        while time.monotonic() < give_up_at:
+            try:  # one receive waits the reply timeout at most: the whole wait is longer
                 reply = await self._receive(reply_channel, give_up_at)
-                kind, data = reply["kind"], reply.get("data") if isinstance(reply.get("data"), dict) else {}
-                if kind == REPLY_ERROR:
-                    return
-                if kind == REPLY_RESULT or (kind == REPLY_CHUNK and data.get("event") == GENERATE_CANCELLED):
-                    on_cancelled(data.get("usage") or {})
-                    return
-        except RuntimeUnavailable:
-            pass
+            except RuntimeUnavailable:
+                await asyncio.sleep(0.05)  # a layer that cannot be reached answers at once
+                continue
+            kind, data = reply["kind"], reply.get("data") if isinstance(reply.get("data"), dict) else {}
+            if kind == REPLY_ERROR:
+                break
+            if kind == REPLY_RESULT or (kind == REPLY_CHUNK and data.get("event") == GENERATE_CANCELLED):
+                on_cancelled(data.get("usage") or {})
+                return
+        on_cancelled({"output_tokens": chunks})
 
     async def _cancel(self, request_id: str, channel: str) -> None:
         cancel = {"type": RUNTIME_CANCEL, "request_id": request_id}

@@ -127,3 +127,47 @@ async def test_the_runtime_numbers_its_chunks_and_counts_them_on_the_result(monk
     await consumer._serve({"reply_channel": "reply!1", "request_id": "r1", "op": "generate", "payload": {}})
     assert [(m["kind"], m.get("seq"), m.get("chunks")) for m in layer.sent] == [
         (REPLY_CHUNK, 0, None), (REPLY_CHUNK, 1, None), (REPLY_CHUNK, 2, None), (REPLY_RESULT, None, 3)]
+
+
+async def read_two_and_leave(layer: ScriptedLayer) -> list[dict]:
+    """A generate exchange whose caller leaves after two chunks; what ``on_cancelled`` got."""
+    client = RuntimeClient(reply_timeout=0.2)
+    client.layer, client.cancel_answer_seconds = layer, 0.2
+    charged: list[dict] = []
+    exchange = client.exchange("runtime", "generate", {"model": "m"}, on_cancelled=charged.append)
+    assert [await anext(exchange), await anext(exchange)] == [chunk(0), chunk(1)]
+    await exchange.aclose()
+    return charged
+
+
+async def test_a_cancel_is_charged_what_the_runtime_answers_it_with():
+    cancelled = {"kind": REPLY_CHUNK, "seq": 2, "data": {"event": "cancelled", "usage": {"input_tokens": 9,
+                                                                                        "output_tokens": 2}}}
+    assert await read_two_and_leave(ScriptedLayer([chunk(0), chunk(1), cancelled])) == [
+        {"input_tokens": 9, "output_tokens": 2}]
+
+
+async def test_a_cancel_the_runtime_does_not_answer_in_time_is_charged_the_chunks_relayed():
+    assert await read_two_and_leave(ScriptedLayer([chunk(0), chunk(1)])) == [{"output_tokens": 2}]
+
+
+async def test_the_runtimes_count_is_waited_for_past_one_reply_timeout():
+    class LateLayer(ScriptedLayer):
+        """Its last message arrives 0.3 s after the rest: past the 0.2 s reply timeout."""
+
+        async def receive(self, channel):
+            if self.replies:
+                return self.replies.pop(0)
+            self.ready_at = self.ready_at or asyncio.get_running_loop().time() + 0.3
+            await asyncio.sleep(max(0.0, self.ready_at - asyncio.get_running_loop().time()))
+            return {"kind": REPLY_CHUNK, "seq": 2, "data": {"event": "cancelled", "usage": {"output_tokens": 1}}}
+
+    layer = LateLayer([chunk(0), chunk(1)])
+    layer.ready_at = None
+    client = RuntimeClient(reply_timeout=0.2)
+    client.layer, client.cancel_answer_seconds = layer, 2.0
+    charged: list[dict] = []
+    exchange = client.exchange("runtime", "generate", {"model": "m"}, on_cancelled=charged.append)
+    await anext(exchange), await anext(exchange)
+    await exchange.aclose()
+    assert charged == [{"output_tokens": 1}]
