@@ -58,6 +58,10 @@ class RuntimeClient:
         # How long the runtime's exact count of a cancelled generate is waited for (the client is
         # gone; only the key's concurrency slot waits): a loaded machine can take seconds.
         self.cancel_answer_seconds = max(self.reply_timeout, CANCEL_ANSWER_SECONDS)
+        # A reply channel's receive that its caller's cancel cut off (``_receive``), until its
+        # exchange ends: channels-redis can finish the blocking pop before the cancel reaches it,
+        # and the task then returns the message all the same (the runtime's answer to the cancel).
+        self._cut_off: dict[str, asyncio.Future] = {}
 
     async def call(self, channel: str, op: str, payload: dict | None = None, *, deadline: float | None = None,
                    on_silent: Callable[[], None] | None = None) -> dict:
@@ -97,6 +101,7 @@ class RuntimeClient:
         give_up_at = time.monotonic() + deadline if deadline else None
         finished = closed_early = False
         chunks = 0  # chunks received in order (their ``seq``: models_app.host.consumer)
+        relayed = 0  # of them, those that carry output (not an event: admitted, waiting)
         try:
             while True:
                 try:
@@ -117,6 +122,7 @@ class RuntimeClient:
                     if reply["seq"] > chunks:
                         raise RuntimeUnavailable(_LOST_REPLY)
                     chunks += 1
+                    relayed += "event" not in (reply.get("data") or {})
                 if kind == REPLY_RESULT:
                     if reply.get("chunks", chunks) != chunks:
                         raise RuntimeUnavailable(_LOST_REPLY)
@@ -132,10 +138,11 @@ class RuntimeClient:
             closed_early = True
             raise
         finally:
+            cut_off = self._cut_off.pop(reply_channel, None)
             if not finished:
                 await self._cancel(request_id, channel)
                 if closed_early and on_cancelled is not None:
-                    await self._answer_to_cancel(reply_channel, on_cancelled, chunks)
+                    await self._answer_to_cancel(reply_channel, on_cancelled, relayed, cut_off)
 
     async def _receive(self, channel: str, give_up_at: float | None) -> dict:
         """The next message on ``channel``, or RuntimeUnavailable once the timeout passes.
@@ -166,6 +173,9 @@ class RuntimeClient:
         receiving = asyncio.ensure_future(self.layer.receive(channel))
         try:
             done, _ = await asyncio.wait((receiving,), timeout=timeout)
+        except asyncio.CancelledError:
+            self._cut_off[channel] = receiving  # the exchange's end looks there first
+            raise
         finally:
             if not receiving.done():
                 receiving.cancel()
@@ -181,25 +191,43 @@ class RuntimeClient:
             raise RuntimeUnavailable("the runtime did not finish within the call's time limit")
         raise RuntimeUnavailable(f"the runtime did not answer within {self.reply_timeout:g} s")
 
-    async def _answer_to_cancel(self, reply_channel: str, on_cancelled: Callable[[dict], None], chunks: int) -> None:
+    async def _answer_to_cancel(self, reply_channel: str, on_cancelled: Callable[[dict], None], relayed: int,
+                                cut_off: asyncio.Future | None = None) -> None:
         """Wait (up to ``cancel_answer_seconds``) for what the runtime answers a cancel with, and hand its
         usage to ``on_cancelled``.  A runtime that says nothing in time, or fails, is charged what
-        the edge saw, ``{"output_tokens": chunks}`` (the chunks relayed, a token each at most), so
-        that leaving early is never free (the caller adds its prompt estimate)."""
+        the edge saw, ``{"output_tokens": relayed}`` (the output chunks relayed, a token each at
+        most), so that leaving early is never free (the caller adds its prompt estimate).
+
+        One receive waits the whole time (a series of shorter ones would each risk what ``cut_off``
+        shows), and the first is ``cut_off``: the exchange's receive that the client's leaving
+        cancelled, which over Redis can still return the next message (this answer) instead of
+        ending cancelled."""
         give_up_at = time.monotonic() + self.cancel_answer_seconds
-        while time.monotonic() < give_up_at:
-            try:  # one receive waits the reply timeout at most: the whole wait is longer
-                reply = await self._receive(reply_channel, give_up_at)
-            except RuntimeUnavailable:
-                await asyncio.sleep(0.05)  # a layer that cannot be reached answers at once
-                continue
-            kind, data = reply["kind"], reply.get("data") if isinstance(reply.get("data"), dict) else {}
-            if kind == REPLY_ERROR:
-                break
-            if kind == REPLY_RESULT or (kind == REPLY_CHUNK and data.get("event") == GENERATE_CANCELLED):
-                on_cancelled(data.get("usage") or {})
-                return
-        on_cancelled({"output_tokens": chunks})
+        receiving = cut_off
+        try:
+            while (left := give_up_at - time.monotonic()) > 0:
+                if receiving is None:
+                    receiving = asyncio.ensure_future(self.layer.receive(reply_channel))
+                done, _ = await asyncio.wait((receiving,), timeout=left)
+                if not done:
+                    break
+                ended, receiving = receiving, None
+                if ended.cancelled():
+                    continue
+                if ended.exception() is not None:  # a layer that cannot be reached answers at once
+                    await asyncio.sleep(0.05)
+                    continue
+                reply = ended.result()
+                kind, data = reply["kind"], reply.get("data") if isinstance(reply.get("data"), dict) else {}
+                if kind == REPLY_ERROR:
+                    break
+                if kind == REPLY_RESULT or (kind == REPLY_CHUNK and data.get("event") == GENERATE_CANCELLED):
+                    on_cancelled(data.get("usage") or {})
+                    return
+        finally:
+            if receiving is not None and not receiving.done():
+                receiving.cancel()
+        on_cancelled({"output_tokens": relayed})
 
     async def _cancel(self, request_id: str, channel: str) -> None:
         cancel = {"type": RUNTIME_CANCEL, "request_id": request_id}

@@ -171,3 +171,69 @@ async def test_the_runtimes_count_is_waited_for_past_one_reply_timeout():
     await anext(exchange), await anext(exchange)
     await exchange.aclose()
     assert charged == [{"output_tokens": 1}]
+
+
+def cancelled_chunk(seq: int, output_tokens: int) -> dict:
+    return {"kind": REPLY_CHUNK, "seq": seq, "data": {"event": "cancelled", "usage": {"output_tokens": output_tokens}}}
+
+
+class PopFinishingLayer(ScriptedLayer):
+    """channels-redis's receive of a reply channel: a cancel that comes while it is blocked in Redis's
+    pop is seen only once the pop returns, and the receive then returns that message all the same
+    (seen in the split: the runtime's answer to the client's leaving, taken by the cut-off receive)."""
+
+    def __init__(self, replies: list[dict]):
+        super().__init__(replies)
+        self.cancel_sent = asyncio.Event()
+        self.blocked = False
+
+    async def send(self, channel, message):
+        await super().send(channel, message)
+        if message["type"] == RUNTIME_CANCEL:
+            self.cancel_sent.set()
+
+    async def receive(self, channel):
+        if self.replies:
+            return self.replies.pop(0)
+        if self.blocked:  # a later receive: the answer is gone already
+            await asyncio.Event().wait()
+        self.blocked = True
+        try:
+            await asyncio.Event().wait()  # blocked in the pop when the client leaves
+        except asyncio.CancelledError:
+            await self.cancel_sent.wait()
+            return cancelled_chunk(2, 2)
+
+
+async def test_the_answer_a_cut_off_receive_returns_all_the_same_is_the_charge():
+    """The client leaves while the exchange waits for its third chunk: the receive it cut off returns
+    the runtime's answer to the cancel, which is what is charged (not the edge's own count)."""
+    client = RuntimeClient(reply_timeout=5)
+    client.layer, client.cancel_answer_seconds = PopFinishingLayer([chunk(0), chunk(1)]), 2.0
+    charged: list[dict] = []
+    exchange = client.exchange("runtime", "generate", {"model": "m"}, on_cancelled=charged.append)
+
+    async def read_all():
+        async for _ in exchange:
+            pass
+
+    reading = asyncio.create_task(read_all())
+    while not client.layer.blocked:
+        await asyncio.sleep(0.01)
+    reading.cancel()  # the client goes away
+    with pytest.raises(asyncio.CancelledError):
+        await reading
+    assert charged == [{"output_tokens": 2}]
+    assert client._cut_off == {}  # nothing kept once the exchange ended
+
+
+async def test_a_cancel_not_answered_is_charged_the_output_chunks_not_the_events():
+    admitted = {"kind": REPLY_CHUNK, "seq": 0, "data": {"event": "admitted"}}
+    first = {"kind": REPLY_CHUNK, "seq": 1, "data": {"delta": "t1"}}
+    client = RuntimeClient(reply_timeout=0.2)
+    client.layer, client.cancel_answer_seconds = ScriptedLayer([admitted, first]), 0.2
+    charged: list[dict] = []
+    exchange = client.exchange("runtime", "generate", {"model": "m"}, on_cancelled=charged.append)
+    await anext(exchange), await anext(exchange)
+    await exchange.aclose()
+    assert charged == [{"output_tokens": 1}]
