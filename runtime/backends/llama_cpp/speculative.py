@@ -13,10 +13,12 @@ position in a batch of several as alone (docs/backends/llama_cpp.md, "Same answe
 
 Where drafts come from (``gguf_spec_type``):
 
-* ``ngram-simple`` (prompt lookup): the last ``gguf_spec_ngram_size_n`` tokens (down to one) are
-  looked for earlier in the prompt and the answer; the tokens that followed their latest match
-  are the draft.  No second model: it pays off where the answer repeats its input (code edits,
-  tables, extraction).
+* ``ngram-simple`` (prompt lookup, llama.cpp's ``common_ngram_simple_draft``): the last
+  ``gguf_spec_ngram_size_n`` tokens are looked for earlier in the prompt and the answer; the
+  tokens that followed their latest match are the draft, where at least as many follow it.  No
+  second model: it pays off where the answer repeats its input (code edits, tables, extraction).
+  Shorter n-grams are not tried: a one- or two-token match drafts often and is seldom right, so
+  the verification costs more than it saves.
 * ``draft-simple``: a small model on the same vocabulary (``gguf_spec_draft_model``) drafts
   greedily, stopping where its best token's probability falls under ``gguf_spec_draft_p_min``
   (``runtime.backends.llama_cpp.draft_model``).
@@ -57,35 +59,36 @@ def speculation_problem(config: dict[str, Any]) -> tuple[str, str] | None:
 
 
 class NgramDrafter:
-    """Prompt lookup for one answer: for every n-gram size up to ``size_n``, where the latest
-    occurrence of each n-gram in the history was followed by a token (indexed as the history grows)."""
+    """Prompt lookup for one answer: where the latest occurrence of each ``size_n``-gram of the
+    history was followed by a token (indexed as the history grows)."""
 
     def __init__(self, size_n: int, n_max: int):
         self.size_n = size_n
         self.n_max = n_max
-        self._next: list[dict[tuple[int, ...], int]] = [{} for _ in range(size_n + 1)]  # [n][ngram] -> position
-        self._indexed = 0  # positions of the history whose preceding n-grams are indexed
+        self._next: dict[tuple[int, ...], int] = {}  # n-gram -> the position after its latest occurrence
+        self._indexed = 0  # positions of the history whose preceding n-gram is indexed
 
     def propose(self, history: list[int], limit: int) -> list[int]:
         """Up to ``min(n_max, limit)`` tokens that followed the latest earlier match of the
-        history's last n-gram, the longest n-gram that has one; [] when none has."""
+        history's last ``size_n`` tokens, never its last token (the one being decoded); [] when
+        there is none, or when fewer than ``size_n`` follow it (llama.cpp's rule: so short a
+        draft is not worth a verification)."""
         limit = min(self.n_max, limit)
         if limit <= 0:
             return []
         self._index(history)
-        end = len(history)
-        for n in range(min(self.size_n, end - 1), 0, -1):
-            start = self._next[n].get(tuple(history[end - n:]))
-            if start is not None:
-                return history[start:start + limit]
-        return []
+        end, n = len(history), self.size_n
+        start = self._next.get(tuple(history[end - n:])) if end > n else None
+        if start is None or end - 1 - start < min(n, limit):
+            return []
+        return history[start:min(start + limit, end - 1)]
 
     def _index(self, history: list[int]) -> None:
-        """Index each position ``j`` (a token that followed the n-grams ending at ``j - 1``), up to
-        the last position: the history's trailing n-grams are what is looked up, not indexed."""
-        for position in range(max(1, self._indexed), len(history)):
-            for n in range(1, min(self.size_n, position) + 1):
-                self._next[n][tuple(history[position - n:position])] = position
+        """Index each position ``j`` (the token that followed the n-gram ending at ``j - 1``), up to
+        the last position: the history's trailing n-gram is what is looked up, not indexed."""
+        n = self.size_n
+        for position in range(max(n, self._indexed), len(history)):
+            self._next[tuple(history[position - n:position])] = position
         self._indexed = max(self._indexed, len(history))
 
 
