@@ -9,9 +9,23 @@ data (``models_app.placement.inflight``).
 
 A model's name (or an alias) is resolved by ``Node.serves``/``Node.model``, that is by
 ``runtime.pool.catalog.canonical_model``, the one rule keys and the runtime use too.
+
+A generation whose model several nodes serve goes to its conversation's node (``affine``): the
+turns of one conversation go where the engine's KV cache holds its earlier turns, as the runtime's
+replica routing keeps them on one replica (runtime.model.routing).  The node is the conversation's
+in rendezvous hashing (highest random weight) over the nodes that serve the model, the same in
+every API process without any shared state, and only the conversations of a node that leaves or
+joins move; it is taken while its load, and the request's fairness key's own load there, stay
+within the bound of consistent hashing with bounded loads, else the next in the conversation's
+order, else the least loaded.  The key's bound keeps every key spread over the nodes, which the
+per-node fair orders need to add up to a fair one (docs/scheduling.md): a conversation's first
+turn, which no cache holds yet, goes home only within the key's even share of the nodes; a later
+turn, whose earlier turns are cached there, within ``AFFINITY_LOAD_FACTOR`` times it.
 """
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -34,11 +48,16 @@ from models_app.transport.messages import (
 )
 from models_app.transport.nodes import EXPIRY_SECONDS, Node, node_channel
 from runtime.errors import RuntimeUnavailable
+from runtime.inference.prefix_marks import conversation_mark
+from runtime.inputs.request import GenerationRequest
 
 POOL_OPS = frozenset({OP_LIST_MODELS, OP_GPU_MEMORY, OP_CATALOG, OP_METRICS, OP_RELOAD_SETTINGS, OP_ACTIVITY})
 SPREAD_OPS = frozenset({OP_LOAD, OP_UNLOAD, OP_RECONFIGURE, OP_SLEEP, OP_WAKE})
 # The ops whose requests in flight routing counts (its least-loaded pick).
 TRACKED_OPS = frozenset({OP_GENERATE, OP_EMBED, OP_TRANSCRIBE, OP_RERANK})
+# A conversation's node is kept while its load stays within this times the average (the bound of
+# consistent hashing with bounded loads; the runtime's replica routing uses the same default).
+AFFINITY_LOAD_FACTOR = 1.25
 
 
 @dataclass(slots=True)
@@ -94,7 +113,7 @@ def place(op: str, payload: dict, view: View) -> Placement:
         several = serving(model, view)
         if len(several) > 1:
             return Spread(several)
-    return One(route(model, payload.get("fairness_key"), view))
+    return One(route(model, payload.get("fairness_key"), view, payload if op == OP_GENERATE else None))
 
 
 def needs_fresh_view(op: str, payload: dict, view: View) -> bool:
@@ -114,10 +133,11 @@ def serving(model: str | None, view: View) -> list[Node]:
     return [n for n in view.nodes if n.alive and n.serves(model)]
 
 
-def route(model: str | None, fairness_key: str | None, view: View) -> Node:
+def route(model: str | None, fairness_key: str | None, view: View, generation: dict | None = None) -> Node:
     """The node a request for ``model`` (a name or an alias) goes to.
 
-    Among the alive nodes that serve it: the least loaded (``load_key``).  Served only by nodes that
+    Among the alive nodes that serve it: the least loaded (``load_key``), or for a ``generation``
+    (its wire payload) its conversation's node among those as good in all but load (``affine``).  Served only by nodes that
     are down: RuntimeUnavailable.  Served by no node the view knows: the first alive node (it answers
     404 unknown_model), or, with none alive yet, this process's own node's channel (the request waits
     there for a runtime that starts, as on a single node).
@@ -128,7 +148,10 @@ def route(model: str | None, fairness_key: str | None, view: View) -> Node:
     serving_nodes = [n for n in nodes if model is not None and n.serves(model)]
     alive = [n for n in serving_nodes if n.alive]
     if alive:
-        return min(alive, key=lambda n: load_key(n, model, fairness_key, view))
+        best = min(alive, key=lambda n: load_key(n, model, fairness_key, view))
+        if generation is not None and "request_id" in generation and len(alive) > 1:  # a whole request's wire
+            return affine(alive, best, GenerationRequest.from_wire(generation), model, fairness_key, view)
+        return best
     if serving_nodes:
         down = ", ".join(n.name for n in serving_nodes)
         raise RuntimeUnavailable(
@@ -138,6 +161,40 @@ def route(model: str | None, fairness_key: str | None, view: View) -> Node:
     if up:
         return up[0]
     return _own(view)
+
+
+def affine(alive: list[Node], best: Node, request: GenerationRequest, model: str, fairness_key: str | None,
+           view: View) -> Node:
+    """``request``'s conversation's node (the module docstring) among ``alive``, those not
+    suspected and loaded as ``best`` is: the first in the conversation's rendezvous order where
+    the model's load and the fairness key's own requests, this one counted, each stay within
+    ``ceil(factor * (their sum over those nodes + 1) / their number)``, the factor
+    ``AFFINITY_LOAD_FACTOR`` but for the key's requests of a first turn (1: its even share);
+    ``best`` where the request has no conversation to mark or no node is within both."""
+    conversation = conversation_mark(request)
+    if conversation is None:
+        return best
+    mark, continues = conversation
+    tier = load_key(best, model, None, view)[:2]
+    peers = [n for n in alive if load_key(n, model, None, view)[:2] == tier]
+    loads = {n.name: node_load(n, model, view) for n in peers}
+    of_key = {n.name: view.inflight.get(inflight_keys(n, model, fairness_key)[1], 0) for n in peers}
+    bound = math.ceil(AFFINITY_LOAD_FACTOR * (sum(loads.values()) + 1) / len(peers))
+    key_bound = math.ceil((AFFINITY_LOAD_FACTOR if continues else 1.0) * (sum(of_key.values()) + 1) / len(peers))
+    name = mark.to_bytes(8, "little")
+    for candidate in sorted(peers, key=lambda n: hashlib.blake2b(name + n.name.encode(), digest_size=8).digest(),
+                            reverse=True):
+        if loads[candidate.name] + 1 <= bound and of_key[candidate.name] + 1 <= key_bound:
+            return candidate
+    return best
+
+
+def node_load(node: Node, model: str, view: View) -> float:
+    """``model``'s requests on ``node`` per loaded replica: this process's own in flight there (exact)
+    or the node's last heartbeat figure (every API process's, up to about 1.5 s old), the larger."""
+    entry = node.model(model) or {}
+    mine = view.inflight.get((node.name, entry.get("name", model)), 0)
+    return max(mine, entry.get("load", 0)) / max(1, entry.get("replicas") or 1)
 
 
 def targets(view: View) -> list[Node]:

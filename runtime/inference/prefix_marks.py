@@ -33,11 +33,7 @@ def prefix_marks(request: GenerationRequest) -> tuple[Mark, ...]:
         pieces = [text[start:start + RAW_BLOCK_CHARS] for start in range(0, len(text), RAW_BLOCK_CHARS)]
     elif request.messages:
         messages = request.messages
-        lead = 0
-        while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
-            lead += 1
-        if not (request.tools or request.instructions or lead):
-            lead = 1  # a head shared by every conversation without a system part would match them all
+        lead, _ = _head(request)
         # The adapter too: a cache computed with one LoRA adapter is no use to a request with another.
         head = orjson.dumps([request.adapter, request.tools, request.instructions, messages[:lead]],
                             option=orjson.OPT_SORT_KEYS)
@@ -50,3 +46,27 @@ def prefix_marks(request: GenerationRequest) -> tuple[Mark, ...]:
         size += len(piece)
         marks.append((int.from_bytes(digest, "little"), size))
     return tuple(marks)
+
+
+def _head(request: GenerationRequest) -> tuple[int, bool]:
+    """How many messages the first mark covers, and whether its last is a turn (not system)."""
+    messages, lead = request.messages, 0
+    while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
+        lead += 1
+    if not (request.tools or request.instructions or lead):
+        return 1, True  # a head shared by every conversation without a system part would match them all
+    return lead, False
+
+
+def conversation_mark(request: GenerationRequest) -> tuple[int, bool] | None:
+    """The hash that names ``request``'s conversation, the same on each of its turns, and whether
+    the request continues it (it carries more than its first turn, so a cache may hold the
+    rest); None where there is nothing to mark.  The hash is the mark up to the conversation's
+    first message after the system part (which every later turn repeats), or a raw prompt's first
+    block's.  Placement keeps a conversation on one node by it (``models_app.placement.decide``):
+    conversations of one agent share their system part but not this."""
+    marks = prefix_marks(request)
+    if not marks:
+        return None
+    first = 0 if request.prompt is not None or _head(request)[1] or len(marks) == 1 else 1
+    return marks[first][0], len(marks) > first + 1

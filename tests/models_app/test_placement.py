@@ -187,3 +187,101 @@ def test_a_reload_over_nodes_unites_the_diffs_and_names_a_node_that_failed():
 def test_a_node_line_says_its_error():
     assert merges.status("a", {"models": []}) == {"node": "a", "alive": True}
     assert merges.status("b", RuntimeUnavailable("silent"))["error"]["code"] == "runtime_unavailable"
+
+
+# ---- a conversation's node ------------------------------------------------------------------------
+
+
+def turns(conversation: int, count: int, system: str | None = "You are terse.") -> list[dict]:
+    """The wire payloads of ``count`` turns of one conversation, each repeating the earlier ones."""
+    messages = [{"role": "system", "content": [{"type": "input_text", "text": system}]}] if system else []
+    payloads = []
+    for turn in range(count):
+        messages = [*messages, {"role": "user", "content": [{"type": "input_text", "text": f"c{conversation} t{turn}"}]}]
+        payloads.append({"model": "m", "request_id": f"r{turn}", "messages": messages})
+        messages = [*messages, {"role": "assistant", "content": [{"type": "output_text", "text": f"answer {turn}"}]}]
+    return payloads
+
+
+def placed(payload: dict, view: View) -> str:
+    return place(OP_GENERATE, payload, view).node.name
+
+
+def test_every_turn_of_a_conversation_goes_to_one_node_and_conversations_spread():
+    view = split(node("a", model()), node("b", model()), node("c", model()))
+    homes = []
+    for conversation in range(24):
+        for system in ("You are terse.", None):  # with a system part, and without (its first message names it)
+            [first, *later] = [placed(p, view) for p in turns(conversation, 4, system)]
+            assert later == [first] * 3
+            homes.append(first)
+    assert set(homes) == {"a", "b", "c"}  # the agent's shared system part does not send them all to one node
+
+
+def test_a_conversations_node_is_the_same_in_every_api_process_and_moves_only_when_its_node_leaves():
+    nodes = [node(name, model()) for name in "abc"]
+    payloads = [turns(conversation, 1)[0] for conversation in range(30)]
+    before = [placed(p, split(*nodes, own="api-1")) for p in payloads]
+    assert [placed(p, split(*nodes, own="api-2")) for p in payloads] == before
+    after = [placed(p, split(*nodes[:2])) for p in payloads]
+    assert all(b == a for a, b in zip(before, after) if a != "c")  # only c's conversations moved
+    assert "c" in before
+
+
+def test_a_conversations_node_over_the_load_bound_gives_way():
+    payload = turns(7, 1)[0]
+    home = placed(payload, split(node("a", model()), node("b", model())))
+    other = "b" if home == "a" else "a"
+    # 3 requests on its node, 0 on the other: ceil(1.25 * 4 / 2) = 3 < 4 with this one.
+    view = split(node(home, model(load=3)), node(other, model(load=0)))
+    assert placed(payload, view) == other
+    # 2 there, 1 on the other: 2 + 1 <= ceil(1.25 * 4 / 2) = 3, so it stays home.
+    view = split(node(home, model(load=2)), node(other, model(load=1)))
+    assert placed(payload, view) == home
+
+
+def test_a_conversation_never_goes_to_an_unloaded_or_suspected_node_for_its_cache():
+    payload = turns(3, 1)[0]
+    home = placed(payload, split(node("a", model()), node("b", model())))
+    other = "b" if home == "a" else "a"
+    assert placed(payload, split(node(home, model(state="unloaded")), node(other, model(load=5)))) == other
+    assert placed(payload, split(node(home, model()), node(other, model(load=5)), suspected={home})) == other
+
+
+def test_requests_with_nothing_to_mark_and_other_calls_go_to_the_least_loaded_node():
+    view = split(node("a", model(load=2)), node("b", model(load=0)))
+    assert placed({"model": "m", "request_id": "r", "messages": []}, view) == "b"
+    assert place(OP_EMBED, {"model": "m", "input": ["x"]}, view).node.name == "b"
+
+
+def test_a_conversation_gives_way_where_its_fairness_key_is_over_its_share_of_the_nodes():
+    """The key's own requests in flight are bounded as the node's are: a key whose conversations all
+    live on one node still spreads over the nodes (its fair order there adds up to a fair one)."""
+    payload = {**turns(5, 1)[0], "fairness_key": "heavy"}
+    home = placed(payload, split(node("a", model()), node("b", model())))
+    other = "b" if home == "a" else "a"
+    a, b = node(home, model()), node(other, model())
+    inflight = Inflight()
+    for _ in range(3):  # 3 of the key's requests at home, none elsewhere: ceil(1.25 * 4 / 2) = 3 < 4
+        inflight.track(inflight_keys(a, "m", "heavy"))
+    assert placed(payload, split(a, b, inflight=inflight.counts)) == other
+    assert placed({**payload, "fairness_key": "light"}, split(a, b, inflight=inflight.counts)) == other  # a's load: 3
+    inflight.track(inflight_keys(b, "m", "other"))
+    inflight.track(inflight_keys(b, "m", "other"))
+    # a 3, b 2 in all: 3 + 1 <= ceil(1.25 * 6 / 2) = 4; "light" has none anywhere: it goes home
+    assert placed({**payload, "fairness_key": "light"}, split(a, b, inflight=inflight.counts)) == home
+
+
+def test_a_first_turn_keeps_to_its_keys_even_share_and_a_later_turn_to_the_bound():
+    """A first turn has no cache to find: it goes home only within its key's even share, so each
+    key's conversations start spread evenly; a later turn's cache is worth up to 1.25 times it."""
+    first, _, third = ({**payload, "fairness_key": "k"} for payload in turns(9, 3))
+    home = placed(first, split(node("a", model()), node("b", model())))
+    other = "b" if home == "a" else "a"
+    a, b = node(home, model()), node(other, model())
+    inflight = Inflight()
+    for where in (a, a, b):  # the key: 2 at home, 1 elsewhere
+        inflight.track(inflight_keys(where, "m", "k"))
+    view = split(a, b, inflight=inflight.counts)
+    assert placed(first, view) == other  # 2 + 1 > ceil(4 / 2)
+    assert placed(third, view) == home  # 2 + 1 <= ceil(1.25 * 4 / 2)
