@@ -11,7 +11,9 @@ widens before validation (a string ``input`` or ``content``) is documented in it
 drf-spectacular writes the admin views' operations from the DRF views.  The inference endpoints
 are plain ASGI apps, not DRF views: the route table's hook (``api.routes.add_inference_operations``,
 a drf-spectacular postprocessing hook, ``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``) adds their
-operations with ``with_inference_operations``, each request body's schema from its pydantic model.
+operations with ``with_inference_operations``, each request body's schema from its pydantic model,
+or, for a body no pydantic model validates (the audio endpoints' multipart form, checked field by
+field in code), the schema its parser's module writes beside it.
 """
 from __future__ import annotations
 
@@ -39,10 +41,17 @@ LIMITED_NOTE = KEYS_NOTE + (
 
 @dataclass(frozen=True)
 class InferenceOperation:
-    """One inference path's operation in the OpenAPI document."""
+    """One inference path's operation in the OpenAPI document.
+
+    ``body`` is the pydantic model that validates the request body, whose schema is the document's,
+    so the two cannot drift apart.  A body that no model validates is given as its schema: a
+    ``multipart/form-data`` form arrives as text parts and files, repeated names and all, and is
+    checked by its protocol's parser, so a model of it would be a second validator that validates
+    nothing; its parser's module writes the schema from the parser's own constants instead.
+    """
 
     path: str
-    body: type[BaseModel] | None  # the model that validates the request body (its schema is the document's); None: no body
+    body: type[BaseModel] | dict | None  # the body's model, or its schema as it is; None: no body
     summary: str
     description: str
     streams: bool  # whether ``stream: true`` answers a stream (of ``stream_type``)
@@ -52,6 +61,9 @@ class InferenceOperation:
     # The error body's component, and its schema where the admin views do not declare it already.
     error_component: str = "ErrorEnvelope"
     error_schema: dict | None = None
+    media_type: str = "application/json"  # the request body's
+    # What a 200 may be besides JSON and the stream: plain media types, each a string (a transcript as text).
+    answer_types: tuple[str, ...] = ()
 
 
 _OPERATION_VERBS = {"post": "create", "get": "retrieve", "delete": "destroy"}
@@ -73,7 +85,8 @@ def with_inference_operations(result: dict, operations: list[InferenceOperation]
 def inference_operation(operation: InferenceOperation) -> dict:
     """One ``InferenceOperation`` as an OpenAPI operation."""
     segments = operation.path.strip("/").split("/")
-    answer = {"application/json": {"schema": {"type": "object", "additionalProperties": {}}}}
+    answer = {"application/json": {"schema": {"type": "object", "additionalProperties": {}}},
+              **{kind: {"schema": {"type": "string"}} for kind in operation.answer_types}}
     if operation.streams:
         answer[operation.stream_type] = {"schema": {"type": "string"}}
     error = {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{operation.error_component}"}}},
@@ -90,8 +103,8 @@ def inference_operation(operation: InferenceOperation) -> dict:
     }
     if operation.body is not None:
         # Required: every inference body names its model.
-        document["requestBody"] = {"content": {"application/json": {"schema": request_schema(operation.body)}},
-                                   "required": True}
+        schema = operation.body if isinstance(operation.body, dict) else request_schema(operation.body)
+        document["requestBody"] = {"content": {operation.media_type: {"schema": schema}}, "required": True}
     return document
 
 

@@ -5,11 +5,13 @@ Every client protocol is a translation onto the one typed request (``runtime.inp
 its package parses the body, ``api.inference.generate`` runs it, and the package shapes the answer.
 A path that is not here goes on to Django (the admin API, the browser pages).  A path listed in
 ``INFERENCE_OPERATIONS`` too is in the OpenAPI document, its request body's schema written from
-the pydantic model that validates it (``add_inference_operations``).
+the pydantic model that validates it (``add_inference_operations``), or for the audio paths'
+multipart form, which is checked in code, the schema written beside that code.
 """
 from __future__ import annotations
 
 from models_app.api.audio.endpoint import transcriptions_app, translations_app
+from models_app.api.audio.protocol import FORM_SCHEMA as AUDIO_FORM_SCHEMA
 from models_app.api.chat.endpoint import chat_completions_app, chat_input_tokens_app
 from models_app.api.chat.protocol import ChatBody
 from models_app.api.completions.endpoint import completions_app
@@ -120,6 +122,25 @@ INFERENCE_OPERATIONS = [
         for path, body, api, kind in (
             ("/v1/chat/completions", ChatBody, "OpenAI chat completions API", "chat.completion"),
             ("/v1/responses", ResponsesBody, "OpenAI Responses API", "response"),
+        )
+    ),
+    *(
+        InferenceOperation(
+            path, AUDIO_FORM_SCHEMA, summary,
+            f"{what} (a multipart/form-data upload, as OpenAI takes it) from a model whose "
+            "capabilities.audio_transcription is true (else 400 transcription_unsupported, before the model's state "
+            "is looked at), through the same model lookup, lifecycle rejections, admission and scheduler as "
+            "/v1/responses, charged the audio's length in tokens. response_format json (default) and verbose_json "
+            "(segments, and words with timestamp_granularities[] word) answer JSON; text and srt answer text/plain, "
+            "vtt text/vtt; stream=true (with json or text) answers with transcript.text.delta server-sent events "
+            "and transcript.text.done. A file over service.audio_max_upload_bytes is 413 request_too_large (param "
+            "file); an empty one, or one the engine cannot decode, 400 invalid_request. " + LIMITED_NOTE,
+            streams=True, media_type="multipart/form-data", answer_types=("text/plain", "text/vtt"),
+        )
+        for path, summary, what in (
+            ("/v1/audio/transcriptions", "Transcribe audio (OpenAI audio API)", "The speech in an audio file as text"),
+            ("/v1/audio/translations", "Translate audio into English text (OpenAI audio API)",
+             "The speech in an audio file as English text, whatever the language spoken"),
         )
     ),
     *OLLAMA_OPERATIONS,

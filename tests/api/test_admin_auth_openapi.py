@@ -188,6 +188,24 @@ def test_every_inference_path_is_documented_in_its_protocols_shapes(schema):
     assert "requestBody" in paths["/v1/chat/completions/input_tokens"]["post"]
 
 
+def test_the_audio_paths_are_documented_with_their_multipart_form(schema):
+    """Both audio paths: the form as the parser takes it (a binary file and a model required, no
+    other field), every content type an answer may have, 413 for an upload over the bound."""
+    for path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+        operation = schema["paths"][path]["post"]
+        assert set(operation["requestBody"]["content"]) == {"multipart/form-data"}, path
+        form = operation["requestBody"]["content"]["multipart/form-data"]["schema"]
+        assert (form["required"], form["additionalProperties"]) == (["file", "model"], False)
+        assert form["properties"]["file"]["format"] == "binary"
+        assert form["properties"]["response_format"]["enum"] == ["json", "text", "srt", "vtt", "verbose_json"]
+        assert form["properties"]["timestamp_granularities[]"]["items"]["enum"] == ["segment", "word"]
+        assert (form["properties"]["temperature"]["minimum"], form["properties"]["temperature"]["maximum"]) == (0, 1)
+        assert set(operation["responses"]["200"]["content"]) == {"application/json", "text/plain", "text/vtt",
+                                                                 "text/event-stream"}
+        assert {"400", "401", "403", "404", "413", "429"} <= set(operation["responses"])
+        assert "transcription_unsupported" in operation["description"]
+
+
 def test_every_operation_answers_its_own_schema_component(schema):
     """Three views each have an ``OutputSerializer``; each must be its own component."""
     def answer_component(path: str, method: str) -> str:

@@ -3,9 +3,9 @@ derandomized number of generated requests, with the admin token sent and not sen
 check schemathesis has (the CLI's ``--checks all``): no server error, a documented status, content
 type and schema, a request the schema calls valid accepted and one it calls invalid refused, an
 undeclared method answered 405.  Endpoints that stream until the client leaves are read with a
-bounded read (``BOUNDED_STREAMS``).  Two strategies of this suite's own go where the schema cannot
-lead the generator: text with a lone UTF-16 surrogate in every field that carries text, and stop
-sequences around their bounds (docs/api.md, "Limits")."""
+bounded read (``BOUNDED_STREAMS``).  Strategies of this suite's own go where the schema cannot
+lead the generator: text with a lone UTF-16 surrogate in every field that carries text, stop
+sequences around their bounds (docs/api.md, "Limits"), and audio forms that name a configured model."""
 from __future__ import annotations
 
 import re
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from schemathesis.checks import CHECKS, is_check_class, load_all_checks
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
+from models_app.api.audio.protocol import RESPONSE_FORMATS, STREAMED_FORMATS, TRANSCRIPTIONS_PATH, TRANSLATIONS_PATH
 from models_app.api.limits import MAX_STOP_LENGTH, MAX_STOP_SEQUENCES
 from tests.conftest import LiveService, write_settings
 
@@ -50,6 +51,11 @@ UNSTATED_RULES = [re.compile(rule) for rule in (
     r"(^|\.)images\[\d+\]: (an image is base64 data|not a PNG, JPEG, GIF or WebP image)$",
     r"^messages\[\d+\]: a user message needs content or images$",
     r"^a raw prompt takes no images or system$",
+    # The audio form: which response formats stream and carry timestamp granularities; and every
+    # stub model (MODELS) refuses a transcription, since the stub backend cannot transcribe.
+    r"^stream is supported with response_format \w+ or \w+ only$",
+    r"^timestamp_granularities needs response_format verbose_json$",
+    r"^model \w+ does not transcribe audio \(its capabilities\.audio_transcription is false\)$",
 )]
 # A path that always refuses what it is asked, as its description says: Ollama's model management
 # (models are declared in settings.json).
@@ -163,9 +169,9 @@ SURROGATE_PLACES = [
 ]
 
 
-def call(api_schema, live, path: str, body: dict):
+def call(api_schema, live, path: str, body: dict, media_type: str = "application/json"):
     """``body`` sent to ``path`` as schemathesis sends a case, with the admin token, every check run."""
-    case = api_schema[path]["POST"].Case(body=body, media_type="application/json",
+    case = api_schema[path]["POST"].Case(body=body, media_type=media_type,
                                          path_parameters={"model_name": "cold"} if "{model_name}" in path else None)
     COUNTS["requests"] += 1
     return case.call_and_validate(base_url=live.url, headers=AUTH[0], checks=ALL_CHECKS, timeout=30)
@@ -206,3 +212,18 @@ def test_stop_sequences_within_the_bounds_run_and_past_them_are_refused(api_sche
         assert answer.status_code == 200, answer.text
     else:
         assert (answer.status_code, answer.json()["error"]["param"]) == (400, param), answer.text
+
+
+@given(path=st.sampled_from([TRANSCRIPTIONS_PATH, TRANSLATIONS_PATH]), model=st.sampled_from(sorted(MODELS)),
+       audio=st.binary(min_size=1, max_size=256), response_format=st.sampled_from(RESPONSE_FORMATS),
+       stream=st.booleans())
+@settings(max_examples=20, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+def test_an_audio_form_to_a_model_that_cannot_transcribe_is_refused_naming_the_model(
+        api_schema, live, path, model, audio, response_format, stream):
+    """The generated forms seldom name a configured model; these do.  No stub model transcribes,
+    loaded (m) or not (cold), streamed or not, whatever the bytes: 400 before anything is sent."""
+    form = {"file": audio, "model": model, "response_format": response_format,
+            "stream": stream and response_format in STREAMED_FORMATS}
+    answer = call(api_schema, live, path, form, media_type="multipart/form-data")
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"], error["param"]) == (400, "transcription_unsupported", "model")

@@ -7,7 +7,7 @@ import pytest
 
 from models_app.api.audio import shapes
 from models_app.api.audio.form import Form, UploadedFile, parse_form
-from models_app.api.audio.protocol import parse_audio_form
+from models_app.api.audio.protocol import FORM_SCHEMA, LIST_FIELDS, ONE_VALUE_FIELDS, parse_audio_form
 from models_app.api.inference import PlainAnswer
 from runtime.errors import InvalidRequest, RequestTooLarge
 
@@ -72,6 +72,7 @@ def test_the_fields_make_the_runtimes_request():
     ({"model": "w", "stream": "true", "response_format": "vtt"}, (("file", b"RIFF"),), "stream"),
     ({"model": "w", "temperature": "nan"}, (("file", b"RIFF"),), "temperature"),
     ({"model": "w", "language": "english"}, (("file", b"RIFF"),), "language"),
+    ({"model": "w", "language": "en\n"}, (("file", b"RIFF"),), "language"),
     ({"model": "w", "timestamp_granularities[]": "char", "response_format": "verbose_json"}, (("file", b"RIFF"),),
      "timestamp_granularities"),
     ({"model": "w", "include[]": "logprobs"}, (("file", b"RIFF"),), "include[]"),
@@ -81,6 +82,16 @@ def test_each_bad_field_is_refused_by_name(fields, files, param):
     with pytest.raises(InvalidRequest) as refused:
         parse_audio_form(form(files, **fields), "transcribe", None)
     assert refused.value.param == param
+
+
+def test_the_form_schema_states_the_fields_the_parser_takes():
+    """The OpenAPI document's form (``FORM_SCHEMA``) names each field the parser takes and no other."""
+    assert set(FORM_SCHEMA["properties"]) == {"file", *ONE_VALUE_FIELDS, *LIST_FIELDS}
+    assert (FORM_SCHEMA["required"], FORM_SCHEMA["additionalProperties"]) == (["file", "model"], False)
+    file = FORM_SCHEMA["properties"]["file"]
+    assert (file["type"], file["format"], file["minLength"]) == ("string", "binary", 1)  # an empty file is refused
+    # The language pattern admits the empty string, which the parser takes as left out.
+    assert parse_audio_form(form(model="w", language=""), "transcribe", None).transcription.language is None
 
 
 RESULT = {

@@ -8,14 +8,16 @@ and its translation into the runtime's ``TranscriptionRequest``.
 only), ``stream`` (``true`` with ``json`` or ``text``: the transcript's text as server-sent events)
 and ``user`` (the fairness key unless the caller's API key or a fairness header decided it).
 Any other field is refused naming it, as is a field given twice that takes one value.
+``FORM_SCHEMA`` states the same in the OpenAPI document, from the same constants.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from models_app.api import limits
-from models_app.api.audio.form import Form
+from models_app.api.audio.form import MAX_FIELD_BYTES, Form
 from runtime.errors import InvalidRequest
 from runtime.inputs.transcription import TranscriptionRequest
 
@@ -26,6 +28,37 @@ STREAMED_FORMATS = ("json", "text")
 GRANULARITIES = ("segment", "word")
 ONE_VALUE_FIELDS = ("model", "language", "prompt", "temperature", "response_format", "stream", "user")
 LIST_FIELDS = ("timestamp_granularities[]", "timestamp_granularities")
+LANGUAGE_PATTERN = "^([A-Za-z]{2,3})?$"  # an ISO 639 code's letters; empty: left out (detected)
+
+_GRANULARITIES_SCHEMA = {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)}}
+# The form as ``parse_audio_form`` takes it, for the OpenAPI document (``api.routes``).  What it
+# cannot state is in the descriptions: a field given twice, the bounds in bytes, the rules that tie
+# one field to another (stream, timestamp_granularities[] against response_format).
+FORM_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "file": {"type": "string", "format": "binary", "minLength": 1,
+                 "description": "The audio (what FFmpeg reads). At most service.audio_max_upload_bytes, else 413 "
+                                "request_too_large; one the engine cannot decode is 400."},
+        "model": {"type": "string", "minLength": 1},
+        "language": {"type": "string", "pattern": LANGUAGE_PATTERN,
+                     "description": "The language spoken, an ISO-639-1 code; empty or left out, it is detected."},
+        "prompt": {"type": "string"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1,
+                        "description": "Empty or left out: Whisper's fallback schedule."},
+        "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
+        "timestamp_granularities[]": {**_GRANULARITIES_SCHEMA,
+                                      "description": "With response_format verbose_json only."},
+        "timestamp_granularities": {**_GRANULARITIES_SCHEMA, "description": "timestamp_granularities[] by "
+                                                                             "the name some clients send."},
+        "stream": {"type": "boolean", "description": f"With response_format {' or '.join(STREAMED_FORMATS)} only."},
+        "user": {"type": "string", "maxLength": limits.MAX_FAIRNESS_KEY_LENGTH,
+                 "description": "The fairness key, unless the API key or a fairness header decides it."},
+    },
+    "required": ["file", "model"],
+    "additionalProperties": False,
+    "description": f"Each text field at most {MAX_FIELD_BYTES} bytes, and given once.",
+}
 
 
 @dataclass
@@ -102,7 +135,7 @@ def _language(form: Form) -> str | None:
     value = _one(form, "language")
     if value is None or value == "":
         return None
-    if not (2 <= len(value) <= 3 and value.isascii() and value.isalpha()):
+    if not re.fullmatch(LANGUAGE_PATTERN, value):
         raise InvalidRequest("language must be an ISO-639-1 code such as \"en\"", param="language")
     return value.lower()
 
