@@ -4,6 +4,7 @@ what a valid declaration is, and that every adapter id and alias is a name of it
 import pytest
 
 from runtime.backends import BACKENDS
+from runtime.backends.shared.adapters import ADAPTERS_LOADED
 from runtime.config import validate_settings
 from runtime.errors import InvalidLoadRequest, InvalidSettings
 
@@ -117,3 +118,8 @@ def test_a_definitions_own_adapters_loaded_names_declared_adapters(backend):
     assert [p["path"] for p in details] == ["$.models.m"]
     assert "adapters_loaded names adapters the model does not declare: nope" in details[0]["message"]
 
+
+@pytest.mark.parametrize("runtime_lora, mode", [(False, {"reconfigure_mode": "restart"}), (True, {})])
+def test_vllm_serve_reconfigures_adapters_loaded_by_a_restart_unless_runtime_lora_is_allowed(runtime_lora, mode):
+    spec, definition = declaring(LOADING_BACKENDS["vllm_serve"], vllm_runtime_lora=runtime_lora)
+    assert spec.load_constraints(definition)["adapters_loaded"] == {**ADAPTERS_LOADED.constraint, **mode}
