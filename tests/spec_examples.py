@@ -208,12 +208,15 @@ LOAD_CONSTRAINTS = {
 
 # Not the spec's: llm-pool's additive load_constraints (docs/api.md), which ``contract_view``
 # takes away so what is left compares with the contract: the reconfigure keys of an entry, and
-# the overrides llm-pool adds to a backend (llama_server's restart-mode reconfigurable flags).
+# the overrides llm-pool adds to a backend (llama_server's restart-mode reconfigurable flags, the
+# LoRA adapters a model keeps loaded).
 ADDITIVE_CONSTRAINT_KEYS = ("reconfigurable", "reconfigure_mode")
 ADDITIVE_OVERRIDES = {
     "llama_server": ("llama_server_type_k", "llama_server_type_v", "llama_server_flash_attn"),
     # its replicas batch several sequences (runtime.backends.llama_cpp.batching); its LoRA adapters loaded
     "llama_cpp": ("target_inflight", "adapters_loaded"),
+    "vllm": ("adapters_loaded",),  # its LoRA adapters loaded, as llama_cpp's
+    "vllm_serve": ("adapters_loaded",),
 }
 
 

@@ -4,8 +4,9 @@ Three operations of the model's writer, one at a time, none of them a state tran
 model stays ``loaded``; its phase moves, ``runtime.model.phases``):
 
 - ``reconfigure``: the fields whose load_constraints entry says ``"reconfigurable": true``
-  (llama_cpp: gguf_n_ctx, gguf_type_k, gguf_type_v, gguf_flash_attn) take new values; each
-  engine builds its inference state again over the same weights (``engine.reconfigure``).
+  (llama_cpp: gguf_n_ctx, gguf_type_k, gguf_type_v, gguf_flash_attn; the adapters_loaded of
+  llama_cpp, vllm and vllm_serve) take new values; each engine builds its inference state again
+  over the same weights, or changes the LoRA adapters it holds (``engine.reconfigure``).
 - ``sleep``: each engine frees its inference state (llama_cpp: the context and its KV cache),
   the weights stay mapped; ``residency`` is then ``"sleeping"``.
 - ``wake``: the inference state is built again; a request to a sleeping model wakes it and
@@ -317,10 +318,14 @@ class Residency:
             memory.shrunk.discard(self.name)
 
     def reconfigure_mode(self, operation: Operation) -> str:
-        """``make_before_break``, ``break_then_make`` or (llama_server) ``restart``."""
+        """``make_before_break``, ``break_then_make`` or ``restart`` (a changed field whose
+        load_constraints entry says so: llama_server's, vllm_serve's adapters_loaded without
+        runtime LoRA loading)."""
         if operation.overlap:
             return "make_before_break"
-        restart = any(o.constraint.get("reconfigure_mode") == "restart" for o in self.owner.entry.spec.overrides)
+        entry = self.owner.entry
+        constraints = entry.spec.load_constraints(entry.definition)
+        restart = any(constraints[key].get("reconfigure_mode") == "restart" for key in operation.changed)
         return "restart" if restart else "break_then_make"
 
     def charge_after(self, kind: str, measured: int | None) -> None:

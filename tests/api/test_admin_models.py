@@ -209,7 +209,7 @@ def test_definition_has_common_fields_and_only_its_backends_fields(entries, name
     extra = extra | ({"audio_transcription"} if backend in AUDIO_BACKENDS else set())
     extra = extra | ({"tool_call_format"} if backend == "llama_cpp" else set())  # the tool-call parser's format
     extra = extra | ({"adapters"} if backend in ADAPTER_BACKENDS else set())
-    extra = extra | ({"adapters_loaded"} if backend == "llama_cpp" else set())
+    extra = extra | ({"adapters_loaded"} if backend in ADAPTER_BACKENDS - {"llama_server"} else set())
     for key in set(definition) - COMMON_FIELDS - extra:
         assert key.startswith(own), f"{name} ({backend}) shows foreign field {key}"
     if backend == "vllm":

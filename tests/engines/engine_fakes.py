@@ -40,6 +40,7 @@ class Recorder:
     fail_load: str | None = None
     step_seconds: float = 0.0  # time each generated token takes
     die_after: int | None = None  # vLLM: the engine dies after this many tokens
+    bad_lora_paths: tuple = ()  # vLLM: add_lora of an adapter from one of these raises, as for a missing folder
     sink: str | None = None  # in an engine process: the file each call is appended to
 
     def record(self, name: str, **arguments) -> None:
@@ -133,6 +134,16 @@ def install_fake_vllm(monkeypatch) -> Recorder:
                         90000 + index: types.SimpleNamespace(logprob=-1.5, rank=2, decoded_token="~"),
                     }]
                 yield types.SimpleNamespace(outputs=[completion], finished=last)
+
+        async def add_lora(self, lora_request):
+            recorder.record("add_lora", lora_request=vars(lora_request))
+            if lora_request.lora_path in recorder.bad_lora_paths:
+                raise RuntimeError(f"Loading lora {lora_request.lora_path} failed")
+            return True
+
+        async def remove_lora(self, lora_id):
+            recorder.record("remove_lora", lora_id=lora_id)
+            return True
 
         def shutdown(self):
             recorder.record("shutdown")

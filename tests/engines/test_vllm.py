@@ -276,21 +276,3 @@ async def test_a_template_that_refuses_the_messages_is_a_400(fake_vllm, runtime_
         "the model's chat template refused these messages: the chat template failed: System role not supported"
     )
     assert fake_vllm.named("generate") == []
-
-
-async def test_adapters_enable_lora_and_a_request_for_one_runs_on_the_base_with_it(fake_vllm, runtime_service, tmp_path):
-    adapters = {"sql": {"path": "/adapters/sql"}, "poet": {"path": "/adapters/poet", "aliases": ["poet"]}}
-    service, events = await runtime_service({"m": gemma(adapters=adapters, vllm_max_lora_rank=64)})
-    await load(service, "m")
-    assert fake_vllm.named("AsyncEngineArgs") == [
-        {**BASE_ARGS, "enable_lora": True, "max_loras": 2, "max_lora_rank": 64}
-    ]
-    await generate(service, "m")
-    await generate(service, "m:sql")
-    await generate(service, "poet")  # the adapter's alias
-    assert [call["lora_request"] for call in fake_vllm.named("generate")] == [
-        None,
-        {"lora_name": "sql", "lora_int_id": 1, "lora_path": "/adapters/sql"},
-        {"lora_name": "poet", "lora_int_id": 2, "lora_path": "/adapters/poet"},
-    ]
-    assert len(fake_vllm.named("from_engine_args")) == 1  # no load for an adapter

@@ -96,6 +96,13 @@ def marked_processes(marker: str) -> list[int]:
     return found
 
 
+def environ_of(pid: int) -> dict:
+    """The environment process ``pid`` was started with."""
+    with open(f"/proc/{pid}/environ", "rb") as source:
+        pairs = [item.split(b"=", 1) for item in source.read().split(b"\0") if b"=" in item]
+    return {key.decode(): value.decode() for key, value in pairs}
+
+
 def pidfiles(state: Path) -> list[dict]:
     folder = state / "managed"
     return [json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []

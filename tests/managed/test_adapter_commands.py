@@ -1,5 +1,6 @@
 """LoRA adapters on the managed servers' command lines (runtime.backends.shared.adapters): the
-exact flags, and extra args that may not set them."""
+exact flags (vllm_serve's modules those ``adapters_loaded`` keeps), and extra args that may not
+set them."""
 from __future__ import annotations
 
 import pytest
@@ -29,6 +30,16 @@ def test_vllm_serve_enables_lora_with_each_module_and_the_rank():
         *VLLM_BASE, "--max-num-seqs", "1", "--tensor-parallel-size", "1", "--dtype", "auto",
         "--enable-lora", "--lora-modules", "sql=/peft/sql", "poet=/settings/peft/poet",
         "--max-loras", "2", "--max-lora-rank", "32",
+    ]
+
+
+@pytest.mark.parametrize("kept, modules", [(["poet"], ["--lora-modules", "poet=/settings/peft/poet"]), ([], [])])
+def test_vllm_serve_starts_with_the_kept_modules_and_room_for_every_declared_one(kept, modules):
+    adapters = {"sql": {"path": "/peft/sql"}, "poet": {"path": "peft/poet"}}
+    config = effective("vllm_serve", {"vllm_serve_model": TARGET, "adapters": adapters}, {"adapters_loaded": kept})
+    assert vllm_serve_command(config, HOST, PORT, BASE) == [
+        *VLLM_BASE, "--max-num-seqs", "1", "--tensor-parallel-size", "1", "--dtype", "auto",
+        "--enable-lora", *modules, "--max-loras", "2",
     ]
 
 

@@ -21,7 +21,7 @@ from runtime.service import RuntimeService
 from runtime.model.state import TransitionEvent
 from tests.conftest import write_settings
 from tests.engines.runtime_driver import user_input
-from tests.managed.helpers import TARGET, pidfiles, records
+from tests.managed.helpers import TARGET, environ_of, pidfiles, records
 
 SLEEP = {"method": "POST", "path": "/sleep", "query": {"level": ["1"]}}
 WAKE = {"method": "POST", "path": "/wake_up", "query": {}}
@@ -70,12 +70,6 @@ def _generate(service, name: str, text: str):
     return asyncio.create_task(service.handle("generate", payload, None))
 
 
-def _environ(pid: int) -> dict:
-    with open(f"/proc/{pid}/environ", "rb") as source:
-        pairs = [item.split(b"=", 1) for item in source.read().split(b"\0") if b"=" in item]
-    return {key.decode(): value.decode() for key, value in pairs}
-
-
 def test_sleep_mode_is_a_flag_and_the_dev_mode_environment():
     spec = BACKENDS["vllm_serve"]
     off = spec.definition_model.model_validate({"backend": "vllm_serve", "vllm_serve_model": TARGET})
@@ -91,7 +85,7 @@ async def test_sleep_and_wake_call_vllms_endpoints_and_a_request_wakes_it(start,
     controller = service.pool.controller("vl")
     [record] = pidfiles(state_dir)
     assert "--enable-sleep-mode" in record["argv"]
-    assert _environ(record["pid"])["VLLM_SERVER_DEV_MODE"] == "1"
+    assert environ_of(record["pid"])["VLLM_SERVER_DEV_MODE"] == "1"
 
     answer = await service.handle("sleep", {"name": "vl"}, None)
     assert (answer["runtime_state"], answer["residency"], answer["slept"]["reason"]) == ("loaded", "sleeping", "admin")
@@ -115,7 +109,7 @@ async def test_sleep_and_wake_call_vllms_endpoints_and_a_request_wakes_it(start,
 async def test_without_sleep_mode_it_is_not_sleepable(start, tmp_path, state_dir, fake_bin):
     service = await start({"vl": _model(fake_bin, tmp_path)})
     [record] = pidfiles(state_dir)
-    assert "--enable-sleep-mode" not in record["argv"] and "VLLM_SERVER_DEV_MODE" not in _environ(record["pid"])
+    assert "--enable-sleep-mode" not in record["argv"] and "VLLM_SERVER_DEV_MODE" not in environ_of(record["pid"])
     with pytest.raises(NotSleepable):
         await service.handle("sleep", {"name": "vl"}, None)
     assert _control(tmp_path) == [] and service.pool.controller("vl").residency == "active"

@@ -1,9 +1,12 @@
 """The ``adapters`` definition field (runtime.backends.shared.adapters): which backends take it,
-what a valid declaration is, and that every adapter id and alias is a name of its own."""
+what a valid declaration is, and that every adapter id and alias is a name of its own; the
+``adapters_loaded`` override of llama_cpp, vllm and vllm_serve."""
 import pytest
 
+from runtime.backends import BACKENDS
+from runtime.backends.shared.adapters import ADAPTERS_LOADED
 from runtime.config import validate_settings
-from runtime.errors import InvalidSettings
+from runtime.errors import InvalidLoadRequest, InvalidSettings
 
 GGUF = {"backend": "llama_cpp", "model_path": "base.gguf"}
 
@@ -73,3 +76,50 @@ def test_a_model_that_does_not_generate_declares_no_adapters(definition):
 def test_a_llama_server_adapters_path_has_no_comma():
     details = problems({"m": {"backend": "llama_server", "model_path": "b.gguf", "adapters": {"a": {"path": "x,y.gguf"}}}})
     assert [p["path"] for p in details] == ["$.models.m"] and "comma" in details[0]["message"]
+
+
+# ---- adapters_loaded: which declared adapters a loaded model holds -----------------------------
+
+LOADING_BACKENDS = {
+    "llama_cpp": GGUF,
+    "vllm": {"backend": "vllm", "model_path": "org/base"},
+    "vllm_serve": {"backend": "vllm_serve", "model_path": "org/base"},
+}
+
+
+def declaring(definition: dict, **fields):
+    spec = BACKENDS[definition["backend"]]
+    return spec, spec.definition_model.model_validate({**definition, "adapters": {"sql": {"path": "sql"}}, **fields})
+
+
+@pytest.mark.parametrize("backend", list(LOADING_BACKENDS))
+def test_adapters_loaded_is_a_reconfigurable_override_naming_declared_adapters(backend):
+    spec, definition = declaring(LOADING_BACKENDS[backend])
+    assert "adapters_loaded" in spec.reconfigurable_fields()
+    for kept in (["sql"], [], None):
+        assert spec.validate_overrides(definition, {"adapters_loaded": kept}) == {"adapters_loaded": kept}
+    with pytest.raises(InvalidLoadRequest) as refused:
+        spec.validate_overrides(definition, {"adapters_loaded": ["sql", "nope"]})
+    assert (refused.value.code, refused.value.param) == ("invalid_load_request", "adapters_loaded")
+    assert "nope" in refused.value.message
+
+
+def test_llama_server_has_no_adapters_loaded():
+    spec, definition = declaring({"backend": "llama_server", "model_path": "base.gguf"})
+    with pytest.raises(InvalidLoadRequest, match="not a load override of backend llama_server") as refused:
+        spec.validate_overrides(definition, {"adapters_loaded": ["sql"]})
+    assert refused.value.param == "adapters_loaded"
+
+
+@pytest.mark.parametrize("backend", list(LOADING_BACKENDS))
+def test_a_definitions_own_adapters_loaded_names_declared_adapters(backend):
+    model = {**LOADING_BACKENDS[backend], "adapters": {"sql": {"path": "sql"}}, "adapters_loaded": ["nope"]}
+    details = problems({"m": model})
+    assert [p["path"] for p in details] == ["$.models.m"]
+    assert "adapters_loaded names adapters the model does not declare: nope" in details[0]["message"]
+
+
+@pytest.mark.parametrize("runtime_lora, mode", [(False, {"reconfigure_mode": "restart"}), (True, {})])
+def test_vllm_serve_reconfigures_adapters_loaded_by_a_restart_unless_runtime_lora_is_allowed(runtime_lora, mode):
+    spec, definition = declaring(LOADING_BACKENDS["vllm_serve"], vllm_runtime_lora=runtime_lora)
+    assert spec.load_constraints(definition)["adapters_loaded"] == {**ADAPTERS_LOADED.constraint, **mode}

@@ -23,11 +23,18 @@ def test_the_load_body_schema_is_replicas_plus_every_declared_override():
     assert set(LoadBody.model_fields) == {"replicas"} | declared
 
 
+# vllm_serve marks adapters_loaded "reconfigure_mode": "restart" unless its definition allows
+# vLLM's runtime LoRA loading; with it, its constraints are the declarations as they are.
+RUNTIME_LORA = BACKENDS["vllm_serve"].definition_model.model_validate(
+    {"backend": "vllm_serve", "vllm_serve_model": "org/m", "vllm_runtime_lora": True})
+
+
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_load_constraints_are_the_declarations_in_order(backend):
     spec = BACKENDS[backend]
     accepted = ([TARGET_INFLIGHT] if spec.concurrent else []) + list(spec.overrides)
-    assert list(spec.load_constraints(None).items()) == [(o.name, o.constraint) for o in accepted]
+    constraints = spec.load_constraints(RUNTIME_LORA if backend == "vllm_serve" else None)
+    assert list(constraints.items()) == [(o.name, o.constraint) for o in accepted]
 
 
 def test_the_body_type_is_the_422_and_the_constraint_the_400():

@@ -20,8 +20,8 @@ from __future__ import annotations
 import ctypes
 
 from runtime.backends.llama_cpp.native import EngineLoadError, native
-from runtime.backends.shared.adapters import adapter_paths, declared
-from runtime.errors import AdapterNotLoaded, BackendError, InvalidLoadRequest
+from runtime.backends.shared.adapters import adapter_paths, declared, require_loaded
+from runtime.errors import BackendError, InvalidLoadRequest
 
 BASE = ""  # the turn of the generations without an adapter
 # What a sequence holds once the adapter that filled it is dropped or replaced: a name no adapter
@@ -103,9 +103,7 @@ class LoraSet:
     def take(self, context, seq: int, adapter: str | None) -> None:
         """Sequence ``seq`` goes to a generation with ``adapter``: emptied if another one filled it.
         AdapterNotLoaded (409) for an adapter the ``adapters_loaded`` override left out."""
-        if adapter is not None and adapter not in self._loaded:
-            raise AdapterNotLoaded(f"the LoRA adapter {adapter!r} is not loaded (adapters_loaded leaves it out)",
-                                   param="model")
+        require_loaded(adapter, self._loaded)
         if self.held(seq) != adapter:
             context.clear(seq)
         if adapter is None:

@@ -29,6 +29,7 @@ from runtime.backends.shared.adapters import (
     adapters_field,
     check_loaded_names,
     refuse_adapters_without_generation,
+    refuse_undeclared_loaded,
 )
 from runtime.backends.shared.common_fields import refuse_embeddings_with_rerank
 from runtime.backends.shared.overrides import LoadOverride, PositiveInt, fields_fit, integer_override, refuse_problem
@@ -93,9 +94,7 @@ class LlamaCppDefinition(CommonDefinition):
     def _one_pooling(self):
         refuse_embeddings_with_rerank(self)
         refuse_adapters_without_generation(self, self.rerank)
-        unknown = [name for name in self.adapters_loaded or () if name not in self.adapters]
-        if unknown:
-            raise ValueError(f"adapters_loaded names adapters the model does not declare: {', '.join(unknown)}")
+        refuse_undeclared_loaded(self)
         return self
 
     _draft_model_named = model_validator(mode="after")(fields_fit(speculation_problem))

@@ -20,7 +20,7 @@ Restart-mode reconfigure (runtime.model.residency): ``llama_server_n_ctx``, ``ll
 "reconfigure_mode": "restart"``: POST .../reconfigure stops each replica's server and starts it
 with the new arguments (the GGUF is read again, from the page cache), the model ``loaded``
 throughout; a server that does not come up with them is started again with the old ones and
-the call answers 400 invalid_load_request (``LlamaServerEngine``).
+the call answers 400 invalid_load_request (``ManagedServerEngine.reconfigure``).
 """
 from __future__ import annotations
 
@@ -56,7 +56,6 @@ from runtime.backends.shared.overrides import (
     integer_override,
     refuse_problem,
 )
-from runtime.errors import BackendError, InvalidLoadRequest
 from runtime.pool.gguf_info import GgufError, read_gguf_info
 from runtime.pool.model_files import ModelFileError, locate_model_file, resolve_model_file
 
@@ -246,26 +245,6 @@ class LlamaServerEngine(managed.ManagedServerEngine):
 
     def _slot_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.base_url, headers=self._auth, timeout=SLOT_CALL_SECONDS)
-
-    async def reconfigure(self, config: dict[str, Any]) -> None:
-        """Restart the server with ``config``; when it does not come up, start it again with the
-        old config and raise InvalidLoadRequest (BackendError when even that fails)."""
-        old = self.config
-        try:
-            await self.restart(config)
-        except managed.ServerStartError as exc:
-            reason = str(exc)
-        else:
-            return
-        try:
-            await self.restart(old)
-        except managed.ServerStartError as again:
-            raise BackendError(
-                f"{self.label} did not start with the new arguments ({reason}), nor again with the old ones: {again}"
-            ) from None
-        raise InvalidLoadRequest(
-            f"{self.label} did not start with the new arguments, so it was started again with the old ones: {reason}"
-        )
 
 
 class LlamaServerSpec(server_spec.ManagedServerSpec):

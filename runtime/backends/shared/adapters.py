@@ -13,10 +13,13 @@ swap.  What each backend does with the declaration:
   from 0), and ``--lora-init-without-apply`` (none applied at start); every request carries
   ``"lora": [{"id", "scale"}]`` naming each adapter, the requested one at its scale and the
   others at 0, the base's requests all at 0 (``server_lora``);
-- vllm / vllm_serve: ``--enable-lora``, ``--lora-modules name=path`` and ``--max-lora-rank``
-  (``vllm_lora_args``); the request names the adapter as its model.
+- vllm / vllm_serve: LoRA enabled for every declared adapter (``max_loras``), the kept ones
+  loaded at start (``vllm_lora_arguments``, ``vllm_lora_args``: ``--lora-modules name=path``);
+  the request names the adapter as its model.
 
-An adapter's file size is charged to its base (``adapters_mib``).
+``adapters_loaded`` (``ADAPTERS_LOADED``, a load override of llama_cpp, vllm and vllm_serve)
+keeps some of them loaded; a request for another is 409 adapter_not_loaded (``require_loaded``).
+An adapter's file size is charged to its base (``adapters_mib``): the kept ones'.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.backends.shared.overrides import LoadOverride
-from runtime.errors import InvalidLoadRequest
+from runtime.errors import AdapterNotLoaded, InvalidLoadRequest
 from runtime.pool.model_files import locate_model_file
 
 ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$"
@@ -48,7 +51,8 @@ class AdapterDefinition(BaseModel):
 
 
 Adapters = dict[AdapterName, AdapterDefinition]
-# llama_cpp's load override (reconfigurable): which declared adapters are loaded (null: all).
+# llama_cpp's, vllm's and vllm_serve's load override (reconfigurable): which declared adapters
+# are loaded (null: all).
 ADAPTERS_LOADED = LoadOverride(
     "adapters_loaded", list[AdapterName],
     {"kind": "string_list_or_null", "default": None, "null_means": "every declared adapter",
@@ -61,11 +65,13 @@ def adapters_field():
     return Field(default_factory=dict)
 
 
-def declared(definition_or_config: Any) -> dict[str, dict]:
+def declared(definition_or_config: Any, every: bool = False) -> dict[str, dict]:
     """A definition's adapters as plain dicts, in declared order; {} for a backend that has none.
-    Of an effective config (a dict): those its ``adapters_loaded`` keeps (null: all)."""
+    Of an effective config (a dict): those its ``adapters_loaded`` keeps (null: all), or with
+    ``every`` all of them, loaded or not."""
     if isinstance(definition_or_config, dict):
-        raw, kept = definition_or_config.get("adapters") or {}, definition_or_config.get("adapters_loaded")
+        raw = definition_or_config.get("adapters") or {}
+        kept = None if every else definition_or_config.get("adapters_loaded")
     else:
         raw = getattr(definition_or_config, "adapters", None) or {}
         kept = None  # every declared adapter is a model id, loaded or not
@@ -73,12 +79,34 @@ def declared(definition_or_config: Any) -> dict[str, dict]:
             for name, a in raw.items() if kept is None or name in kept}
 
 
+def undeclared_loaded(definition: Any, loaded: list[str] | None) -> str | None:
+    """Why ``loaded`` (an ``adapters_loaded`` value) does not fit ``definition``: the names it
+    does not declare; None when it fits."""
+    unknown = [name for name in loaded or () if name not in declared(definition)]
+    return f"adapters_loaded names adapters the model does not declare: {', '.join(unknown)}" if unknown else None
+
+
+def refuse_undeclared_loaded(definition: Any) -> None:
+    """ValueError (invalid_settings) for a definition whose own ``adapters_loaded`` names an
+    adapter it does not declare."""
+    problem = undeclared_loaded(definition, definition.adapters_loaded)
+    if problem:
+        raise ValueError(problem)
+
+
 def check_loaded_names(definition: Any, loaded: list[str] | None) -> None:
     """The ``adapters_loaded`` override names declared adapters only (400 invalid_load_request)."""
-    unknown = [name for name in loaded or () if name not in declared(definition)]
-    if unknown:
-        raise InvalidLoadRequest(f"adapters_loaded names adapters the model does not declare: {', '.join(unknown)}",
-                                 param="adapters_loaded")
+    problem = undeclared_loaded(definition, loaded)
+    if problem:
+        raise InvalidLoadRequest(problem, param="adapters_loaded")
+
+
+def require_loaded(adapter: str | None, loaded) -> None:
+    """AdapterNotLoaded (409) for a request's adapter that is not among ``loaded`` (the names
+    loaded now): one the ``adapters_loaded`` override leaves out."""
+    if adapter is not None and adapter not in loaded:
+        raise AdapterNotLoaded(f"the LoRA adapter {adapter!r} is not loaded (adapters_loaded leaves it out)",
+                               param="model")
 
 
 def refuse_adapters_without_generation(definition: Any, pooling_only: bool) -> None:
@@ -98,9 +126,11 @@ def adapter_id(model: str, adapter: str) -> str:
     return f"{model}{SEPARATOR}{adapter}"
 
 
-def adapter_paths(config: dict, base_dir: str) -> dict[str, str]:
-    """Each adapter's file or folder as located (``runtime.pool.model_files``), by name."""
-    return {name: locate_model_file(a["path"], base_dir) or a["path"] for name, a in declared(config).items()}
+def adapter_paths(config: dict, base_dir: str, every: bool = False) -> dict[str, str]:
+    """Each adapter's file or folder as located (``runtime.pool.model_files``), by name: those
+    ``config`` keeps loaded, or with ``every`` all it declares."""
+    return {name: locate_model_file(a["path"], base_dir) or a["path"]
+            for name, a in declared(config, every).items()}
 
 
 def adapters_mib(config: dict, base_dir: str) -> int:
@@ -131,15 +161,11 @@ def llama_server_lora_args(config: dict, base_dir: str) -> list[str]:
     return [arg for path in paths.values() for arg in ("--lora", path)] + ["--lora-init-without-apply"]
 
 
-def vllm_lora_modules(config: dict, base_dir: str) -> dict[str, str]:
-    """vLLM's LoRA modules, ``adapter name -> path``."""
-    return adapter_paths(config, base_dir)
-
-
 def vllm_lora_arguments(config: dict) -> dict[str, Any]:
     """The in-process engine's ``AsyncEngineArgs`` for the adapters: ``enable_lora``, ``max_loras``
-    (every adapter at once) and ``max_lora_rank`` where set; {} without adapters."""
-    count = len(declared(config))
+    (every declared adapter at once, so one ``adapters_loaded`` leaves out fits when it is added
+    back) and ``max_lora_rank`` where set; {} without adapters."""
+    count = len(declared(config, every=True))
     if not count:
         return {}
     rank = config.get("vllm_max_lora_rank")
@@ -147,15 +173,18 @@ def vllm_lora_arguments(config: dict) -> dict[str, Any]:
 
 
 def vllm_lora_args(config: dict, base_dir: str) -> list[str]:
-    """``--enable-lora --lora-modules name=path ... --max-lora-rank R`` (the rank where the
-    definition sets ``vllm_max_lora_rank``); nothing without adapters."""
-    modules = vllm_lora_modules(config, base_dir)
-    if not modules:
+    """``--enable-lora --lora-modules name=path ... --max-loras N --max-lora-rank R``: a module per
+    adapter ``adapters_loaded`` keeps (no ``--lora-modules`` where it keeps none), ``N`` every
+    declared one (``vllm_lora_arguments``), the rank where the definition sets
+    ``vllm_max_lora_rank``; nothing without adapters."""
+    count = len(declared(config, every=True))
+    if not count:
         return []
+    modules = adapter_paths(config, base_dir)
     rank = config.get("vllm_max_lora_rank")
     return [
         "--enable-lora",
-        "--lora-modules", *(f"{name}={path}" for name, path in modules.items()),
-        "--max-loras", str(len(modules)),
+        *(["--lora-modules", *(f"{name}={path}" for name, path in modules.items())] if modules else []),
+        "--max-loras", str(count),
         *(["--max-lora-rank", str(rank)] if rank is not None else []),
     ]

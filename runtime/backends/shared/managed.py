@@ -41,7 +41,7 @@ from runtime.backends.shared.openai_embeddings import create_embeddings
 from runtime.backends.shared.upstream_rerank import create_rerank
 from runtime.backends.shared.prompts import template_variables
 from runtime.backends.shared.upstream import UpstreamClient
-from runtime.errors import BackendError
+from runtime.errors import BackendError, InvalidLoadRequest
 from runtime.inputs.request import ForwardedRequest, GenerationRequest, InferenceRequest, typed_request
 from runtime.inputs.transcription import Transcribed, TranscriptionRequest, TranscriptSegment
 from runtime.model.load_progress import STAGE_HEALTHY, STAGE_LISTENING, STAGE_LOADING_WEIGHTS, STAGE_SPAWNED
@@ -270,6 +270,27 @@ class ManagedServerEngine:
         self.config = config
         self._served_model = self.profile.model_name(config, self.context["base_dir"])
         await self.load()
+
+    async def reconfigure(self, config: dict) -> None:
+        """A restart-mode reconfigure: ``restart`` with ``config``; when the server does not come up,
+        start it again with the old config and raise InvalidLoadRequest (BackendError when even
+        that fails)."""
+        old = self.config
+        try:
+            await self.restart(config)
+        except ServerStartError as exc:
+            reason = str(exc)
+        else:
+            return
+        try:
+            await self.restart(old)
+        except ServerStartError as again:
+            raise BackendError(
+                f"{self.label} did not start with the new arguments ({reason}), nor again with the old ones: {again}"
+            ) from None
+        raise InvalidLoadRequest(
+            f"{self.label} did not start with the new arguments, so it was started again with the old ones: {reason}"
+        )
 
     async def _release(self) -> None:
         if self._client is not None:

@@ -7,6 +7,12 @@ Prompts are rendered from the tokenizer's chat template in the sandbox of
 ``runtime.inputs.chat_templates`` (``enable_thinking`` per request for Qwen3 / Gemma 4)
 and passed to vLLM as token ids.
 
+LoRA adapters (runtime.backends.shared.adapters): the engine is built for every declared one
+(``max_loras``) and each one ``adapters_loaded`` keeps is loaded with ``AsyncLLM.add_lora`` once
+the engine stands; a request for one carries its ``LoRARequest``.  A reconfigure, whose one
+field here is ``adapters_loaded``, calls ``add_lora`` / ``remove_lora`` on the running engine:
+the weights, the KV cache and the engine stay.
+
 Unload calls ``AsyncLLM.shutdown()``, which stops the EngineCore process that
 holds the weights, the KV cache and the CUDA graphs, so that memory returns to
 the device.  When the last vLLM engine of the process is gone,
@@ -25,10 +31,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from runtime.backends.base import EngineUnavailable, Finished, GenerationRequest, TextDelta
-from runtime.backends.shared.adapters import vllm_lora_arguments, vllm_lora_modules
+from runtime.backends.shared.adapters import adapter_paths, declared, require_loaded, vllm_lora_arguments
 from runtime.backends.shared.prompts import render_template_prompt, template_messages, template_variables
 from runtime.backends.vllm.arguments import engine_arguments, model_target
-from runtime.errors import BackendError, InvalidRequest, LLMPoolError
+from runtime.errors import BackendError, InvalidLoadRequest, InvalidRequest, LLMPoolError
 
 # Engines loaded in this process; the distributed cleanup runs when the last one unloads.
 _live_engines: set[int] = set()
@@ -98,9 +104,11 @@ class VllmEngine:
             **engine_arguments(config, model_target(config["model_path"], context["base_dir"])),
             **vllm_lora_arguments(config),
         }
-        # A request's adapter -> (vLLM's LoRA id: 1, 2, ... in declared order, its folder).
+        # Every declared adapter -> (vLLM's LoRA id: 1, 2, ... in declared order, its folder); an
+        # adapter keeps its id while it is dropped and added back.
         self._adapters = {name: (index + 1, path) for index, (name, path)
-                          in enumerate(vllm_lora_modules(config, context["base_dir"]).items())}
+                          in enumerate(adapter_paths(config, context["base_dir"], every=True).items())}
+        self._loaded: set[str] = set()  # the adapters vLLM holds (add_lora)
         self._on_failure = context["on_engine_failure"]
         self._vllm: SimpleNamespace | None = None
         self._llm = None
@@ -117,6 +125,8 @@ class VllmEngine:
                 tokenizer = await tokenizer
             if not getattr(tokenizer, "chat_template", None):
                 raise ValueError(f"the tokenizer of {self.engine_args['model']} has no chat template")
+            for name in declared(self.config):
+                await self._add_lora(llm, name)
         except BaseException:
             await asyncio.to_thread(llm.shutdown)
             raise
@@ -134,6 +144,43 @@ class VllmEngine:
         if not _live_engines:
             await asyncio.to_thread(_cleanup_process_state)
 
+    async def reconfigure(self, config: dict[str, Any], overlap: bool = False) -> None:
+        """Take ``config``'s ``adapters_loaded`` (the one reconfigurable field of vllm): vLLM's
+        ``add_lora`` for each adapter it adds, then ``remove_lora`` for each it drops, on the
+        running engine.  An adapter vLLM cannot load is 400 invalid_load_request, the ones this
+        call added removed again: the adapters stay as they were."""
+        if self._llm is None:
+            raise BackendError("the vLLM engine is not loaded")
+        wanted = declared(config)
+        added = []
+        try:
+            for name in [name for name in wanted if name not in self._loaded]:
+                await self._add_lora(self._llm, name)
+                added.append(name)
+        except ValueError as exc:
+            for name in added:
+                await self._remove_lora(name)
+            raise InvalidLoadRequest(str(exc), param="adapters_loaded") from None
+        for name in [name for name in self._adapters if name in self._loaded and name not in wanted]:
+            await self._remove_lora(name)
+        self.config = config
+
+    async def _add_lora(self, llm, name: str) -> None:
+        """``add_lora`` of a declared adapter (vLLM reads its folder now, not at its first request);
+        ValueError naming it where vLLM cannot load it."""
+        lora_id, path = self._adapters[name]
+        try:
+            added = await llm.add_lora(self._vllm.LoRARequest(name, lora_id, path))
+        except Exception as exc:
+            raise ValueError(f"vLLM could not load the LoRA adapter {name!r} from {path}: {exc}") from None
+        if not added:
+            raise ValueError(f"vLLM did not load the LoRA adapter {name!r} from {path}")
+        self._loaded.add(name)
+
+    async def _remove_lora(self, name: str) -> None:
+        await self._llm.remove_lora(self._adapters[name][0])
+        self._loaded.discard(name)
+
     def prompt_text(self, request: GenerationRequest) -> str:
         tokenizer = self._tokenizer
         return render_template_prompt(
@@ -147,15 +194,16 @@ class VllmEngine:
     async def generate(self, request: GenerationRequest):
         if self._llm is None:
             raise BackendError("the vLLM engine is not loaded")
+        lora = None
+        if request.adapter is not None:
+            require_loaded(request.adapter, self._loaded)
+            lora_id, path = self._adapters[request.adapter]
+            lora = self._vllm.LoRARequest(request.adapter, lora_id, path)
         if request.prompt is not None:  # a raw prompt: tokenized as vLLM's own /v1/completions does
             prompt_ids = list(self._tokenizer.encode(request.prompt, add_special_tokens=True))
         else:
             prompt_ids = list(self._tokenizer.encode(self.prompt_text(request), add_special_tokens=False))
         params = self._vllm.SamplingParams(**sampling_arguments(request), output_kind=self._vllm.DELTA)
-        lora = None
-        if request.adapter is not None:
-            lora_id, path = self._adapters[request.adapter]
-            lora = self._vllm.LoRARequest(request.adapter, lora_id, path)
         output_tokens, finish_reason = 0, "stop"
         try:
             async for output in self._llm.generate({"prompt_token_ids": prompt_ids}, params, request.request_id,

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from runtime.backends.base import SAMPLING_OPTIONS
-from runtime.backends.shared.adapters import Adapters, adapters_field
+from runtime.backends.shared.adapters import (
+    ADAPTERS_LOADED,
+    AdapterName,
+    Adapters,
+    adapters_field,
+    check_loaded_names,
+    refuse_undeclared_loaded,
+)
 from runtime.backends.shared.in_process import LibrarySpec
 from runtime.backends.shared.common_fields import (
     GEMMA4,
@@ -78,6 +85,14 @@ class VllmFields(FamilyDefinition):
     # support (runtime.backends.shared.adapters); the largest rank among them where it exceeds vLLM's default.
     adapters: Adapters = adapters_field()
     vllm_max_lora_rank: int | None = Field(None, ge=1)
+    # Which of them are loaded (null: all); a load override POST .../reconfigure changes live,
+    # the engine kept (runtime.backends.vllm.engine, runtime.backends.vllm_serve.spec).
+    adapters_loaded: list[AdapterName] | None = None
+
+    @model_validator(mode="after")
+    def _loaded_adapters_declared(self):
+        refuse_undeclared_loaded(self)
+        return self
 
 
 class VllmDefinition(LibraryFields, VllmFields):
@@ -113,7 +128,12 @@ class VllmSpec(LibrarySpec, engine=VllmEngine, library=import_vllm):
             "vllm_speculative_attention_backend", "vllm_attention_backend", ["triton_attn", "flashinfer"]
         ),
         integer_override("vllm_num_speculative_tokens", default=1),
+        ADAPTERS_LOADED,  # adapters dropped or added back while loaded, the engine kept
     )
+
+    def check_override_combination(self, definition, overrides):
+        """The adapters loaded must be the definition's."""
+        check_loaded_names(definition, overrides.get("adapters_loaded"))
 
     def raw_prompt(self, definition) -> bool:
         """A raw prompt is tokenized as it is (special tokens parsed), without the chat template."""

@@ -1,9 +1,23 @@
-"""Fake ``vllm serve``: vLLM's flags as llm-pool uses them (plus a few common ones), nothing else."""
+"""Fake ``vllm serve``: vLLM's flags as llm-pool uses them (plus a few common ones), nothing else.
+
+With ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` true in its environment (``1`` or ``true``, any case, as
+vLLM reads it), it serves vLLM's runtime LoRA routes (``lora_route``)."""
 from __future__ import annotations
 
+import json
+import os
 import sys
 
-from openai_fake import UsageError, parse_flags, require_choice, require_float, require_int, require_json, run
+from openai_fake import (
+    UsageError,
+    log_control,
+    parse_flags,
+    require_choice,
+    require_float,
+    require_int,
+    require_json,
+    run,
+)
 
 VALUED = {
     "--host", "--port", "--api-key", "--max-num-seqs", "--max-model-len", "--gpu-memory-utilization",
@@ -38,6 +52,48 @@ def lora_modules(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     if not values or not all("=" in value for value in values):
         raise UsageError(f"argument --lora-modules: expected name=path values (got {values})")
     return argv[:start] + argv[end:], dict(value.split("=", 1) for value in values)
+
+
+# vLLM's runtime LoRA routes and the keys of their bodies (vllm/entrypoints/serve/lora/protocol.py).
+LORA_ROUTES = {"/v1/load_lora_adapter": {"lora_name", "lora_path"}, "/v1/unload_lora_adapter": {"lora_name"}}
+
+
+def lora_route(path: str, enabled: bool):
+    """The handler of one runtime LoRA route, as vLLM's OpenAIServingModels answers it: 200 with a
+    text; a body whose keys are not the route's (which llm-pool never sends), loading without
+    ``--enable-lora`` or loading a name loaded already, 400; loading a path that is no folder, or
+    unloading a name not loaded, 404.  Every call goes to the control log."""
+    def handle(handler, body: bytes) -> None:
+        request = json.loads(body)
+        log_control({"method": "POST", "path": path, "body": request})
+        name, state = request.get("lora_name"), handler.state
+        with state["lock"]:
+            loaded = name in state["adapters"]
+            if set(request) != LORA_ROUTES[path]:
+                refused = (400, f"the body's keys must be {sorted(LORA_ROUTES[path])}")
+            elif path == "/v1/unload_lora_adapter":
+                refused = None if loaded else (404, f"The lora adapter '{name}' cannot be found.")
+            elif not enabled:
+                refused = (400, "LoRA is not enabled")
+            elif loaded:
+                refused = (400, f"The lora adapter '{name}' has already been loaded.")
+            elif not os.path.isdir(request["lora_path"]):
+                refused = (404, f"No adapter found for {request['lora_path']}")
+            else:
+                refused = None
+            if refused is None:
+                (state["adapters"].discard if loaded else state["adapters"].add)(name)
+        if refused is not None:
+            handler._error(*refused)
+            return
+        text = f"Success: LoRA adapter '{name}' {'removed' if loaded else 'added'} successfully.".encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Content-Length", str(len(text)))
+        handler.end_headers()
+        handler.wfile.write(text)
+
+    return handle
 
 
 def parse(argv: list[str]) -> tuple[dict, dict]:
@@ -80,6 +136,8 @@ def parse(argv: list[str]) -> tuple[dict, dict]:
         "sleep_mode": bool(options.get("--enable-sleep-mode")),
         # --lora-modules: each adapter is a model name of its own, as vLLM serves them.
         "adapters": sorted(modules),
+        "post_routes": {path: lora_route(path, bool(options.get("--enable-lora"))) for path in LORA_ROUTES}
+        if os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "0").strip().lower() in ("1", "true") else {},
     }
     return settings, {}
 

@@ -21,7 +21,12 @@ Knobs, all from the environment (the model definition's ``*_env``):
 - ``FAKE_IGNORE_SIGTERM``: ignore SIGTERM (a server that hangs on shutdown);
 - ``FAKE_CHILD``: start a worker process in the same process group (it outlives
   the leader unless someone kills the group);
-- ``FAKE_CONTROL_LOG``: a file to append every sleep-mode call to (method, path, query).
+- ``FAKE_CONTROL_LOG``: a file to append every sleep-mode call to (method, path, query), and
+  every call of a fake's own ``post_routes`` (theirs to log: vLLM's runtime LoRA routes).
+
+A fake's settings may add POST routes (``settings["post_routes"]``: path -> ``handler(request
+handler, body)``), and name the LoRA adapters it serves as models (``settings["adapters"]``; the
+set ``state["adapters"]``, which such a route may change).
 
 Sleep mode (vLLM's, ``settings["sleep_mode"]``: ``--enable-sleep-mode``): with
 ``VLLM_SERVER_DEV_MODE=1`` in the environment too, ``POST /sleep?level=1|2`` (``mode`` too),
@@ -174,6 +179,14 @@ def _shutdown(signum, frame):
     raise SystemExit(0)
 
 
+def log_control(entry: dict) -> None:
+    """Append a control call to ``FAKE_CONTROL_LOG``, where it is set."""
+    log = os.environ.get("FAKE_CONTROL_LOG")
+    if log:
+        with open(log, "a", encoding="utf-8") as target:
+            target.write(json.dumps(entry) + "\n")
+
+
 # ---- the HTTP side ---------------------------------------------------------------------------
 
 
@@ -188,6 +201,7 @@ def serve(settings: dict) -> None:
         # vLLM registers its sleep endpoints only with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1.
         "sleep_endpoints": bool(settings.get("sleep_mode")) and os.environ.get("VLLM_SERVER_DEV_MODE") == "1",
         "sleeping": False,
+        "adapters": set(settings.get("adapters", ())),
     }
     handler = type("Handler", (_Handler,), {"state": state})
     ready_line = os.environ.get("FAKE_READY_LINE")
@@ -242,10 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path not in self.SLEEP_ROUTES or not self.state["sleep_endpoints"]:
             return False
         query = parse_qs(url.query, keep_blank_values=True)
-        log = os.environ.get("FAKE_CONTROL_LOG")
-        if log:
-            with open(log, "a", encoding="utf-8") as target:
-                target.write(json.dumps({"method": method, "path": url.path, "query": query}) + "\n")
+        log_control({"method": method, "path": url.path, "query": query})
         if method != self.SLEEP_ROUTES[url.path]:
             self._error(405, "Method Not Allowed", "MethodNotAllowed")
         elif set(query) - self.SLEEP_QUERY[url.path]:
@@ -298,6 +309,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         body = self._body()
         if not self._authorized() or self._sleep_route("POST"):
+            return
+        route = self.state["settings"].get("post_routes", {}).get(self.path)
+        if route is not None:
+            route(self, body)
             return
         if self.path == "/v1/files":
             self._upload(body)
@@ -437,7 +452,9 @@ class _Handler(BaseHTTPRequestHandler):
         if drop:
             self.close_connection = True
             return
-        if request.get("model") not in (self.state["settings"]["model"], *self.state["settings"].get("adapters", ())):
+        with self.state["lock"]:
+            served = (self.state["settings"]["model"], *self.state["adapters"])
+        if request.get("model") not in served:
             self._error(404, f"The model `{request.get('model')}` does not exist.", "NotFoundError")
             return
         try:
