@@ -62,10 +62,10 @@ def respond(service, key: str, text: str = "x", path: str = "/v1/responses", **h
     return httpx.post(service.url + path, json=body, headers=headers, timeout=30)
 
 
-def hold(pool, service, model: str = "echo"):
-    """A request that holds ``model``'s one slot for about 2 s, once it runs."""
+def hold(pool, service, model: str = "echo", words: int = HOLD_WORDS):
+    """A request that holds ``model``'s one slot for ``words`` tokens (about 2 s), once it runs."""
     if model == "echo":
-        held = pool.submit(respond, service, "plain", " ".join(["w"] * HOLD_WORDS))
+        held = pool.submit(respond, service, "plain", " ".join(["w"] * words))
     else:
         held = pool.submit(httpx.post, service.url + "/v1/embeddings", timeout=30,
                            json={"model": model, "input": ["w"] * HOLD_WORDS},
@@ -129,7 +129,9 @@ def test_a_key_of_weight_2_is_served_twice_as_often_as_a_key_of_weight_1(service
     """Requests of equal cost, the light key's queued first: the token-fair order charges the heavy
     key half of each request's tokens, so it gets two turns to the light key's one."""
     with concurrent.futures.ThreadPoolExecutor(9) as pool:
-        held = hold(pool, service)
+        # 8 s: eight requests are queued one by one behind it, each seen in the queue first,
+        # which on a loaded machine (the split: a Redis round trip each) took more than 2 s.
+        held = hold(pool, service, words=4 * HOLD_WORDS)
         answers = [held]
         for index, key in enumerate(["light"] * 4 + ["heavy"] * 4):
             answers.append(pool.submit(respond, service, key, "same words"))
