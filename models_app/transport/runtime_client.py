@@ -30,7 +30,7 @@ from models_app.transport.messages import (
     RUNTIME_REQUEST,
 )
 from runtime.errors import RuntimeUnavailable, error_from_dict
-from runtime.inputs.request import GENERATE_CANCELLED
+from runtime.inputs.request import GENERATE_ADMITTED, GENERATE_CANCELLED, GENERATE_WAITING
 
 
 # A chunk missing from the runtime's replies: the channel layer lost it (Redis restarted while it
@@ -49,6 +49,8 @@ async def result_of(exchange: AsyncIterator[dict]) -> dict:
     raise RuntimeUnavailable("the runtime closed the exchange without a result")
 
 
+# A generate's chunks that carry no output: they count for no token in the edge's own count.
+_NOT_OUTPUT = frozenset({GENERATE_ADMITTED, GENERATE_WAITING})
 CANCEL_ANSWER_SECONDS = 10.0  # the longest wait for the runtime's count of a cancelled generate
 
 class RuntimeClient:
@@ -101,7 +103,7 @@ class RuntimeClient:
         give_up_at = time.monotonic() + deadline if deadline else None
         finished = closed_early = False
         chunks = 0  # chunks received in order (their ``seq``: models_app.host.consumer)
-        relayed = 0  # of them, those that carry output (not an event: admitted, waiting)
+        relayed = 0  # of them, those that carry output (a delta, reasoning, a tool call: not admitted, waiting)
         try:
             while True:
                 try:
@@ -122,7 +124,7 @@ class RuntimeClient:
                     if reply["seq"] > chunks:
                         raise RuntimeUnavailable(_LOST_REPLY)
                     chunks += 1
-                    relayed += "event" not in (reply.get("data") or {})
+                    relayed += (reply.get("data") or {}).get("event") not in _NOT_OUTPUT
                 if kind == REPLY_RESULT:
                     if reply.get("chunks", chunks) != chunks:
                         raise RuntimeUnavailable(_LOST_REPLY)

@@ -1,7 +1,7 @@
 """The order of a batch step's entries (batching.BatchLoop._step), without a model: every
 sequence's tokens come in increasing sequence order, whatever order the requests were admitted
 in.  llama.cpp decodes the sequences of one micro-batch of a per-sequence KV cache only as a run
-of increasing ids (``split_equal``'s sequential rule); a batch of 2, 0, 3, 1 took three graph
+of consecutive ids (``split_equal``'s sequential rule); a batch of 2, 0, 3, 1 took three graph
 computations where 0, 1, 2, 3 takes one (a 4-sequence step of SmolLM2: 31 against 22 ms)."""
 from __future__ import annotations
 
@@ -72,3 +72,10 @@ def test_prompt_chunks_and_answers_go_in_sequence_order_the_answers_first_in_the
               2: generation(prompt=[5] * 20)}
     # Room for 16: the two answers' tokens, then 3 of sequence 1's prompt and 11 of sequence 2's.
     assert step(active) == [(0, 100), (1, 7), (1, 8), (1, 9), *[(2, 5)] * 11, (3, 103)]
+
+
+def test_the_room_for_prompts_goes_to_the_earliest_admitted_first():
+    """The order of the entries is the sequences', but a long prompt admitted first is not held
+    back by later ones that happen to take a lower sequence."""
+    active = {3: generation(prompt=[5] * 20), 0: generation(prompt=[7] * 20)}
+    assert step(active) == [(3, 5)] * 16

@@ -285,3 +285,30 @@ def test_a_first_turn_keeps_to_its_keys_even_share_and_a_later_turn_to_the_bound
     view = split(a, b, inflight=inflight.counts)
     assert placed(first, view) == other  # 2 + 1 > ceil(4 / 2)
     assert placed(third, view) == home  # 2 + 1 <= ceil(1.25 * 4 / 2)
+
+
+def test_a_fixed_opening_before_the_first_user_message_does_not_name_the_conversation():
+    """An app whose every conversation opens with the same assistant greeting: the user's first
+    message names each one, so they spread over the nodes, and each keeps its node."""
+    greeting = {"role": "assistant", "content": [{"type": "output_text", "text": "Hello! How can I help?"}]}
+    view = split(node("a", model()), node("b", model()), node("c", model()))
+    homes = set()
+    for conversation in range(12):
+        first, *later = ({**p, "messages": [greeting, *p["messages"]]} for p in turns(conversation, 3, system=None))
+        homes.add(placed(first, view))
+        assert {placed(p, view) for p in later} == {placed(first, view)}
+    assert homes == {"a", "b", "c"}
+
+
+def test_a_raw_prompt_keeps_its_node_once_it_fills_a_block_and_goes_by_load_before():
+    from runtime.inference.prefix_marks import RAW_BLOCK_CHARS
+
+    short = {"model": "m", "request_id": "r", "messages": [], "prompt": "Once upon a time"}
+    loaded = split(node("a", model(load=1)), node("b", model(load=0)))
+    # Under a block: nothing that stays the same as the prompt grows, so the least loaded node
+    # (a, 1 + 1 within its bound of 2, would be kept for a conversation homed there).
+    assert {placed({**short, "prompt": f"Story {n}: once upon a time"}, loaded) for n in range(12)} == {"b"}
+    view = split(node("a", model()), node("b", model()), node("c", model()))
+    text = "x" * RAW_BLOCK_CHARS
+    assert {placed({**short, "prompt": text + more}, view) for more in ("", " and on", " and on and on")} \
+        == {placed({**short, "prompt": text}, view)}

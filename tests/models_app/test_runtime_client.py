@@ -228,12 +228,15 @@ async def test_the_answer_a_cut_off_receive_returns_all_the_same_is_the_charge()
 
 
 async def test_a_cancel_not_answered_is_charged_the_output_chunks_not_the_events():
-    admitted = {"kind": REPLY_CHUNK, "seq": 0, "data": {"event": "admitted"}}
-    first = {"kind": REPLY_CHUNK, "seq": 1, "data": {"delta": "t1"}}
+    """The runtime's own chunks (runtime.inference.pipeline): every one names its event."""
+    sent = [{"event": "admitted"}, {"event": "delta", "text": "a"}, {"event": "reasoning", "text": "b"},
+            {"event": "tool_call", "index": 0, "call": {}}, {"event": "upstream", "chunk": {}}]
     client = RuntimeClient(reply_timeout=0.2)
-    client.layer, client.cancel_answer_seconds = ScriptedLayer([admitted, first]), 0.2
+    client.layer = ScriptedLayer([{"kind": REPLY_CHUNK, "seq": n, "data": data} for n, data in enumerate(sent)])
+    client.cancel_answer_seconds = 0.2
     charged: list[dict] = []
     exchange = client.exchange("runtime", "generate", {"model": "m"}, on_cancelled=charged.append)
-    await anext(exchange), await anext(exchange)
+    for _ in sent:
+        await anext(exchange)
     await exchange.aclose()
-    assert charged == [{"output_tokens": 1}]
+    assert charged == [{"output_tokens": 4}]

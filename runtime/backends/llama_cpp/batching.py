@@ -152,11 +152,7 @@ class BatchLoop:
         if not active:
             return
         adapter = self._adapters.turn([generation.request.adapter for generation in active.values()])
-        # In sequence order: with a KV cache per sequence (not unified), llama.cpp decodes the
-        # sequences of one micro-batch only as a run of increasing ids (split_equal's sequential
-        # rule), so a batch of 2, 0, 3, 1 took three graph computations where 0, 1, 2, 3 takes one
-        # (a 4-sequence step: 31 against 22 ms).  llama-server walks its slots in order too.
-        members = {seq: g for seq, g in sorted(active.items()) if g.request.adapter == adapter}
+        members = {seq: g for seq, g in active.items() if g.request.adapter == adapter}  # in admission order
         batch = context.batch
         batch.clear()
         appended: dict[int, list[int]] = {}
@@ -165,7 +161,8 @@ class BatchLoop:
         answering = {seq: generation for seq, generation in members.items() if generation.pending is not None}
         if self._speculation.enabled and answering:
             drafts = self._speculation.drafts(context, answering, max(0, context.n_batch - len(members)) // len(members))
-        # The answers' tokens first, then prompt chunks in the room left; added in sequence order.
+        # The answers' tokens first, then prompt chunks in the room left, the earliest admitted
+        # prompt first.
         room = context.n_batch - sum(1 + len(drafts.get(seq, ())) for seq in answering)
         chunks: dict[int, list[int]] = {}
         for seq, generation in members.items():
@@ -174,7 +171,13 @@ class BatchLoop:
             if generation.prefilling:
                 chunks[seq] = generation.tokens[generation.prefilled:generation.prefilled + room]
                 room -= len(chunks[seq])
-        for seq, generation in members.items():
+        # Added in sequence order: with a KV cache per sequence (not unified), llama.cpp puts
+        # sequences in one micro-batch only as a run of consecutive ids (split_equal's sequential
+        # rule), so a batch of 2, 0, 3, 1 took three graph computations where 0, 1, 2, 3 takes one
+        # (a 4-sequence step: 31 against 22 ms).  llama-server walks its slots in order too.  A gap
+        # (0, 2, 3 with 1 free) still makes two.
+        for seq in sorted(members):
+            generation = members[seq]
             if seq in answering:
                 appended[seq] = [generation.pending, *drafts.get(seq, ())]
                 start = len(context.sequences[seq])

@@ -69,27 +69,30 @@ class NgramDrafter:
         self._indexed = 0  # positions of the history whose preceding n-gram is indexed
 
     def propose(self, history: list[int], limit: int) -> list[int]:
-        """Up to ``min(n_max, limit)`` tokens that followed the latest earlier match of the
-        history's last ``size_n`` tokens, never its last token (the one being decoded); [] when
-        there is none, or when fewer than ``size_n`` follow it (llama.cpp's rule: so short a
-        draft is not worth a verification)."""
-        limit = min(self.n_max, limit)
-        if limit <= 0:
+        """llama.cpp's ``common_ngram_simple_draft`` with ``size_n`` and ``n_max`` (its n-gram and
+        m-gram), then cut to ``limit``: the tokens that followed the latest earlier match of the
+        history's last ``size_n`` tokens (the last one is the token being decoded, never drafted),
+        up to ``n_max``; [] when the history is not longer than ``size_n + n_max + 2``, when there
+        is no match, or when fewer than ``size_n`` tokens can be copied.  As there, the match that
+        ends one token before the current n-gram and one at position 0 do not count."""
+        n, end = self.size_n, len(history)
+        if limit <= 0 or end - 1 <= n + self.n_max + 1:
             return []
         self._index(history)
-        end, n = len(history), self.size_n
-        start = self._next.get(tuple(history[end - n:])) if end > n else None
-        if start is None or end - 1 - start < min(n, limit):
+        start = self._next.get(tuple(history[end - n:]))
+        if start is None:
             return []
-        return history[start:min(start + limit, end - 1)]
+        copy = min(self.n_max, end - 1 - start)
+        return history[start:start + min(copy, limit)] if copy >= n else []
 
     def _index(self, history: list[int]) -> None:
-        """Index each position ``j`` (the token that followed the n-gram ending at ``j - 1``), up to
-        the last position: the history's trailing n-gram is what is looked up, not indexed."""
+        """Index each position ``j`` (the token after the n-gram that ends at ``j - 1``) from
+        ``size_n + 1`` (an n-gram at position 0 is no match) to the last but one: the n-gram that
+        ends there is the current one's neighbour, which llama.cpp's backward search skips."""
         n = self.size_n
-        for position in range(max(n, self._indexed), len(history)):
+        for position in range(max(n + 1, self._indexed), len(history) - 1):
             self._next[tuple(history[position - n:position])] = position
-        self._indexed = max(self._indexed, len(history))
+        self._indexed = max(self._indexed, len(history) - 1)
 
 
 class Speculation:
