@@ -137,10 +137,10 @@ def route(model: str | None, fairness_key: str | None, view: View, generation: d
     """The node a request for ``model`` (a name or an alias) goes to.
 
     Among the alive nodes that serve it: the least loaded (``load_key``), or for a ``generation``
-    (its wire payload) its conversation's node among those as good in all but load (``affine``).  Served only by nodes that
-    are down: RuntimeUnavailable.  Served by no node the view knows: the first alive node (it answers
-    404 unknown_model), or, with none alive yet, this process's own node's channel (the request waits
-    there for a runtime that starts, as on a single node).
+    (its wire payload) its conversation's node among those as good in all but load (``affine``).
+    Served only by nodes that are down: RuntimeUnavailable.  Served by no node the view knows: the
+    first alive node (it answers 404 unknown_model), or, with none alive yet, this process's own
+    node's channel (the request waits there for a runtime that starts, as on a single node).
     """
     nodes = view.nodes
     if len(nodes) == 1 and not view.split:
@@ -167,18 +167,23 @@ def affine(alive: list[Node], best: Node, request: GenerationRequest, model: str
            view: View) -> Node:
     """``request``'s conversation's node (the module docstring) among ``alive``, those not
     suspected and loaded as ``best`` is: the first in the conversation's rendezvous order where
-    the model's load and the fairness key's own requests, this one counted, each stay within
-    ``ceil(factor * (their sum over those nodes + 1) / their number)``, the factor
+    the model's load and the fairness key's own requests (per loaded replica), this one counted,
+    each stay within ``ceil(factor * (their sum over those nodes + 1) / their number)``, the factor
     ``AFFINITY_LOAD_FACTOR`` but for the key's requests of a first turn (1: its even share);
     ``best`` where the request has no conversation to mark or no node is within both."""
     conversation = conversation_mark(request)
     if conversation is None:
         return best
     mark, continues = conversation
-    tier = load_key(best, model, None, view)[:2]
-    peers = [n for n in alive if load_key(n, model, None, view)[:2] == tier]
-    loads = {n.name: node_load(n, model, view) for n in peers}
-    of_key = {n.name: view.inflight.get(inflight_keys(n, model, fairness_key)[1], 0) for n in peers}
+    # load_key's figures: (suspected, not loaded, the key's requests, all requests, the heartbeat
+    # load, each per loaded replica, the name); peers are as good as ``best`` in all but load.
+    figures = {n.name: load_key(n, model, fairness_key, view) for n in alive}
+    tier = figures[best.name][:2]
+    peers = [n for n in alive if figures[n.name][:2] == tier]
+    # The model's load: this process's own requests in flight (exact) or the heartbeat's figure
+    # (every API process's, up to about 1.5 s old), the larger; and the key's own.
+    loads = {n.name: max(figures[n.name][3:5]) for n in peers}
+    of_key = {n.name: figures[n.name][2] for n in peers}
     bound = math.ceil(AFFINITY_LOAD_FACTOR * (sum(loads.values()) + 1) / len(peers))
     key_bound = math.ceil((AFFINITY_LOAD_FACTOR if continues else 1.0) * (sum(of_key.values()) + 1) / len(peers))
     name = mark.to_bytes(8, "little")
@@ -187,14 +192,6 @@ def affine(alive: list[Node], best: Node, request: GenerationRequest, model: str
         if loads[candidate.name] + 1 <= bound and of_key[candidate.name] + 1 <= key_bound:
             return candidate
     return best
-
-
-def node_load(node: Node, model: str, view: View) -> float:
-    """``model``'s requests on ``node`` per loaded replica: this process's own in flight there (exact)
-    or the node's last heartbeat figure (every API process's, up to about 1.5 s old), the larger."""
-    entry = node.model(model) or {}
-    mine = view.inflight.get((node.name, entry.get("name", model)), 0)
-    return max(mine, entry.get("load", 0)) / max(1, entry.get("replicas") or 1)
 
 
 def targets(view: View) -> list[Node]:
